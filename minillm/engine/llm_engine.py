@@ -1,0 +1,101 @@
+"""LLMEngine: requests in, tokens out. One `step()` = schedule -> run the model -> append tokens."""
+from __future__ import annotations
+
+from minillm.config import EngineConfig, ModelConfig
+from minillm.engine.model_runner import ModelRunner
+from minillm.engine.scheduler import Scheduler
+from minillm.engine.sequence import Sequence
+from minillm.sampling_params import SamplingParams
+from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+class LLMEngine:
+    def __init__(self, model_path: str, config: EngineConfig):
+        self.model_config = ModelConfig.from_folder(model_path)
+        config.validate(self.model_config)
+        self.config = config
+        self.tokenizer = Tokenizer(model_path)
+        eos = list(self.model_config.eos_token_id)
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
+            eos.append(self.tokenizer.eos_token_id)
+        self.eos_token_ids = eos
+        self.model_runner = self._make_runner(model_path)
+        self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks, eos)
+        self.detokenizers: dict[int, IncrementalDetokenizer] = {}  # requests with stop strings
+        self.num_prefill_tokens = self.num_decode_tokens = 0
+
+    def _make_runner(self, model_path: str):
+        if self.config.tensor_parallel_size > 1:
+            from minillm.engine.tp import TPModelRunner
+            return TPModelRunner(self.config, self.model_config, model_path)
+        return ModelRunner(self.config, self.model_config, model_path)
+
+    # ---- requests -----------------------------------------------------------------------------
+    def check_prompt(self, token_ids) -> list[int]:
+        """Raise ValueError for a prompt the engine cannot run; -> the ids as a list of ints."""
+        if not isinstance(token_ids, (list, tuple)) or not token_ids:
+            raise ValueError("the prompt is empty: give a non-empty string or list of token ids")
+        if not all(isinstance(t, int) for t in token_ids):
+            raise ValueError("a token-id prompt must be a list of Python ints")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        limit = self.config.max_model_len
+        if len(token_ids) >= limit:
+            raise ValueError(f"the prompt has {len(token_ids)} tokens but max_model_len is {limit}: the prompt "
+                             f"plus at least one generated token must fit; shorten it or raise max_model_len")
+        return list(token_ids)
+
+    def add_request(self, token_ids: list[int], params: SamplingParams) -> Sequence:
+        seq = Sequence(self.check_prompt(token_ids), params, self.config.kvcache_block_size)
+        if params.stop:
+            self.detokenizers[seq.seq_id] = IncrementalDetokenizer(self.tokenizer)
+        self.scheduler.add(seq)
+        return seq
+
+    def abort_all(self) -> None:
+        """Finish every unfinished request (after an error or an interrupt): the engine stays usable."""
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self.scheduler.finish(seq, "abort")
+        self.detokenizers.clear()
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def step(self) -> tuple[list[Sequence], list[Sequence]]:
+        """Run one batch. -> (the sequences that ran, those of them that finished)."""
+        seqs, is_prefill = self.scheduler.schedule()
+        if not seqs:
+            raise RuntimeError("the scheduler found nothing to run although requests are pending; this is a bug")
+        token_ids = self.model_runner.run(seqs, is_prefill)
+        if is_prefill:
+            self.num_prefill_tokens += sum(s.num_tokens - s.num_cached_tokens for s in seqs)
+        else:
+            self.num_decode_tokens += len(seqs)
+        finished = self.scheduler.postprocess(seqs, token_ids)
+        for seq in seqs:
+            detok = self.detokenizers.get(seq.seq_id)
+            if detok is None:
+                continue
+            detok.add([seq.last_token])
+            if not seq.is_finished and any(s in detok.text for s in seq.params.stop):
+                self.scheduler.finish(seq, "stop")
+                finished.append(seq)
+        return seqs, finished
+
+    def is_finished(self) -> bool:
+        return self.scheduler.is_finished()
+
+    def output(self, seq: Sequence) -> dict:
+        """The result of a finished request: text, token_ids, finish_reason."""
+        text = self.tokenizer.decode(seq.completion_token_ids)
+        detok = self.detokenizers.pop(seq.seq_id, None)
+        if detok is not None:
+            cut = [text.find(s) for s in seq.params.stop if s in text]
+            if cut:
+                text = text[:min(cut)]
+        return {"text": text, "token_ids": seq.completion_token_ids, "finish_reason": seq.finish_reason}
+
+    def shutdown(self) -> None:
+        close = getattr(self.model_runner, "shutdown", None)
+        if close:
+            close()

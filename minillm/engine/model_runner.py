@@ -1,0 +1,191 @@
+"""ModelRunner: owns the model, the KV cache and the device. Turns a batch of sequences into
+tensors (input_ids, positions, slot_mapping, cu_seqlens, block_tables), runs the forward and samples.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from minillm.config import EngineConfig, ModelConfig
+from minillm.context import get_context, reset_context, set_context
+from minillm.engine.sequence import Sequence
+from minillm.layers.attention import Attention, get_backend
+from minillm.layers.sampler import Sampler
+from minillm.loader import load_model
+from minillm.models.qwen3 import Qwen3ForCausalLM
+from minillm.sampling_params import SamplingParams
+
+
+def slot_mapping_for(block_table: np.ndarray, start: int, end: int, block_size: int) -> np.ndarray:
+    """The flat cache slots of token positions start..end-1 of one sequence.
+
+    block_table: [num_blocks] physical block ids of the sequence -> [end - start] int64,
+    slot = block_table[pos // block_size] * block_size + pos % block_size.
+    """
+    pos = np.arange(start, end, dtype=np.int64)
+    return block_table[pos // block_size].astype(np.int64) * block_size + pos % block_size
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, model_path: str):
+        self.config, self.model_config = config, model_config
+        self.device = torch.device(config.device)
+        self.dtype = config.torch_dtype
+        self.block_size = config.kvcache_block_size
+        torch.manual_seed(config.seed)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                self.model = Qwen3ForCausalLM(model_config)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        load_model(self.model, model_path)
+        self.model.eval()
+        self.sampler = Sampler()
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.backend = get_backend(config.attention_backend, config.device)
+        for layer in self.attention_layers:
+            layer.backend = self.backend
+        self.num_kvcache_blocks = self.allocate_kv_cache()
+
+    # ---- KV cache -------------------------------------------------------------------------
+    def kv_bytes_per_block(self) -> int:
+        mc = self.model_config
+        per_token = 2 * mc.num_hidden_layers * (mc.num_key_value_heads // self.config.tensor_parallel_size) * mc.head_dim
+        return per_token * self.block_size * self.dtype.itemsize
+
+    def kv_budget_blocks(self) -> int:
+        c = self.config
+        if c.num_kvcache_blocks is not None:
+            return c.num_kvcache_blocks
+        if c.kv_cache_memory is not None:
+            return c.kv_cache_memory // self.kv_bytes_per_block()
+        if self.device.type == "cuda":
+            peak = self.profile_peak_memory()
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = total * c.gpu_memory_utilization - (total - free) - peak
+            return int(budget) // self.kv_bytes_per_block()
+        # CPU: enough for every sequence at full length, at most 2 GiB
+        want = c.max_num_seqs * c.blocks_per_seq()
+        return max(c.blocks_per_seq(), min(want, (2 << 30) // self.kv_bytes_per_block()))
+
+    def profile_peak_memory(self) -> int:
+        """Activation memory of the largest prefill batch, measured by running one (no KV cache yet)."""
+        c = self.config
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        n = min(c.max_num_batched_tokens, c.max_num_seqs * c.max_model_len)
+        num_seqs = max(1, n // c.max_model_len)
+        seqs = [Sequence([0] * c.max_model_len, _GREEDY, self.block_size) for _ in range(num_seqs)]
+        self.run_model(*self.prepare_prefill(seqs), is_prefill=True)
+        reset_context()
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        torch.cuda.empty_cache()
+        return peak
+
+    def allocate_kv_cache(self) -> int:
+        mc = self.model_config
+        num_blocks = self.kv_budget_blocks()
+        self.config.check_kv_blocks(num_blocks)
+        kv_heads = mc.num_key_value_heads // self.config.tensor_parallel_size
+        # one tensor for all layers: [2, layers, blocks, block_size, kv_heads, head_dim]
+        self.kv_cache = torch.empty(2, mc.num_hidden_layers, num_blocks, self.block_size, kv_heads, mc.head_dim,
+                                    dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(self.attention_layers):
+            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        return num_blocks
+
+    # ---- inputs ---------------------------------------------------------------------------
+    def block_tables_tensor(self, seqs: list[Sequence]) -> torch.Tensor:
+        width = max(len(s.block_table) for s in seqs)
+        table = np.full((len(seqs), width), -1, dtype=np.int32)
+        for i, s in enumerate(seqs):
+            table[i, :len(s.block_table)] = s.block_table
+        return self._to_device(table)
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(array)
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
+
+    def prepare_prefill(self, seqs: list[Sequence]):
+        input_ids, positions, slots = [], [], []
+        cu_q, cu_k = [0], [0]
+        for s in seqs:
+            start, end = s.num_cached_tokens, s.num_tokens
+            input_ids.append(np.asarray(s.token_ids[start:], dtype=np.int64))
+            positions.append(np.arange(start, end, dtype=np.int64))
+            cu_q.append(cu_q[-1] + end - start)
+            cu_k.append(cu_k[-1] + end)
+            if s.block_table:  # empty during the warm-up run that measures memory
+                slots.append(slot_mapping_for(np.asarray(s.block_table), start, end, self.block_size))
+        prefix_hit = cu_k[-1] > cu_q[-1]
+        set_context(
+            is_prefill=True,
+            cu_seqlens_q=self._to_device(np.asarray(cu_q, dtype=np.int32)),
+            cu_seqlens_k=self._to_device(np.asarray(cu_k, dtype=np.int32)),
+            max_seqlen_q=max(b - a for a, b in zip(cu_q, cu_q[1:])),
+            max_seqlen_k=max(b - a for a, b in zip(cu_k, cu_k[1:])),
+            slot_mapping=self._to_device(np.concatenate(slots)) if slots else None,
+            block_tables=self.block_tables_tensor(seqs) if prefix_hit else None,
+            cu_seqlens_q_host=cu_q, cu_seqlens_k_host=cu_k,
+        )
+        return self._to_device(np.concatenate(input_ids)), self._to_device(np.concatenate(positions))
+
+    def prepare_decode(self, seqs: list[Sequence]):
+        input_ids = np.asarray([s.last_token for s in seqs], dtype=np.int64)
+        context_lens = [s.num_tokens for s in seqs]
+        positions = np.asarray(context_lens, dtype=np.int64) - 1
+        slots = np.asarray([s.block_table[-1] * self.block_size + (n - 1) % self.block_size
+                            for s, n in zip(seqs, context_lens)], dtype=np.int64)
+        set_context(
+            is_prefill=False,
+            slot_mapping=self._to_device(slots),
+            context_lens=self._to_device(np.asarray(context_lens, dtype=np.int32)),
+            block_tables=self.block_tables_tensor(seqs),
+            context_lens_host=context_lens,
+        )
+        return self._to_device(input_ids), self._to_device(positions)
+
+    def prepare_sample(self, seqs: list[Sequence]):
+        ps = [s.params for s in seqs]
+        temperatures = torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=self.device)
+        vocab = self.model_config.vocab_size
+        top_k = top_p = None
+        if any(p.top_k > 0 for p in ps):
+            top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in ps], device=self.device)
+        if any(p.top_p < 1.0 for p in ps):
+            top_p = torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=self.device)
+        generators = [self.generator_for(s) for s in seqs]
+        return temperatures, top_k, top_p, generators if any(g is not None for g in generators) else None
+
+    def generator_for(self, seq: Sequence):
+        if seq.params.seed is None or seq.params.temperature == 0:
+            return None
+        if getattr(seq, "generator", None) is None:
+            seq.generator = torch.Generator(device=self.device).manual_seed(seq.params.seed)
+        return seq.generator
+
+    # ---- forward --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, is_prefill: bool) -> torch.Tensor:
+        hidden = self.model(input_ids, positions)
+        if is_prefill:  # only each sequence's last position produces a next token
+            last = get_context().cu_seqlens_q[1:].long() - 1
+            hidden = hidden[last]
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+        input_ids, positions = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
+        sample_args = self.prepare_sample(seqs)
+        logits = self.run_model(input_ids, positions, is_prefill)
+        token_ids = self.sampler(logits, *sample_args).tolist()
+        reset_context()
+        return token_ids
+
+
+_GREEDY = SamplingParams(temperature=0.0, max_tokens=1)

@@ -1,0 +1,1 @@
+"""Kernels: Triton where it pays on CUDA, each with the torch reference beside it."""

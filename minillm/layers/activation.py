@@ -1,0 +1,17 @@
+"""SiLU-and-mul: the gate of a SwiGLU MLP."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x: [N, 2*i] = [gate | up] -> silu(gate) * up: [N, i]."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return silu_and_mul(x)

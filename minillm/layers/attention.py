@@ -1,0 +1,130 @@
+"""Attention: the math (a causal GQA reference), the paged KV cache it reads, and the backends.
+
+Every Attention layer owns one slice of the KV cache, k_cache/v_cache: [num_blocks, block_size,
+num_kv_heads, head_dim]. Each step it first stores this step's K/V rows into their slots
+(context.slot_mapping), then attends:
+
+- prefill: packed queries of several sequences (context.cu_seqlens_q); when a sequence's prefix
+  came from the prefix cache its keys are longer than its queries and are read through
+  context.block_tables;
+- decode: one query per sequence, context.context_lens[i] keys read through context.block_tables[i].
+
+Backends: `torch` (the reference below: gather pages, then plain attention), `triton` (our
+kernels), `flash_attn` (when installed). `auto` picks flash_attn, then triton on CUDA, torch on CPU.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minillm.context import Context, get_context
+from minillm.kernels.store_kvcache import store_kvcache_ref
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """One sequence of grouped-query attention, causal, queries aligned to the end of the keys.
+
+    q: [Lq, H, D], k/v: [Lk, Hkv, D] with H % Hkv == 0 and Lq <= Lk -> [Lq, H, D] in q.dtype.
+    Query i sits at position Lk - Lq + i and sees keys 0 .. Lk - Lq + i. Math in fp32.
+    """
+    Lq, H, _ = q.shape
+    Lk, Hkv, _ = k.shape
+    k = k.float().repeat_interleave(H // Hkv, dim=1)  # query head h reads KV head h // (H / Hkv)
+    v = v.float().repeat_interleave(H // Hkv, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    visible = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).tril(diagonal=Lk - Lq)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).to(q.dtype)
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """cache: [num_blocks, block_size, Hkv, D], block_table: [>= ceil(length/block_size)] -> [length, Hkv, D]."""
+    block_size = cache.shape[1]
+    n = -(-length // block_size)
+    return cache[block_table[:n].long()].flatten(0, 1)[:length]
+
+
+def varlen_attention(q, k, v, cu_seqlens_q: list[int], cu_seqlens_k: list[int], scale: float) -> torch.Tensor:
+    """Packed sequences: q [Nq, H, D], k/v [Nk, Hkv, D]; sequence i owns rows cu_seqlens_*[i]:[i+1]."""
+    out = torch.empty_like(q)
+    for i in range(len(cu_seqlens_q) - 1):
+        qs, qe, ks, ke = cu_seqlens_q[i], cu_seqlens_q[i + 1], cu_seqlens_k[i], cu_seqlens_k[i + 1]
+        out[qs:qe] = causal_attention(q[qs:qe], k[ks:ke], v[ks:ke], scale)
+    return out
+
+
+def paged_attention_ref(q, k_cache, v_cache, cu_seqlens_q: list[int], seqlens_k: list[int],
+                        block_tables: torch.Tensor, scale: float) -> torch.Tensor:
+    """Packed queries whose keys live in pages: sequence i has seqlens_k[i] keys in block_tables[i].
+    Decode is the case of one query per sequence (cu_seqlens_q = 0, 1, ..., B)."""
+    out = torch.empty_like(q)
+    for i in range(len(cu_seqlens_q) - 1):
+        qs, qe, n = cu_seqlens_q[i], cu_seqlens_q[i + 1], seqlens_k[i]
+        k = gather_kv(k_cache, block_tables[i], n)
+        v = gather_kv(v_cache, block_tables[i], n)
+        out[qs:qe] = causal_attention(q[qs:qe], k, v, scale)
+    return out
+
+
+class TorchBackend:
+    """The reference: readable, slow, a Python loop over sequences."""
+
+    name = "torch"
+
+    @staticmethod
+    def store(k, v, k_cache, v_cache, slot_mapping):
+        store_kvcache_ref(k, v, k_cache, v_cache, slot_mapping)
+
+    @staticmethod
+    def prefill(q, k, v, k_cache, v_cache, ctx: Context, scale: float):
+        if ctx.block_tables is None or k_cache.numel() == 0:  # no prefix-cache hit: keys are this step's
+            return varlen_attention(q, k, v, ctx.cu_seqlens_q_host, ctx.cu_seqlens_q_host, scale)
+        cu_k = ctx.cu_seqlens_k_host
+        seqlens_k = [cu_k[i + 1] - cu_k[i] for i in range(len(cu_k) - 1)]
+        return paged_attention_ref(q, k_cache, v_cache, ctx.cu_seqlens_q_host, seqlens_k, ctx.block_tables, scale)
+
+    @staticmethod
+    def decode(q, k_cache, v_cache, ctx: Context, scale: float):
+        cu_q = list(range(q.shape[0] + 1))
+        return paged_attention_ref(q, k_cache, v_cache, cu_q, ctx.context_lens_host, ctx.block_tables, scale)
+
+
+def get_backend(name: str, device: str):
+    """Resolve an attention_backend name ('auto' included) to a backend object."""
+    if name == "auto":
+        if device != "cuda":
+            name = "torch"
+        else:
+            try:
+                import flash_attn  # noqa: F401
+                name = "flash_attn"
+            except ImportError:
+                name = "triton"
+    if name == "torch":
+        return TorchBackend
+    if name == "triton":
+        from minillm.kernels.backend import TritonBackend
+        return TritonBackend
+    if name == "flash_attn":
+        from minillm.kernels.flash_backend import FlashAttnBackend
+        return FlashAttnBackend
+    raise ValueError(f"unknown attention backend {name!r}; use auto, torch, triton or flash_attn")
+
+
+class Attention(nn.Module):
+    """q: [N, H, D], k/v: [N, Hkv, D] for this step's tokens -> [N, H, D]."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
+        self.k_cache = self.v_cache = torch.tensor([])  # set by the model runner once memory is measured
+        self.backend = TorchBackend
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ctx = get_context()
+        k_cache, v_cache = self.k_cache, self.v_cache
+        if k_cache.numel() and ctx.slot_mapping is not None:
+            self.backend.store(k, v, k_cache, v_cache, ctx.slot_mapping)
+        if ctx.is_prefill:
+            return self.backend.prefill(q, k, v, k_cache, v_cache, ctx, self.scale)
+        return self.backend.decode(q, k_cache, v_cache, ctx, self.scale)

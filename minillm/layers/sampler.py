@@ -1,0 +1,46 @@
+"""Sampler: logits -> next token ids, per-row temperature / top-k / top-p / seed, on the logits' device.
+
+Sampling uses the exponential-race form of the Gumbel-max trick: with E_i ~ Exp(1) independent,
+argmax_i p_i / E_i is distributed as Categorical(p). It needs no cumulative sum and no sync.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """logits: [B, V] fp32; top_k: [B] int (V for off) or None; top_p: [B] float (1.0 for off) or None.
+    -> logits with every token outside each row's top-k / nucleus set to -inf."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k is not None:
+        ranks = torch.arange(logits.shape[-1], device=logits.device)
+        drop |= ranks[None, :] >= top_k[:, None]
+    if top_p is not None:
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # probability of the strictly better tokens
+        drop |= mass_before >= top_p[:, None]  # keeps the smallest prefix whose mass reaches top_p
+    return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+
+
+class Sampler(nn.Module):
+    def forward(self, logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor | None = None,
+                top_p: torch.Tensor | None = None, generators: list | None = None) -> torch.Tensor:
+        """logits: [B, V]; temperatures: [B] (0 = greedy); generators: per row a torch.Generator or None.
+        -> [B] int64 token ids."""
+        logits = logits.float()
+        greedy = logits.argmax(dim=-1)
+        if not bool((temperatures > 0).any()):  # one sync; the all-greedy batch skips the rest
+            return greedy
+        logits = logits / temperatures.clamp_min(1e-6)[:, None]
+        if top_k is not None or top_p is not None:
+            logits = apply_top_k_top_p(logits, top_k, top_p)
+        probs = logits.softmax(dim=-1)
+        noise = torch.empty_like(probs).exponential_()
+        if generators:
+            for row, gen in enumerate(generators):
+                if gen is not None:  # a seeded request draws from its own stream
+                    noise[row].exponential_(generator=gen)
+        sampled = (probs / noise).argmax(dim=-1)
+        return torch.where(temperatures > 0, sampled, greedy)

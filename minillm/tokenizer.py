@@ -1,0 +1,145 @@
+"""The vocabulary: text <-> token ids, chat templates, and streaming detokenization.
+
+The engine's Tokenizer wraps a model folder's `tokenizer.json` (Hugging Face `tokenizers`, fast
+Rust BPE) and renders the chat template from `tokenizer_config.json` / `chat_template.jinja` with
+Jinja. `bpe_encode` below is the same byte-level BPE written out in Python, for reading.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import regex
+from tokenizers import Tokenizer as HFTokenizer
+
+
+def bpe_encode(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
+    """Byte-level BPE on one pre-tokenized piece: start from single bytes and keep merging the
+    adjacent pair whose concatenation has the lowest rank, until no pair is in the vocabulary.
+
+    piece: the UTF-8 bytes of one regex piece; ranks: token bytes -> id (tiktoken's merge ranks).
+    -> the ids of the final parts.
+    """
+    parts = [piece[i:i + 1] for i in range(len(piece))]
+    while len(parts) > 1:
+        best, best_rank = -1, None
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1])
+            if rank is not None and (best_rank is None or rank < best_rank):
+                best, best_rank = i, rank
+        if best < 0:
+            break
+        parts[best:best + 2] = [parts[best] + parts[best + 1]]
+    return [ranks[p] for p in parts]
+
+
+def bpe_tokenize(text: str, ranks: dict[bytes, int], pattern: str, special: dict[str, int]) -> list[int]:
+    """Split out special tokens, pre-tokenize each stretch with the regex, BPE each piece."""
+    ids: list[int] = []
+    splitter = "(" + "|".join(regex.escape(s) for s in sorted(special, key=len, reverse=True)) + ")" if special else None
+    chunks = regex.split(splitter, text) if splitter else [text]
+    for chunk in chunks:
+        if chunk in special:
+            ids.append(special[chunk])
+            continue
+        for piece in regex.findall(pattern, chunk):
+            ids.extend(bpe_encode(piece.encode("utf-8"), ranks))
+    return ids
+
+
+class Tokenizer:
+    """A model folder's tokenizer: encode, decode, chat template, EOS ids."""
+
+    def __init__(self, path: str):
+        tok_file = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(tok_file):
+            raise ValueError(f"{path!r} has no tokenizer.json; minillm reads fast (tokenizers) tokenizers only")
+        self._tok = HFTokenizer.from_file(tok_file)
+        cfg_file = os.path.join(path, "tokenizer_config.json")
+        cfg = json.load(open(cfg_file)) if os.path.isfile(cfg_file) else {}
+        self.chat_template = cfg.get("chat_template")
+        jinja_file = os.path.join(path, "chat_template.jinja")  # transformers 5 writes it beside
+        if self.chat_template is None and os.path.isfile(jinja_file):
+            self.chat_template = open(jinja_file).read()
+        self.bos_token = _token_str(cfg.get("bos_token"))
+        self.eos_token = _token_str(cfg.get("eos_token"))
+        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        added = self._tok.get_added_tokens_decoder()
+        self.special_ids = {i for i, t in added.items() if t.special}
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render a conversation [{"role", "content"}, ...] to the prompt text the model was tuned on."""
+        if not self.chat_template:
+            raise ValueError("this tokenizer has no chat template; use generate() with plain text instead")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
+                                                     for m in messages):
+            raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(msg):
+            raise ValueError(f"chat template: {msg}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+        env.globals["raise_exception"] = raise_exception
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        # the rendered template already holds every special token: add none
+        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+
+
+def _token_str(tok) -> str | None:
+    return tok.get("content") if isinstance(tok, dict) else tok
+
+
+class IncrementalDetokenizer:
+    """Turn a growing list of token ids into text deltas, never emitting half a UTF-8 character.
+
+    Byte-level BPE tokens can split a character (an emoji is often 2-4 tokens), so the text of the
+    newest tokens is held back while it ends in U+FFFD, the replacement character. Decoding only a
+    short window (prefix_offset..) keeps each step O(window), not O(length).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        self.tok, self.skip = tokenizer, skip_special_tokens
+        self.ids: list[int] = []
+        self.prefix_offset = 0  # start of the decode window
+        self.read_offset = 0  # tokens before this have been emitted
+        self.text = ""
+
+    def add(self, token_ids: list[int]) -> str:
+        """Append tokens; return the newly completed text (possibly "")."""
+        self.ids.extend(token_ids)
+        prefix = self.tok.decode(self.ids[self.prefix_offset:self.read_offset], self.skip)
+        full = self.tok.decode(self.ids[self.prefix_offset:], self.skip)
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            delta = full[len(prefix):]
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            self.text += delta
+            return delta
+        return ""
+
+    def flush(self) -> str:
+        """At the end of a request: whatever is still held back (a truncated character shows as U+FFFD)."""
+        full = self.tok.decode(self.ids[self.prefix_offset:], self.skip)
+        prefix = self.tok.decode(self.ids[self.prefix_offset:self.read_offset], self.skip)
+        delta = full[len(prefix):]
+        self.prefix_offset = self.read_offset = len(self.ids)
+        self.text += delta
+        return delta
