@@ -32,10 +32,16 @@ class LLM:
         self.config = self.engine.config
 
     # ---- inputs ------------------------------------------------------------------------------
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError(f"{self.model_path!r} has no tokenizer.json: give prompts as lists of token ids")
+        return self.tokenizer
+
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the prompt is empty: give a non-empty string or list of token ids")
+            self._need_tokenizer()
             return self.engine.check_prompt(self.tokenizer.encode(prompt))
         return self.engine.check_prompt(prompt)
 
@@ -82,16 +88,17 @@ class LLM:
         """messages: one conversation [{"role", "content"}, ...] or a list of them -> one dict or a list."""
         single = isinstance(messages, list) and messages and isinstance(messages[0], dict)
         convs = [messages] if single else list(messages)
-        prompts = [self.tokenizer.encode_chat(c) for c in convs]
+        prompts = [self._need_tokenizer().encode_chat(c) for c in convs]
         outputs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
         return outputs[0] if single else outputs
 
     def stream(self, prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the text of one request as it is generated (prompt: text, token ids, or a conversation)."""
+        tok = self._need_tokenizer()
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            prompt = self.tokenizer.encode_chat(prompt)
+            prompt = tok.encode_chat(prompt)
         seq = self.engine.add_request(self._prompt_ids(prompt), sampling_params or SamplingParams())
-        detok = IncrementalDetokenizer(self.tokenizer)
+        detok = IncrementalDetokenizer(tok)
         try:
             while not seq.is_finished:
                 ran, _ = self.engine.step()

@@ -67,6 +67,10 @@ class Tokenizer:
         added = self._tok.get_added_tokens_decoder()
         self.special_ids = {i for i, t in added.items() if t.special}
 
+    @staticmethod
+    def available(path: str) -> bool:
+        return os.path.isfile(os.path.join(path, "tokenizer.json"))
+
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)

@@ -14,9 +14,10 @@ class LLMEngine:
         self.model_config = ModelConfig.from_folder(model_path)
         config.validate(self.model_config)
         self.config = config
-        self.tokenizer = Tokenizer(model_path)
+        # a folder without tokenizer.json still runs token-id prompts (text outputs are then "")
+        self.tokenizer = Tokenizer(model_path) if Tokenizer.available(model_path) else None
         eos = list(self.model_config.eos_token_id)
-        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
+        if self.tokenizer and self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
             eos.append(self.tokenizer.eos_token_id)
         self.eos_token_ids = eos
         self.model_runner = self._make_runner(model_path)
@@ -50,6 +51,8 @@ class LLMEngine:
     def add_request(self, token_ids: list[int], params: SamplingParams) -> Sequence:
         seq = Sequence(self.check_prompt(token_ids), params, self.config.kvcache_block_size)
         if params.stop:
+            if self.tokenizer is None:
+                raise ValueError("stop strings need a tokenizer; this model folder has no tokenizer.json")
             self.detokenizers[seq.seq_id] = IncrementalDetokenizer(self.tokenizer)
         self.scheduler.add(seq)
         return seq
@@ -87,7 +90,7 @@ class LLMEngine:
 
     def output(self, seq: Sequence) -> dict:
         """The result of a finished request: text, token_ids, finish_reason."""
-        text = self.tokenizer.decode(seq.completion_token_ids)
+        text = self.tokenizer.decode(seq.completion_token_ids) if self.tokenizer else ""
         detok = self.detokenizers.pop(seq.seq_id, None)
         if detok is not None:
             cut = [text.find(s) for s in seq.params.stop if s in text]

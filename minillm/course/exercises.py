@@ -1,0 +1,312 @@
+"""Exercises are marked regions of minillm's own source. This module finds them, writes
+`exercises/chN.py` (stubs) and `solutions/chN.py` (complete), and swaps an implementation into the
+running engine.
+
+A region in a minillm module:
+
+    # >>> exercise 2.1 | notebooks/02_decoder_layer.ipynb | 2. RMSNorm
+    def rms_norm(x, weight, eps):
+        \"\"\"What it computes, shapes, Hints: ...\"\"\"
+        ...body...
+    # <<< exercise 2.1
+
+Every top-level function in a region becomes a stub that keeps its decorators, signature and
+docstring and raises NotImplementedError naming the exercise and the notebook section; a function
+whose `def` (or first decorator) is preceded by the line `# exercise: given` is copied whole.
+
+    python -m minillm.course.exercises          # regenerate exercises/ and solutions/
+    python -m minillm.course.exercises --check  # exit 1 if they differ from what would be written
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import importlib
+import importlib.util
+import os
+import re
+import sys
+import types
+from dataclasses import dataclass, field
+
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_DIR = os.path.dirname(PACKAGE_DIR)
+BEGIN = re.compile(r"^# >>> exercise (\d+)\.(\d+) \| (\S+) \| (.+)$")
+END = re.compile(r"^# <<< exercise (\d+)\.(\d+)$")
+GIVEN = "# exercise: given"
+
+
+@dataclass
+class Exercise:
+    chapter: int
+    number: int
+    module: str  # dotted name of the minillm module holding it
+    notebook: str
+    section: str
+    functions: list[str]  # top-level names defined in the region, in order
+    stubbed: list[str]  # the ones students write
+    source: str = field(repr=False, default="")  # the region's code
+
+    @property
+    def id(self) -> str:
+        return f"{self.chapter}.{self.number}"
+
+    @property
+    def marker(self) -> str:
+        return f"ex{self.chapter}_{self.number}"
+
+    def where(self) -> str:
+        return f"{self.notebook}, section '{self.section}'"
+
+
+def _module_name(path: str) -> str:
+    rel = os.path.relpath(path, REPO_DIR)[:-3]
+    return rel.replace(os.sep, ".").removesuffix(".__init__")
+
+
+def find_exercises() -> list[Exercise]:
+    """Every exercise region in minillm/, sorted by id."""
+    found = []
+    for root, _, files in os.walk(PACKAGE_DIR):
+        if os.path.basename(root) == "course":
+            continue
+        for fname in sorted(files):
+            if fname.endswith(".py"):
+                found.extend(_parse_file(os.path.join(root, fname)))
+    found.sort(key=lambda e: (e.chapter, e.number))
+    ids = [e.id for e in found]
+    dupes = {i for i in ids if ids.count(i) > 1}
+    if dupes:
+        raise ValueError(f"exercise ids used twice: {sorted(dupes)}")
+    names = [n for e in found for n in e.functions]
+    clash = {n for n in names if names.count(n) > 1}
+    if clash:
+        raise ValueError(f"exercise function names must be unique across the course: {sorted(clash)}")
+    return found
+
+
+def _parse_file(path: str) -> list[Exercise]:
+    lines = open(path).read().splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        m = BEGIN.match(lines[i])
+        if not m:
+            if END.match(lines[i]):
+                raise ValueError(f"{path}:{i + 1}: '# <<< exercise' without a matching '# >>> exercise'")
+            i += 1
+            continue
+        ch, num, notebook, section = int(m[1]), int(m[2]), m[3], m[4].strip()
+        j = i + 1
+        while j < len(lines) and not END.match(lines[j]):
+            if BEGIN.match(lines[j]):
+                raise ValueError(f"{path}:{j + 1}: exercise regions cannot nest")
+            j += 1
+        if j == len(lines) or END.match(lines[j]).groups() != m.groups()[:2]:
+            raise ValueError(f"{path}:{i + 1}: exercise {ch}.{num} has no matching '# <<< exercise {ch}.{num}'")
+        source = "\n".join(lines[i + 1:j]) + "\n"
+        tree = ast.parse(source)
+        funcs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        if not funcs:
+            raise ValueError(f"{path}:{i + 1}: exercise {ch}.{num} holds no function")
+        src_lines = source.splitlines()
+        stubbed = []
+        for f in funcs:
+            first = min([f.lineno] + [d.lineno for d in f.decorator_list])
+            if not (first >= 2 and src_lines[first - 2].strip() == GIVEN):
+                stubbed.append(f.name)
+        out.append(Exercise(ch, num, _module_name(path), notebook, section,
+                            [f.name for f in funcs], stubbed, source))
+        i = j + 1
+    return out
+
+
+# ---- writing exercises/ and solutions/ ------------------------------------------------------------
+def _stub(ex: Exercise) -> str:
+    """The region with each stubbed function's body replaced by a NotImplementedError."""
+    tree = ast.parse(ex.source)
+    lines = ex.source.splitlines()
+    for f in reversed([n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ex.stubbed]):
+        body = f.body
+        has_doc = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str)
+        keep_until = body[0].end_lineno if has_doc else f.body[0].lineno - 1
+        indent = " " * (f.col_offset + 4)
+        msg = f"Exercise {ex.id}: implement {f.name} (see {ex.where()})"
+        new = [f"{indent}raise NotImplementedError({msg!r})"]
+        lines[keep_until:f.end_lineno] = new
+    return "\n".join(lines) + "\n"
+
+
+def _imports_for(exs: list[Exercise], defined: set[str]) -> list[str]:
+    """Import lines for the free names the regions use, taken from their source modules."""
+    out: list[str] = []
+    for ex in exs:
+        mod_path = os.path.join(REPO_DIR, *ex.module.split(".")) + ".py"
+        mod_tree = ast.parse(open(mod_path).read())
+        import_of: dict[str, str] = {}
+        module_level: set[str] = set()
+        for node in mod_tree.body:
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    import_of[(a.asname or a.name).split(".")[0]] = (
+                        f"import {a.name}" + (f" as {a.asname}" if a.asname else ""))
+            elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                base = node.module if node.level == 0 else _resolve_relative(ex.module, node)
+                for a in node.names:
+                    import_of[a.asname or a.name] = f"from {base} import {a.name}" + (
+                        f" as {a.asname}" if a.asname else "")
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                module_level.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                module_level.update(t.id for t in targets if isinstance(t, ast.Name))
+        used = {n.id for n in ast.walk(ast.parse(ex.source)) if isinstance(n, ast.Name)}
+        for name in sorted(used - defined):
+            if name in import_of:
+                line = import_of[name]
+            elif name in module_level:
+                line = f"from {ex.module} import {name}"
+            else:
+                continue  # a builtin or a local name
+            if line not in out:
+                out.append(line)
+    return sorted(out, key=lambda s: (not s.startswith("import "), s))
+
+
+def _resolve_relative(module: str, node: ast.ImportFrom) -> str:
+    parts = module.split(".")[:-node.level]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def render_chapter(chapter: int, exs: list[Exercise], stubs: bool) -> str:
+    kind = "exercise stubs" if stubs else "solutions"
+    defined = {n for e in exs for n in e.functions}
+    head = [
+        f'"""Chapter {chapter} {kind}. GENERATED from minillm/ by `python -m minillm.course.exercises`:',
+        "do not edit by hand" + ("; students: fill in the bodies here, then grade one exercise with" if stubs else "."),
+    ]
+    if stubs:
+        head.append(f"    pytest tests/exercises --impl=exercises -m {exs[0].marker}")
+    head.append("")
+    for e in exs:
+        head.append(f"Exercise {e.id}: {', '.join(e.stubbed)}  ({e.where()})")
+    head.append('"""')
+    body = ["from __future__ import annotations", "", *_imports_for(exs, defined), ""]
+    for e in exs:
+        body += ["", f"# ---- Exercise {e.id} ({e.where()}), from {e.module} ----",
+                 (_stub(e) if stubs else e.source).rstrip("\n"), ""]
+    return "\n".join(head + body).rstrip("\n") + "\n"
+
+
+def generated_files() -> dict[str, str]:
+    """relative path -> content of every file the generator owns."""
+    exs = find_exercises()
+    files = {}
+    for folder, stubs in (("exercises", True), ("solutions", False)):
+        files[f"{folder}/__init__.py"] = f'"""{folder.capitalize()} of the minillm course (generated)."""\n'
+        for ch in sorted({e.chapter for e in exs}):
+            files[f"{folder}/ch{ch}.py"] = render_chapter(ch, [e for e in exs if e.chapter == ch], stubs)
+    return files
+
+
+def write(check: bool = False) -> list[str]:
+    """Write (or, with check, compare) the generated files. -> the paths that differ(ed)."""
+    differ = []
+    want = generated_files()
+    for rel, content in want.items():
+        path = os.path.join(REPO_DIR, rel)
+        current = open(path).read() if os.path.exists(path) else None
+        if current != content:
+            differ.append(rel)
+            if not check:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write(content)
+    for folder in ("exercises", "solutions"):  # chapter files whose exercises are gone
+        for fname in sorted(os.listdir(os.path.join(REPO_DIR, folder))) if os.path.isdir(
+                os.path.join(REPO_DIR, folder)) else []:
+            rel = f"{folder}/{fname}"
+            if fname.endswith(".py") and rel not in want:
+                differ.append(rel)
+                if not check:
+                    os.remove(os.path.join(REPO_DIR, rel))
+    return differ
+
+
+# ---- choosing the implementation under test -------------------------------------------------------
+IMPLS = ("ref", "solutions", "exercises")
+
+
+def load_impl(impl: str) -> types.SimpleNamespace:
+    """A namespace of every exercise function, taken from minillm (ref) or the generated files."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    ns = {}
+    exs = find_exercises()
+    for ch in sorted({e.chapter for e in exs}):
+        if impl == "ref":
+            for e in (e for e in exs if e.chapter == ch):
+                mod = importlib.import_module(e.module)
+                ns.update({n: getattr(mod, n) for n in e.functions})
+        else:
+            mod = _import_generated(impl, ch)
+            for e in (e for e in exs if e.chapter == ch):
+                ns.update({n: getattr(mod, n) for n in e.functions})
+    return types.SimpleNamespace(**ns)
+
+
+def _import_generated(impl: str, chapter: int):
+    name = f"{impl}.ch{chapter}"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = os.path.join(REPO_DIR, impl, f"ch{chapter}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@contextlib.contextmanager
+def use_impl(impl: str):
+    """Swap every exercise function of `impl` into the running engine (every minillm module that
+    holds the reference function under its name), and restore the reference on exit."""
+    chosen = load_impl(impl)
+    patched = []
+    for e in find_exercises():
+        ref_mod = importlib.import_module(e.module)
+        for name in e.functions:
+            ref = getattr(ref_mod, name)
+            for mod in [m for k, m in list(sys.modules.items()) if k.startswith("minillm") and m is not None]:
+                if getattr(mod, name, None) is ref:
+                    patched.append((mod, name, ref))
+                    setattr(mod, name, getattr(chosen, name))
+    try:
+        yield chosen
+    finally:
+        for mod, name, ref in reversed(patched):
+            setattr(mod, name, ref)
+
+
+def exercise(exercise_id: str) -> Exercise:
+    for e in find_exercises():
+        if e.id == exercise_id:
+            return e
+    raise ValueError(f"no exercise {exercise_id!r}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m minillm.course.exercises", description=__doc__.split("\n")[0])
+    p.add_argument("--check", action="store_true", help="exit 1 if exercises/ or solutions/ are stale")
+    args = p.parse_args(argv)
+    differ = write(check=args.check)
+    if args.check and differ:
+        print("stale generated files (run `python -m minillm.course.exercises`): " + ", ".join(differ))
+        sys.exit(1)
+    print(("up to date" if args.check else f"wrote {len(differ)} file(s)") +
+          f"; {len(find_exercises())} exercises")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""The engine against transformers: greedy tokens equal HF `generate`, batching, prefix caching
+and preemption change nothing."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from helpers import TINY_MODELS, greedy_reference, ref_path, small_engine_args
+from minillm import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return greedy_reference()
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_greedy_equals_stored_hf_tokens(name, reference):
+    llm = LLM(ref_path(name), **small_engine_args())
+    params = SamplingParams(temperature=0.0, max_tokens=reference["max_new_tokens"], ignore_eos=True)
+    out = llm.generate(reference["prompts"], params, use_tqdm=False)
+    assert [o["token_ids"] for o in out] == reference["tokens"][name]
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_greedy_equals_live_hf_generate(name, reference):
+    """The same comparison against transformers run now (not the stored file)."""
+    hf = AutoModelForCausalLM.from_pretrained(ref_path(name), dtype=torch.float32).eval()
+    prompts = reference["prompts"][:4]
+    llm = LLM(ref_path(name), **small_engine_args())
+    out = llm.generate(prompts, GREEDY, use_tqdm=False)
+    for p, o in zip(prompts, out):
+        want = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                           max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(p):]
+        assert o["token_ids"] == want.tolist()
+
+
+def test_qwen3_tiny_with_real_vocabulary_equals_hf():
+    """The embedded qwen3-tiny (real Qwen tokenizer, 151,936-row vocabulary) against HF, text prompts."""
+    llm = LLM("qwen3-tiny", **small_engine_args())
+    hf = AutoModelForCausalLM.from_pretrained(llm.model_path, dtype=torch.float32).eval()
+    prompts = ["Hello", "The capital of France is", "1 2 3 4 5 6 7 8", "def fib(n):\n    return"]
+    out = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    for p, o in zip(prompts, out):
+        ids = llm.tokenizer.encode(p)
+        want = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                           max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(ids):]
+        assert o["token_ids"] == want.tolist()
+        assert o["text"] == llm.tokenizer.decode(o["token_ids"])
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_equals_hf_for_32_tokens():
+    llm = LLM("smollm2-135m", **small_engine_args(max_model_len=512))
+    hf = AutoModelForCausalLM.from_pretrained(llm.model_path, dtype=torch.float32).eval()
+    convs = [[{"role": "user", "content": q}] for q in
+             ("What is the capital of France?", "Name three colors.", "Write a haiku about the sea.",
+              "How many legs does a spider have?")]
+    prompts = [llm.tokenizer.encode_chat(c) for c in convs]
+    assert len({len(p) for p in prompts}) > 1  # different lengths in one batch
+    out = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True), use_tqdm=False)
+    for p, o in zip(prompts, out):
+        want = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                           max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(p):]
+        assert o["token_ids"] == want.tolist()
+    answer = llm.chat(convs[0], SamplingParams(temperature=0.0, max_tokens=20))
+    assert "Paris" in answer["text"]
+
+
+def test_batched_equals_one_at_a_time(reference):
+    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
+    prompts = reference["prompts"]
+    batched = [o["token_ids"] for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+    single = [llm.generate(p, GREEDY, use_tqdm=False)["token_ids"] for p in prompts]
+    assert batched == single
+
+
+def test_prefix_caching_hits_and_changes_nothing():
+    system = list(range(10, 80))  # 70 shared tokens: 4 full blocks of 16
+    prompts = [system + [100 + i, 200 + i, 300 + i] for i in range(4)]
+    plain = LLM(ref_path("tiny-qwen3"), **small_engine_args(enable_prefix_caching=False))
+    want = [o["token_ids"] for o in plain.generate(prompts, GREEDY, use_tqdm=False)]
+    cached = LLM(ref_path("tiny-qwen3"), **small_engine_args())
+    cached.generate(prompts[:1], GREEDY, use_tqdm=False)  # warms the cache with the shared prefix
+    bm = cached.engine.scheduler.block_manager
+    before = bm.num_cached_tokens_total
+    got = [o["token_ids"] for o in cached.generate(prompts, GREEDY, use_tqdm=False)]
+    assert got == want
+    assert bm.num_cached_tokens_total - before >= 4 * 64  # every prompt reused its 4 full prefix blocks
+
+
+def test_preemption_under_kv_pressure_finishes_every_request(reference):
+    prompts = reference["prompts"]
+    roomy = LLM(ref_path("tiny-qwen3"), **small_engine_args())
+    want = [o["token_ids"] for o in roomy.generate(prompts, SamplingParams(temperature=0.0, max_tokens=48,
+                                                                           ignore_eos=True), use_tqdm=False)]
+    # 16 blocks x 16 tokens: one 256-token sequence fits, the five together (~370 tokens) do not
+    tight = LLM(ref_path("tiny-qwen3"), **small_engine_args(num_kvcache_blocks=16))
+    got = tight.generate(prompts, SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True), use_tqdm=False)
+    assert tight.engine.scheduler.num_preemptions > 0
+    assert [o["token_ids"] for o in got] == want
+    assert all(o["finish_reason"] == "length" for o in got)
+    assert tight.engine.scheduler.block_manager.num_free_blocks == 16  # every block came back
+
+
+def test_outputs_keep_input_order_and_per_prompt_params():
+    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
+    prompts = [[5] * 30, [6], [7] * 10]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (3, 9, 5)]
+    out = llm.generate(prompts, params, use_tqdm=False)
+    assert [len(o["token_ids"]) for o in out] == [3, 9, 5]
+
+
+def test_stop_token_ids_and_max_model_len():
+    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args(max_model_len=64))
+    first = llm.generate([3, 4, 5], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
+                         use_tqdm=False)["token_ids"]
+    stop_at = first[4]
+    out = llm.generate([3, 4, 5], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True,
+                                                 stop_token_ids=[stop_at]), use_tqdm=False)
+    assert out["token_ids"] == first[:first.index(stop_at) + 1] and out["finish_reason"] == "stop"
+    long = llm.generate([3] * 60, SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True), use_tqdm=False)
+    assert len(long["token_ids"]) == 4 and long["finish_reason"] == "length"  # 60 + 4 = max_model_len
+
+
+def test_eos_stops_generation():
+    ref = greedy_reference()
+    name = "tiny-qwen3"
+    tokens = ref["tokens"][name][1]
+    # make the model's 3rd greedy token count as EOS: generation must stop right there
+    llm = LLM(ref_path(name), **small_engine_args())
+    llm.engine.scheduler.eos_token_ids = {tokens[2]}
+    out = llm.generate(ref["prompts"][1], SamplingParams(temperature=0.0, max_tokens=20), use_tqdm=False)
+    assert out["token_ids"] == tokens[:3] and out["finish_reason"] == "stop"
+
+
+def test_stream_yields_the_generated_text():
+    llm = LLM("qwen3-tiny", **small_engine_args())
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    streamed = "".join(llm.stream("Once upon a time", params))
+    assert streamed == llm.generate("Once upon a time", params, use_tqdm=False)["text"]
+
+
+def test_stop_strings_cut_the_text():
+    llm = LLM("qwen3-tiny", **small_engine_args())
+    full = llm.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+                        use_tqdm=False)
+    stop = full["text"][len(full["text"]) // 2:][:3]
+    assert stop.strip()
+    out = llm.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                                                          stop=[stop]), use_tqdm=False)
+    assert out["finish_reason"] == "stop" and stop not in out["text"]
+    assert full["text"].startswith(out["text"])
