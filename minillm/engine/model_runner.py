@@ -16,6 +16,7 @@ from minillm.models.qwen3 import Qwen3ForCausalLM
 from minillm.sampling_params import SamplingParams
 
 
+# >>> exercise 3.1 | notebooks/03_paged_kv_cache.ipynb | 2. Block tables and slot mapping
 def slot_mapping_for(block_table: np.ndarray, start: int, end: int, block_size: int) -> np.ndarray:
     """The flat cache slots of token positions start..end-1 of one sequence.
 
@@ -24,6 +25,7 @@ def slot_mapping_for(block_table: np.ndarray, start: int, end: int, block_size: 
     """
     pos = np.arange(start, end, dtype=np.int64)
     return block_table[pos // block_size].astype(np.int64) * block_size + pos % block_size
+# <<< exercise 3.1
 
 
 class ModelRunner:

@@ -21,6 +21,7 @@ from minillm.context import Context, get_context
 from minillm.kernels.store_kvcache import store_kvcache_ref
 
 
+# >>> exercise 2.4 | notebooks/02_decoder_layer.ipynb | 5. Attention: GQA and the causal mask
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """One sequence of grouped-query attention, causal, queries aligned to the end of the keys.
 
@@ -35,6 +36,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     visible = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).tril(diagonal=Lk - Lq)
     scores = scores.masked_fill(~visible, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).to(q.dtype)
+# <<< exercise 2.4
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""Exercises of the minillm course (generated)."""

@@ -1,0 +1,159 @@
+"""Timing for the notebooks: one way to time a callable, the device's measured ceilings, a roofline.
+
+    t = time_fn(fn)                       # median milliseconds (CUDA events on GPU, perf_counter on CPU)
+    c = device_ceilings()                 # measured copy GB/s and matmul TFLOP/s of this device
+    r = Roofline(c); r.add("rmsnorm", ms=t, bytes=..., flops=...); r.plot(); r.table()
+
+Rules (the device's METHOD): warm up first; take the median of many runs; never time zeros; rotate
+inputs bigger than the L2 cache (pass several argument sets) so repeated runs do not hit in cache.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+
+def describe_device() -> str:
+    """'NVIDIA H200 (cuda, torch 2.11.0+cu130, triton 3.6.0)' or 'cpu (...)'."""
+    import triton
+    versions = f"torch {torch.__version__}, triton {triton.__version__}"
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()} (cuda, {versions})"
+    return f"cpu ({torch.get_num_threads()} threads, {versions})"
+
+
+def time_fn(fn: Callable, *arg_sets: Sequence, warmup: int = 5, rep: int = 50, max_seconds: float = 2.0) -> float:
+    """Median milliseconds of one call. With several arg_sets, calls rotate through them.
+
+    fn(*args) is called with each element of arg_sets in turn (fn() when none are given).
+    """
+    arg_sets = arg_sets or ((),)
+    cuda = torch.cuda.is_available()
+    for i in range(warmup):
+        fn(*arg_sets[i % len(arg_sets)])
+    if cuda:
+        torch.cuda.synchronize()
+    times, start_all = [], time.perf_counter()
+    for i in range(rep):
+        args = arg_sets[i % len(arg_sets)]
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*args)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn(*args)
+            times.append((time.perf_counter() - t0) * 1e3)
+        if time.perf_counter() - start_all > max_seconds and len(times) >= 5:
+            break
+    return statistics.median(times)
+
+
+@dataclass
+class Ceilings:
+    device: str
+    copy_gbps: float  # device-to-device copy, bytes read + written per second / 1e9
+    matmul_tflops: float  # dense matmul in `dtype`
+
+    def __str__(self) -> str:
+        return f"{self.device}: copy {self.copy_gbps:,.0f} GB/s, matmul {self.matmul_tflops:,.1f} TFLOP/s"
+
+
+_CEILINGS: dict = {}
+
+
+def device_ceilings(dtype: torch.dtype | None = None) -> Ceilings:
+    """Measure (once per process) the two ceilings every timing is compared with:
+    a large copy (bytes read + written) and a large random matmul."""
+    cuda = torch.cuda.is_available()
+    dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
+    if dtype in _CEILINGS:
+        return _CEILINGS[dtype]
+    dev = "cuda" if cuda else "cpu"
+    n_copy = (1 << 30) if cuda else (1 << 25)  # 2 GiB (bf16) on GPU, far beyond the L2
+    src = torch.randn(n_copy, device=dev, dtype=dtype)
+    dst = torch.empty_like(src)
+    ms = time_fn(lambda: dst.copy_(src), rep=20)
+    copy_gbps = 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+    del src, dst
+    n = 8192 if cuda else 512
+    a = torch.randn(n, n, device=dev, dtype=dtype)
+    b = torch.randn(n, n, device=dev, dtype=dtype)
+    ms = time_fn(lambda: a @ b, rep=20)
+    c = Ceilings(describe_device(), copy_gbps, 2 * n ** 3 / (ms * 1e-3) / 1e12)
+    _CEILINGS[dtype] = c
+    return c
+
+
+@dataclass
+class Point:
+    name: str
+    ms: float
+    bytes: float
+    flops: float
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / (self.ms * 1e-3) / 1e9
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / (self.ms * 1e-3) / 1e12
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / max(self.bytes, 1)
+
+
+@dataclass
+class Roofline:
+    """Collect timed ops with the bytes they must move and FLOPs they must do; compare to the ceilings."""
+
+    ceilings: Ceilings
+    points: list[Point] = field(default_factory=list)
+
+    def add(self, name: str, ms: float, bytes: float, flops: float = 0.0) -> Point:
+        p = Point(name, ms, bytes, flops)
+        self.points.append(p)
+        return p
+
+    def floor_ms(self, p: Point) -> float:
+        """The larger of bytes / copy bandwidth and FLOPs / matmul rate."""
+        c = self.ceilings
+        return max(p.bytes / (c.copy_gbps * 1e9), p.flops / (c.matmul_tflops * 1e12)) * 1e3
+
+    def table(self) -> str:
+        rows = [f"{'op':<34}{'ms':>10}{'GB/s':>10}{'TFLOP/s':>10}{'floor ms':>10}{'% of floor':>11}"]
+        for p in self.points:
+            f = self.floor_ms(p)
+            rows.append(f"{p.name:<34}{p.ms:>10.4f}{p.gbps:>10.0f}{p.tflops:>10.2f}{f:>10.4f}{100 * f / p.ms:>10.0f}%")
+        return "\n".join(rows)
+
+    def plot(self, ax=None, title: str | None = None):
+        """Log-log roofline: attainable TFLOP/s vs arithmetic intensity, one dot per op."""
+        import matplotlib.pyplot as plt
+        import numpy as np
+        c = self.ceilings
+        if ax is None:
+            _, ax = plt.subplots(figsize=(7, 4.5))
+        xs = np.logspace(-2, 4, 200)
+        ax.plot(xs, np.minimum(xs * c.copy_gbps / 1e3, c.matmul_tflops), "k-", lw=1.5, label="measured ceiling")
+        for p in self.points:
+            x = max(p.intensity, 1e-2)
+            ax.scatter([x], [max(p.tflops, 1e-6)], s=40, zorder=3)
+            ax.annotate(p.name, (x, max(p.tflops, 1e-6)), fontsize=8, xytext=(4, 4), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+        ax.set_ylabel("achieved TFLOP/s")
+        ax.set_title(title or f"Roofline on {c.device.split(' (')[0]}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(loc="lower right")
+        return ax

@@ -1,0 +1,1 @@
+"""Solutions of the minillm course (generated)."""

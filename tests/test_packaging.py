@@ -1,0 +1,41 @@
+"""Packaging: environment.yml and pyproject.toml name the same dependencies; generated files and
+stored references are current (the Makefile's test target also runs both checks as commands)."""
+import os
+import re
+import tomllib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _norm(req: str) -> str:
+    return re.sub(r"\s+", "", req).lower()
+
+
+def test_environment_yml_matches_pyproject():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        proj = tomllib.load(f)["project"]
+    want = {_norm(r) for r in proj["dependencies"] + proj["optional-dependencies"]["dev"]}
+    lines = open(os.path.join(ROOT, "environment.yml")).read().splitlines()
+    pip_reqs = {_norm(line.strip()[2:]) for line in lines
+                if line.startswith("      - ") and not line.strip().startswith("- -e")}
+    assert pip_reqs == want, f"only in environment.yml: {pip_reqs - want}; only in pyproject: {want - pip_reqs}"
+
+
+def test_exercise_markers_registered_in_pyproject():
+    from minillm.course.exercises import find_exercises
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        markers = tomllib.load(f)["tool"]["pytest"]["ini_options"]["markers"]
+    names = {m.split(":")[0] for m in markers}
+    missing = [e.marker for e in find_exercises() if e.marker not in names]
+    assert not missing, f"register these markers in pyproject.toml [tool.pytest.ini_options]: {missing}"
+
+
+def test_generated_exercises_and_solutions_are_current():
+    from minillm.course.exercises import write
+    assert write(check=True) == [], "run `python -m minillm.course.exercises` (make exercises)"
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = open(os.path.join(ROOT, ".ci", "run")).read()
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    assert "make test" in ci and "make test" in readme and "make demo" in readme
