@@ -3,6 +3,8 @@ tensors (input_ids, positions, slot_mapping, cu_seqlens, block_tables), runs the
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -81,7 +83,7 @@ class ModelRunner:
         n = min(c.max_num_batched_tokens, c.max_num_seqs * c.max_model_len)
         num_seqs = max(1, n // c.max_model_len)
         seqs = [Sequence([0] * c.max_model_len, _GREEDY, self.block_size) for _ in range(num_seqs)]
-        self.run_model(*self.prepare_prefill(seqs), is_prefill=True)
+        self.run_model(*self.load_batch(build_prefill_batch(seqs, self.block_size)), is_prefill=True)
         reset_context()
         peak = torch.cuda.max_memory_allocated(self.device) - before
         torch.cuda.empty_cache()
@@ -100,12 +102,10 @@ class ModelRunner:
         return num_blocks
 
     # ---- inputs ---------------------------------------------------------------------------
-    def block_tables_tensor(self, seqs: list[Sequence]) -> torch.Tensor:
-        width = max(len(s.block_table) for s in seqs)
-        table = np.full((len(seqs), width), -1, dtype=np.int32)
-        for i, s in enumerate(seqs):
-            table[i, :len(s.block_table)] = s.block_table
-        return self._to_device(table)
+    # A step's inputs are built on the host as a Batch of numpy arrays (cheap to make, to pickle
+    # to tensor-parallel workers, and to copy into CUDA-graph buffers), then loaded to the device.
+    def build_batch(self, seqs: list[Sequence], is_prefill: bool) -> "Batch":
+        return build_prefill_batch(seqs, self.block_size) if is_prefill else build_decode_batch(seqs, self.block_size)
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(array)
@@ -113,44 +113,20 @@ class ModelRunner:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t
 
-    def prepare_prefill(self, seqs: list[Sequence]):
-        input_ids, positions, slots = [], [], []
-        cu_q, cu_k = [0], [0]
-        for s in seqs:
-            start, end = s.num_cached_tokens, s.num_tokens
-            input_ids.append(np.asarray(s.token_ids[start:], dtype=np.int64))
-            positions.append(np.arange(start, end, dtype=np.int64))
-            cu_q.append(cu_q[-1] + end - start)
-            cu_k.append(cu_k[-1] + end)
-            if s.block_table:  # empty during the warm-up run that measures memory
-                slots.append(slot_mapping_for(np.asarray(s.block_table), start, end, self.block_size))
-        prefix_hit = cu_k[-1] > cu_q[-1]
+    def load_batch(self, b: "Batch") -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy a Batch to the device and set the attention context. -> (input_ids, positions)."""
+        dev = self._to_device
+        opt = lambda a: None if a is None else dev(a)  # noqa: E731
         set_context(
-            is_prefill=True,
-            cu_seqlens_q=self._to_device(np.asarray(cu_q, dtype=np.int32)),
-            cu_seqlens_k=self._to_device(np.asarray(cu_k, dtype=np.int32)),
-            max_seqlen_q=max(b - a for a, b in zip(cu_q, cu_q[1:])),
-            max_seqlen_k=max(b - a for a, b in zip(cu_k, cu_k[1:])),
-            slot_mapping=self._to_device(np.concatenate(slots)) if slots else None,
-            block_tables=self.block_tables_tensor(seqs) if prefix_hit else None,
-            cu_seqlens_q_host=cu_q, cu_seqlens_k_host=cu_k,
+            is_prefill=b.is_prefill,
+            cu_seqlens_q=opt(b.cu_seqlens_q), cu_seqlens_k=opt(b.cu_seqlens_k),
+            max_seqlen_q=b.max_seqlen_q, max_seqlen_k=b.max_seqlen_k,
+            slot_mapping=opt(b.slot_mapping), context_lens=opt(b.context_lens), block_tables=opt(b.block_tables),
+            cu_seqlens_q_host=None if b.cu_seqlens_q is None else b.cu_seqlens_q.tolist(),
+            cu_seqlens_k_host=None if b.cu_seqlens_k is None else b.cu_seqlens_k.tolist(),
+            context_lens_host=None if b.context_lens is None else b.context_lens.tolist(),
         )
-        return self._to_device(np.concatenate(input_ids)), self._to_device(np.concatenate(positions))
-
-    def prepare_decode(self, seqs: list[Sequence]):
-        input_ids = np.asarray([s.last_token for s in seqs], dtype=np.int64)
-        context_lens = [s.num_tokens for s in seqs]
-        positions = np.asarray(context_lens, dtype=np.int64) - 1
-        slots = np.asarray([s.block_table[-1] * self.block_size + (n - 1) % self.block_size
-                            for s, n in zip(seqs, context_lens)], dtype=np.int64)
-        set_context(
-            is_prefill=False,
-            slot_mapping=self._to_device(slots),
-            context_lens=self._to_device(np.asarray(context_lens, dtype=np.int32)),
-            block_tables=self.block_tables_tensor(seqs),
-            context_lens_host=context_lens,
-        )
-        return self._to_device(input_ids), self._to_device(positions)
+        return dev(b.input_ids), dev(b.positions)
 
     def prepare_sample(self, seqs: list[Sequence]):
         ps = [s.params for s in seqs]
@@ -182,12 +158,71 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
-        input_ids, positions = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
+        batch = self.build_batch(seqs, is_prefill)
         sample_args = self.prepare_sample(seqs)
-        logits = self.run_model(input_ids, positions, is_prefill)
+        logits = self.run_model(*self.load_batch(batch), is_prefill)
         token_ids = self.sampler(logits, *sample_args).tolist()
         reset_context()
         return token_ids
+
+
+@dataclass
+class Batch:
+    """One step's model inputs on the host. Prefill packs the uncached tokens of every sequence;
+    decode has one token per sequence. Arrays are numpy; None where a phase does not use them."""
+
+    is_prefill: bool
+    input_ids: np.ndarray  # [N] int64
+    positions: np.ndarray  # [N] int64
+    slot_mapping: np.ndarray | None  # [N] int64
+    cu_seqlens_q: np.ndarray | None = None  # [B+1] int32 (prefill)
+    cu_seqlens_k: np.ndarray | None = None  # [B+1] int32 (prefill)
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    context_lens: np.ndarray | None = None  # [B] int32 (decode)
+    block_tables: np.ndarray | None = None  # [B, max_blocks] int32, -1 padded (decode; prefill with prefix hits)
+
+
+def block_tables_array(seqs: list[Sequence]) -> np.ndarray:
+    width = max(len(s.block_table) for s in seqs)
+    table = np.full((len(seqs), width), -1, dtype=np.int32)
+    for i, s in enumerate(seqs):
+        table[i, :len(s.block_table)] = s.block_table
+    return table
+
+
+def build_prefill_batch(seqs: list[Sequence], block_size: int) -> Batch:
+    input_ids, positions, slots = [], [], []
+    cu_q, cu_k = [0], [0]
+    for s in seqs:
+        start, end = s.num_cached_tokens, s.num_tokens
+        input_ids.append(np.asarray(s.token_ids[start:], dtype=np.int64))
+        positions.append(np.arange(start, end, dtype=np.int64))
+        cu_q.append(cu_q[-1] + end - start)
+        cu_k.append(cu_k[-1] + end)
+        if s.block_table:  # empty during the warm-up run that measures memory
+            slots.append(slot_mapping_for(np.asarray(s.block_table), start, end, block_size))
+    prefix_hit = cu_k[-1] > cu_q[-1]  # keys longer than queries: read them through the block tables
+    return Batch(
+        is_prefill=True, input_ids=np.concatenate(input_ids), positions=np.concatenate(positions),
+        slot_mapping=np.concatenate(slots) if slots else None,
+        cu_seqlens_q=np.asarray(cu_q, dtype=np.int32), cu_seqlens_k=np.asarray(cu_k, dtype=np.int32),
+        max_seqlen_q=max(b - a for a, b in zip(cu_q, cu_q[1:])), max_seqlen_k=max(b - a for a, b in zip(cu_k, cu_k[1:])),
+        block_tables=block_tables_array(seqs) if prefix_hit else None,
+    )
+
+
+def build_decode_batch(seqs: list[Sequence], block_size: int) -> Batch:
+    context_lens = np.asarray([s.num_tokens for s in seqs], dtype=np.int32)
+    last_blocks = np.asarray([s.block_table[-1] for s in seqs], dtype=np.int64)
+    return Batch(
+        is_prefill=False,
+        input_ids=np.asarray([s.last_token for s in seqs], dtype=np.int64),
+        positions=context_lens.astype(np.int64) - 1,
+        slot_mapping=last_blocks * block_size + (context_lens.astype(np.int64) - 1) % block_size,
+        context_lens=context_lens,
+        block_tables=block_tables_array(seqs),
+    )
 
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
