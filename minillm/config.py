@@ -118,6 +118,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     enforce_eager: bool = False  # CUDA: no CUDA graphs
     enable_prefix_caching: bool = True
+    async_scheduling: bool = True  # read each step's tokens back one step later (overlaps CPU and GPU)
     attention_backend: str = "auto"  # auto | torch | triton | flash_attn
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16

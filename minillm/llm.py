@@ -99,13 +99,17 @@ class LLM:
             prompt = tok.encode_chat(prompt)
         seq = self.engine.add_request(self._prompt_ids(prompt), sampling_params or SamplingParams())
         detok = IncrementalDetokenizer(tok)
+        emitted = 0
         try:
-            while not seq.is_finished:
-                ran, _ = self.engine.step()
-                if seq in ran:
-                    delta = detok.add([seq.last_token])
-                    if delta:
-                        yield delta
+            while True:
+                self.engine.step()
+                new = seq.resolved_completion()[emitted:]
+                emitted += len(new)
+                delta = detok.add(new) if new else ""
+                if delta:
+                    yield delta
+                if seq.is_finished and -1 not in seq.token_ids:
+                    break
             self.last_output = self.engine.output(seq)
             tail = detok.flush()
             if tail:

@@ -130,7 +130,7 @@ def test_eos_stops_generation():
     tokens = ref["tokens"][name][1]
     # make the model's 3rd greedy token count as EOS: generation must stop right there
     llm = LLM(ref_path(name), **small_engine_args())
-    llm.engine.scheduler.eos_token_ids = {tokens[2]}
+    llm.engine.eos_token_ids = {tokens[2]}
     out = llm.generate(ref["prompts"][1], SamplingParams(temperature=0.0, max_tokens=20), use_tqdm=False)
     assert out["token_ids"] == tokens[:3] and out["finish_reason"] == "stop"
 
@@ -152,3 +152,24 @@ def test_stop_strings_cut_the_text():
                                                           stop=[stop]), use_tqdm=False)
     assert out["finish_reason"] == "stop" and stop not in out["text"]
     assert full["text"].startswith(out["text"])
+
+
+def test_async_scheduling_gives_the_same_outputs_as_sync():
+    """Reading tokens back one step late must change nothing: stop tokens, max_tokens, preemption."""
+    ref = greedy_reference()
+    prompts = ref["prompts"]
+    stop_tok = ref["tokens"]["tiny-qwen3"][2][5]  # stops prompt 2 after 6 tokens
+    params = [SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop_token_ids=[stop_tok]),
+              SamplingParams(temperature=0.8, max_tokens=60, ignore_eos=True, seed=7),
+              SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True)]
+    outs = {}
+    for mode in (True, False):
+        llm = LLM(ref_path("tiny-qwen3"), **small_engine_args(num_kvcache_blocks=16, async_scheduling=mode))
+        outs[mode] = llm.generate(prompts, params, use_tqdm=False)
+        assert llm.engine.scheduler.num_preemptions > 0
+        assert llm.engine.scheduler.block_manager.num_free_blocks == 16
+    assert outs[True] == outs[False]
+    assert outs[True][2]["token_ids"][-1] == stop_tok and outs[True][2]["finish_reason"] == "stop"
+    assert len(outs[True][1]["token_ids"]) == 1

@@ -19,10 +19,13 @@ class LLMEngine:
         eos = list(self.model_config.eos_token_id)
         if self.tokenizer and self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
             eos.append(self.tokenizer.eos_token_id)
-        self.eos_token_ids = eos
         self.model_runner = self._make_runner(model_path)
         self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks, eos)
         self.detokenizers: dict[int, IncrementalDetokenizer] = {}  # requests with stop strings
+        self.eos_token_ids = set(eos)
+        # async scheduling needs a runner that can launch without waiting (one process)
+        self.async_scheduling = config.async_scheduling and config.tensor_parallel_size == 1
+        self.pending = None  # the launched step not yet read back
         self.num_prefill_tokens = self.num_decode_tokens = 0
 
     def _make_runner(self, model_path: str):
@@ -59,34 +62,80 @@ class LLMEngine:
 
     def abort_all(self) -> None:
         """Finish every unfinished request (after an error or an interrupt): the engine stays usable."""
+        if self.pending is not None:
+            try:
+                self.model_runner.resolve(self.pending)  # let the device finish what it was given
+            finally:
+                self.pending = None
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.finish(seq, "abort")
         self.detokenizers.clear()
 
     # ---- the loop -----------------------------------------------------------------------------
+    # A step is launched on the device and its tokens are read back one step later (async
+    # scheduling): while the GPU runs step n, the CPU reads step n-1's tokens, finishes requests and
+    # schedules step n+1. A launched sequence gets a placeholder token (-1) at once, so lengths,
+    # block tables and max_tokens stay exact; only a stop *token* (EOS, stop ids, stop strings) is
+    # seen one step late, and the one extra token computed for that request is dropped.
     def step(self) -> tuple[list[Sequence], list[Sequence]]:
-        """Run one batch. -> (the sequences that ran, those of them that finished)."""
-        seqs, is_prefill = self.scheduler.schedule()
-        if not seqs:
-            raise RuntimeError("the scheduler found nothing to run although requests are pending; this is a bug")
-        token_ids = self.model_runner.run(seqs, is_prefill)
-        if is_prefill:
-            self.num_prefill_tokens += sum(s.num_tokens - s.num_cached_tokens for s in seqs)
-        else:
-            self.num_decode_tokens += len(seqs)
-        finished = self.scheduler.postprocess(seqs, token_ids)
+        """Launch one batch, then read back the previous one.
+        -> (the sequences whose new token was read back now, those of them that finished)."""
+        finished: list[Sequence] = []
+        launched = None
+        if not self.scheduler.is_finished():
+            seqs, is_prefill = self.scheduler.schedule()
+            if not seqs:
+                raise RuntimeError("the scheduler found nothing to run although requests are pending; this is a bug")
+            prev = self.pending if self.async_scheduling else None
+            launched = self.model_runner.launch(seqs, is_prefill, prev)
+            if is_prefill:
+                self.num_prefill_tokens += sum(s.num_tokens - s.num_cached_tokens for s in seqs)
+            else:
+                self.num_decode_tokens += len(seqs)
+            launched.positions = self._append_placeholders(seqs, finished)
+        if not self.async_scheduling:  # read this step back now
+            self.pending, launched = launched, None
+        ran = []
+        if self.pending is not None:
+            ran = self.pending.seqs
+            self._fill_tokens(self.pending, self.model_runner.resolve(self.pending), finished)
+        self.pending = launched
+        return ran, finished
+
+    def _append_placeholders(self, seqs: list[Sequence], finished: list[Sequence]) -> list[int]:
+        """Give every launched sequence a placeholder for its coming token; finish those that reach
+        max_tokens or max_model_len with it. -> the placeholders' positions."""
+        positions = []
         for seq in seqs:
-            detok = self.detokenizers.get(seq.seq_id)
-            if detok is None:
-                continue
-            detok.add([seq.last_token])
-            if not seq.is_finished and any(s in detok.text for s in seq.params.stop):
-                self.scheduler.finish(seq, "stop")
+            positions.append(seq.num_tokens)
+            seq.append_token(-1)
+            if seq.num_completion_tokens >= seq.params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+                self.scheduler.finish(seq, "length")
                 finished.append(seq)
-        return seqs, finished
+        return positions
+
+    def _fill_tokens(self, pending, token_ids: list[int], finished: list[Sequence]) -> None:
+        """Write a read-back step's tokens over their placeholders; stop at stop tokens and stop strings."""
+        for seq, pos, tok in zip(pending.seqs, pending.positions, token_ids):
+            if pos >= seq.num_tokens or seq.token_ids[pos] != -1:
+                continue  # the request already stopped before this token: drop it
+            seq.token_ids[pos] = tok
+            p = seq.params
+            stop = (not p.ignore_eos and tok in self.eos_token_ids) or tok in p.stop_token_ids
+            detok = self.detokenizers.get(seq.seq_id)
+            if detok is not None and not stop:
+                detok.add([tok])
+                stop = any(s in detok.text for s in p.stop)
+            if stop:
+                del seq.token_ids[pos + 1:]  # a placeholder launched after this token is void
+                if not seq.is_finished:
+                    finished.append(seq)
+                seq.finish_reason = "stop"
+                if not seq.is_finished:
+                    self.scheduler.finish(seq, "stop")
 
     def is_finished(self) -> bool:
-        return self.scheduler.is_finished()
+        return self.scheduler.is_finished() and self.pending is None
 
     def output(self, seq: Sequence) -> dict:
         """The result of a finished request: text, token_ids, finish_reason."""

@@ -10,6 +10,7 @@ import torch
 
 from minillm.config import EngineConfig, ModelConfig
 from minillm.context import get_context, reset_context, set_context
+from minillm.engine.cuda_graph import DecodeGraphs
 from minillm.engine.sequence import Sequence
 from minillm.layers.attention import Attention, get_backend
 from minillm.layers.sampler import Sampler
@@ -22,8 +23,15 @@ from minillm.sampling_params import SamplingParams
 def slot_mapping_for(block_table: np.ndarray, start: int, end: int, block_size: int) -> np.ndarray:
     """The flat cache slots of token positions start..end-1 of one sequence.
 
-    block_table: [num_blocks] physical block ids of the sequence -> [end - start] int64,
-    slot = block_table[pos // block_size] * block_size + pos % block_size.
+    The KV cache is num_blocks blocks of block_size token rows; flat slot s is row s % block_size of
+    physical block s // block_size. A sequence's logical block i (its positions
+    i*block_size .. i*block_size + block_size - 1) lives in physical block block_table[i].
+    block_table: [>= ceil(end / block_size)] int physical block ids; 0 <= start <= end
+    -> [end - start] int64: slot of position pos = block_table[pos // block_size] * block_size + pos % block_size.
+    (start > 0 when the first tokens' K/V came from the prefix cache or were computed in an earlier step.)
+
+    Hints: vectorize with numpy (np.arange of the positions, integer division and modulo, fancy
+    indexing into block_table); cast to int64 before multiplying (block ids may be int32).
     """
     pos = np.arange(start, end, dtype=np.int64)
     return block_table[pos // block_size].astype(np.int64) * block_size + pos % block_size
@@ -52,6 +60,11 @@ class ModelRunner:
         for layer in self.attention_layers:
             layer.backend = self.backend
         self.num_kvcache_blocks = self.allocate_kv_cache()
+        self.graphs = None
+        if self.device.type == "cuda" and not config.enforce_eager and self.backend.name != "torch":
+            # the torch reference backend loops over host lists, which a graph cannot replay
+            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.blocks_per_seq(),
+                                       model_config.hidden_size, self.dtype, self.device)
 
     # ---- KV cache -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -129,16 +142,18 @@ class ModelRunner:
         return dev(b.input_ids), dev(b.positions)
 
     def prepare_sample(self, seqs: list[Sequence]):
+        """-> keyword arguments of Sampler.forward, as device tensors (no device sync)."""
         ps = [s.params for s in seqs]
-        temperatures = torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=self.device)
-        vocab = self.model_config.vocab_size
-        top_k = top_p = None
+        temps = np.asarray([p.temperature for p in ps], dtype=np.float32)
+        args = dict(temperatures=self._to_device(temps), all_greedy=bool((temps == 0).all()))
         if any(p.top_k > 0 for p in ps):
-            top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in ps], device=self.device)
+            vocab = self.model_config.vocab_size
+            args["top_k"] = self._to_device(np.asarray([p.top_k if p.top_k > 0 else vocab for p in ps]))
         if any(p.top_p < 1.0 for p in ps):
-            top_p = torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=self.device)
-        generators = [self.generator_for(s) for s in seqs]
-        return temperatures, top_k, top_p, generators if any(g is not None for g in generators) else None
+            args["top_p"] = self._to_device(np.asarray([p.top_p for p in ps], dtype=np.float32))
+        if any(p.seed is not None for p in ps):
+            args["generators"] = [self.generator_for(s) for s in seqs]
+        return args
 
     def generator_for(self, seq: Sequence):
         if seq.params.seed is None or seq.params.temperature == 0:
@@ -157,13 +172,57 @@ class ModelRunner:
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+    def launch(self, seqs: list[Sequence], is_prefill: bool, prev: "Pending | None" = None) -> "Pending":
+        """Queue one step on the device and return without waiting for it.
+
+        With async scheduling a decode sequence's newest token may still be on the device (its
+        host value is the placeholder -1): then it is taken from prev, the step before."""
         batch = self.build_batch(seqs, is_prefill)
+        src = None
+        if not is_prefill and prev is not None and (batch.input_ids < 0).any():
+            src = np.asarray([prev.rows.get(s.seq_id, -1) if s.last_token < 0 else -1 for s in seqs])
+        elif (batch.input_ids < 0).any():
+            raise RuntimeError("a step's input tokens are not known yet; resolve the previous step first")
         sample_args = self.prepare_sample(seqs)
-        logits = self.run_model(*self.load_batch(batch), is_prefill)
-        token_ids = self.sampler(logits, *sample_args).tolist()
+        if not is_prefill and self.graphs is not None and self.graphs.padded_size(len(seqs)):
+            logits = self.model.compute_logits(self.graphs.run(batch, prev.token_ids if src is not None else None, src))
+        else:
+            input_ids, positions = self.load_batch(batch)
+            if src is not None:
+                idx = self._to_device(src)
+                input_ids = torch.where(idx >= 0, prev.token_ids[idx.clamp_min(0)], input_ids)
+            logits = self.run_model(input_ids, positions, is_prefill)
+        token_ids = self.sampler(logits, **sample_args)
         reset_context()
-        return token_ids
+        pending = Pending(seqs, token_ids, {s.seq_id: i for i, s in enumerate(seqs)})
+        if self.device.type == "cuda":
+            pending.host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
+            pending.host.copy_(token_ids, non_blocking=True)
+            pending.event = torch.cuda.Event()
+            pending.event.record()
+        return pending
+
+    def resolve(self, pending: "Pending") -> list[int]:
+        """Wait for a launched step; -> its sampled token ids (host ints)."""
+        if pending.event is not None:
+            pending.event.synchronize()
+            return pending.host.tolist()
+        return pending.token_ids.tolist()
+
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+        """One synchronous step: launch and wait."""
+        return self.resolve(self.launch(seqs, is_prefill))
+
+
+@dataclass
+class Pending:
+    """A launched step: its sequences, the sampled ids on the device, and their host copy once ready."""
+
+    seqs: list[Sequence]
+    token_ids: torch.Tensor  # [B] int64, on the device
+    rows: dict[int, int]  # seq_id -> row in this step
+    host: torch.Tensor | None = None  # pinned host copy (CUDA)
+    event: torch.cuda.Event | None = None
 
 
 @dataclass

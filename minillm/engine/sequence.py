@@ -62,6 +62,11 @@ class Sequence:
     def num_cached_blocks(self) -> int:
         return self.num_cached_tokens // self.block_size
 
+    def resolved_completion(self) -> list[int]:
+        """Completion tokens read back so far (a launched step's token is -1 until it is)."""
+        out = self.token_ids[self.num_prompt_tokens:]
+        return out[:out.index(-1)] if -1 in out else out
+
     def block(self, i: int) -> list[int]:
         """The token ids of logical block i."""
         return self.token_ids[i * self.block_size:(i + 1) * self.block_size]

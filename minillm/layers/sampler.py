@@ -1,7 +1,8 @@
 """Sampler: logits -> next token ids, per-row temperature / top-k / top-p / seed, on the logits' device.
 
-Sampling uses the exponential-race form of the Gumbel-max trick: with E_i ~ Exp(1) independent,
-argmax_i p_i / E_i is distributed as Categorical(p). It needs no cumulative sum and no sync.
+Sampling uses the Gumbel-max trick in its exponential form: with E_i ~ Exp(1) independent,
+argmax_i (logits_i / T - log E_i) is distributed as softmax(logits / T). No softmax, no cumulative
+sum, no host sync: the whole step stays on the GPU.
 """
 from __future__ import annotations
 
@@ -26,21 +27,23 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
 
 class Sampler(nn.Module):
     def forward(self, logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor | None = None,
-                top_p: torch.Tensor | None = None, generators: list | None = None) -> torch.Tensor:
-        """logits: [B, V]; temperatures: [B] (0 = greedy); generators: per row a torch.Generator or None.
-        -> [B] int64 token ids."""
+                top_p: torch.Tensor | None = None, generators: list | None = None,
+                all_greedy: bool | None = None) -> torch.Tensor:
+        """logits: [B, V]; temperatures: [B] (0 = greedy); generators: per row a torch.Generator or None;
+        all_greedy: pass it when known on the host (saves a device sync). -> [B] int64 token ids."""
         logits = logits.float()
         greedy = logits.argmax(dim=-1)
-        if not bool((temperatures > 0).any()):  # one sync; the all-greedy batch skips the rest
+        if all_greedy is None:
+            all_greedy = not bool((temperatures > 0).any())
+        if all_greedy:
             return greedy
         logits = logits / temperatures.clamp_min(1e-6)[:, None]
         if top_k is not None or top_p is not None:
             logits = apply_top_k_top_p(logits, top_k, top_p)
-        probs = logits.softmax(dim=-1)
-        noise = torch.empty_like(probs).exponential_()
+        log_noise = torch.empty_like(logits).exponential_()
         if generators:
             for row, gen in enumerate(generators):
                 if gen is not None:  # a seeded request draws from its own stream
-                    noise[row].exponential_(generator=gen)
-        sampled = (probs / noise).argmax(dim=-1)
+                    log_noise[row].exponential_(generator=gen)
+        sampled = (logits - log_noise.log_()).argmax(dim=-1)
         return torch.where(temperatures > 0, sampled, greedy)

@@ -1,0 +1,100 @@
+"""CUDA graphs for decode: record the whole decode forward once per batch size, then replay it.
+
+A decode step of a 0.6B model launches ~300 small kernels; launched one by one from Python each
+costs a few microseconds of CPU, more than the GPU needs to run it at small batch. A CUDA graph
+replays the recorded launches with one call. Everything a graph reads must live at fixed
+addresses, so each step copies its inputs into static buffers:
+
+    input_ids, positions, slot_mapping   [max_bs]
+    context_lens                         [max_bs]
+    block_tables                         [max_bs, max_blocks]   max_blocks = ceil(max_model_len / block_size)
+
+A batch of B sequences runs the graph captured for the smallest size >= B; rows past B are padding
+(slot -1: nothing stored; context length 0; their outputs are dropped). The block-table width is
+fixed at the longest possible sequence, so no sequence can outgrow it.
+"""
+from __future__ import annotations
+
+import torch
+
+from minillm.context import reset_context, set_context
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 16 up to max_num_seqs (nano-vLLM's choice)."""
+    sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs] + list(range(16, max_num_seqs + 1, 16))
+    return sorted(set(sizes + [max_num_seqs]))
+
+
+class DecodeGraphs:
+    def __init__(self, model, max_num_seqs: int, max_blocks: int, hidden_size: int, dtype: torch.dtype,
+                 device: torch.device):
+        self.model = model
+        self.sizes = graph_batch_sizes(max_num_seqs)
+        n, self.max_blocks = self.sizes[-1], max_blocks
+        # All inputs in one int32 buffer, so a step is one host->device copy from a pinned staging
+        # twin. Two staging buffers alternate: with async scheduling the CPU fills step n+1's while
+        # step n's copy may still be queued.
+        self.staging = [torch.zeros(n * (4 + max_blocks), dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self.hosts = [self._views(st.numpy(), n) for st in self.staging]
+        self.step = 0
+        self.buffer = torch.zeros_like(self.staging[0], device=device)
+        (self.input_ids, self.positions, self.slot_mapping, self.context_lens,
+         self.block_tables) = self._views(self.buffer, n)
+        self.outputs = torch.zeros(n, hidden_size, dtype=dtype, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self._capture_all()
+
+    def _views(self, flat, n: int):
+        return (flat[0:n], flat[n:2 * n], flat[2 * n:3 * n], flat[3 * n:4 * n],
+                flat[4 * n:].reshape(n, self.max_blocks))
+
+    def _set_context(self, bs: int) -> None:
+        set_context(is_prefill=False, slot_mapping=self.slot_mapping[:bs], context_lens=self.context_lens[:bs],
+                    block_tables=self.block_tables[:bs])
+
+    @torch.inference_mode()
+    def _capture_all(self) -> None:
+        self.slot_mapping.fill_(-1)
+        self.block_tables.fill_(-1)
+        # capture the largest first: later (smaller) graphs reuse its memory pool
+        for bs in reversed(self.sizes):
+            self._set_context(bs)
+            self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])  # warm-up, compiles kernels
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, self.pool):
+                self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[bs] = graph
+            torch.cuda.synchronize()
+        reset_context()
+
+    def padded_size(self, bs: int) -> int | None:
+        """The captured size that runs a batch of bs, or None when bs is larger than any."""
+        return next((s for s in self.sizes if s >= bs), None)
+
+    def run(self, batch, prev_ids: torch.Tensor | None = None, src_index=None) -> torch.Tensor:
+        """One decode Batch (B rows, host numpy) -> hidden states [B, hidden].
+
+        prev_ids/src_index: with async scheduling, row i's input token is still on the device when
+        src_index[i] >= 0: it is prev_ids[src_index[i]], the previous step's sample."""
+        bs = len(batch.input_ids)
+        padded = self.padded_size(bs)
+        self.step ^= 1
+        staging = self.staging[self.step]
+        ids, pos, slots, lens, tables = self.hosts[self.step]
+        ids[:bs], pos[:bs], slots[:bs], lens[:bs] = batch.input_ids, batch.positions, batch.slot_mapping, batch.context_lens
+        slots[bs:padded], lens[bs:padded] = -1, 0  # padding rows store nothing and attend to nothing
+        width = batch.block_tables.shape[1]
+        tables[:bs, :width] = batch.block_tables
+        tables[:bs, width:] = -1
+        used = 4 * self.sizes[-1] + padded * self.max_blocks  # copy only the rows this graph reads
+        self.buffer[:used].copy_(staging[:used], non_blocking=True)
+        if src_index is not None:
+            src = torch.from_numpy(src_index).pin_memory().to(self.buffer.device, non_blocking=True)
+            take = src >= 0
+            self.input_ids[:bs] = torch.where(take, prev_ids[src.clamp_min(0)].to(torch.int32), self.input_ids[:bs])
+        self.graphs[padded].replay()
+        return self.outputs[:bs]
