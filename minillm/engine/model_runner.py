@@ -145,7 +145,8 @@ class ModelRunner:
         """-> keyword arguments of Sampler.forward, as device tensors (no device sync)."""
         ps = [s.params for s in seqs]
         temps = np.asarray([p.temperature for p in ps], dtype=np.float32)
-        args = dict(temperatures=self._to_device(temps), all_greedy=bool((temps == 0).all()))
+        args = dict(temperatures=self._to_device(temps), all_greedy=bool((temps == 0).all()),
+                    any_greedy=bool((temps == 0).any()))
         if any(p.top_k > 0 for p in ps):
             vocab = self.model_config.vocab_size
             args["top_k"] = self._to_device(np.asarray([p.top_k if p.top_k > 0 else vocab for p in ps]))

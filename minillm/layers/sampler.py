@@ -1,8 +1,8 @@
 """Sampler: logits -> next token ids, per-row temperature / top-k / top-p / seed, on the logits' device.
 
-Sampling uses the Gumbel-max trick in its exponential form: with E_i ~ Exp(1) independent,
-argmax_i (logits_i / T - log E_i) is distributed as softmax(logits / T). No softmax, no cumulative
-sum, no host sync: the whole step stays on the GPU.
+Sampling uses the Gumbel-max trick: with U_i ~ Uniform(0, 1) independent, G_i = -log(-log U_i)
+is Gumbel noise and argmax_i (logits_i / T + G_i) is distributed as softmax(logits / T). No
+softmax, no cumulative sum, no host sync: the whole step stays on the GPU.
 """
 from __future__ import annotations
 
@@ -28,22 +28,23 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
 class Sampler(nn.Module):
     def forward(self, logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor | None = None,
                 top_p: torch.Tensor | None = None, generators: list | None = None,
-                all_greedy: bool | None = None) -> torch.Tensor:
+                all_greedy: bool | None = None, any_greedy: bool | None = None) -> torch.Tensor:
         """logits: [B, V]; temperatures: [B] (0 = greedy); generators: per row a torch.Generator or None;
-        all_greedy: pass it when known on the host (saves a device sync). -> [B] int64 token ids."""
+        all_greedy / any_greedy: pass them when known on the host (saves device syncs and work).
+        -> [B] int64 token ids."""
         logits = logits.float()
-        greedy = logits.argmax(dim=-1)
         if all_greedy is None:
             all_greedy = not bool((temperatures > 0).any())
         if all_greedy:
-            return greedy
+            return logits.argmax(dim=-1)
+        greedy = logits.argmax(dim=-1) if any_greedy is not False else None
         logits = logits / temperatures.clamp_min(1e-6)[:, None]
         if top_k is not None or top_p is not None:
             logits = apply_top_k_top_p(logits, top_k, top_p)
-        log_noise = torch.empty_like(logits).exponential_()
+        uniform = torch.rand_like(logits)
         if generators:
             for row, gen in enumerate(generators):
                 if gen is not None:  # a seeded request draws from its own stream
-                    log_noise[row].exponential_(generator=gen)
-        sampled = (logits - log_noise.log_()).argmax(dim=-1)
-        return torch.where(temperatures > 0, sampled, greedy)
+                    uniform[row] = torch.rand(logits.shape[1], generator=gen, device=logits.device)
+        sampled = (logits - uniform.log_().neg_().log_()).argmax(dim=-1)  # + Gumbel noise
+        return sampled if greedy is None else torch.where(temperatures > 0, sampled, greedy)
