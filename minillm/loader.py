@@ -25,8 +25,21 @@ SAFETENSORS_DTYPES = {
 }
 
 
+# >>> exercise 1.2 | notebooks/01_vocab_weights_runtime.ipynb | 5. The weights: a safetensors file
 def parse_safetensors_header(data: bytes | memoryview, file_size: int | None = None) -> tuple[dict, int]:
-    """-> ({name: {"dtype", "shape", "data_offsets"}}, data_start). Raises ValueError on a corrupt header."""
+    """Read the header of a .safetensors file held in `data` (bytes, a memoryview of an mmap, ...).
+
+    Layout: 8 bytes little-endian unsigned N, then N bytes of UTF-8 JSON
+    {name: {"dtype": "BF16", "shape": [2, 3], "data_offsets": [begin, end]}, "__metadata__": {...}},
+    then the tensor bytes; data_offsets count from the first byte after the header.
+    file_size: the file's length when `data` is a view that may be longer (default len(data)).
+    -> ({name: entry} without "__metadata__", data_start = 8 + N).
+    Raises ValueError (saying what is wrong) when the file is shorter than 8 bytes, N runs past the
+    end of the file, the JSON is invalid or not an object, or an entry is not a dict with a string
+    dtype, a shape of ints >= 0 and data_offsets [begin, end] with 0 <= begin <= end.
+    Hints: struct.unpack("<Q", ...); json.loads accepts bytes (and the trailing spaces that pad the
+    header to a multiple of 8).
+    """
     file_size = len(data) if file_size is None else file_size
     if file_size < 8:
         raise ValueError(f"file is {file_size} bytes: too short for a safetensors header")
@@ -40,11 +53,28 @@ def parse_safetensors_header(data: bytes | memoryview, file_size: int | None = N
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
     header.pop("__metadata__", None)
+    for name, info in header.items():
+        ok = isinstance(info, dict) and isinstance(info.get("dtype"), str)
+        shape, offsets = (info.get("shape"), info.get("data_offsets")) if ok else (None, None)
+        ok = ok and isinstance(shape, list) and all(type(s) is int and s >= 0 for s in shape)
+        ok = ok and isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+        if not ok or not 0 <= offsets[0] <= offsets[1]:
+            raise ValueError(f"header entry {name!r} is malformed: {info!r}")
     return header, 8 + n
 
 
 def read_tensor(buf, info: dict, data_start: int, name: str = "") -> torch.Tensor:
-    """A tensor viewing `buf` (a writable buffer, e.g. a copy-on-write mmap) as the header entry describes."""
+    """The tensor a header entry describes, as a view of `buf` (no copy).
+
+    buf: the whole file as a writable buffer (a copy-on-write mmap, a bytearray); info: one header
+    entry {"dtype", "shape", "data_offsets"}; data_start: from parse_safetensors_header.
+    -> a tensor of SAFETENSORS_DTYPES[dtype] and the entry's shape (a 0-d tensor for shape []),
+    sharing memory with buf (an empty tensor when it has no elements).
+    Raises ValueError (naming the tensor) for an unknown dtype, or offsets whose length is not
+    numel * itemsize or that run past the end of buf.
+    Hints: torch.frombuffer(buf, dtype=..., count=..., offset=...) then .view(shape); frombuffer
+    refuses count=0.
+    """
     if info.get("dtype") not in SAFETENSORS_DTYPES:
         raise ValueError(f"tensor {name!r}: unsupported dtype {info.get('dtype')!r}")
     dtype = SAFETENSORS_DTYPES[info["dtype"]]
@@ -58,6 +88,7 @@ def read_tensor(buf, info: dict, data_start: int, name: str = "") -> torch.Tenso
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(buf, dtype=dtype, count=numel, offset=data_start + begin).view(shape)
+# <<< exercise 1.2
 
 
 def safetensors_files(path: str) -> list[str]:
@@ -89,30 +120,56 @@ def iterate_safetensors(path: str):
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def load_model(model: nn.Module, path: str) -> None:
-    """Copy every checkpoint tensor into `model` through its parameter's weight_loader.
+def expected_shards(param_name: str, packed_modules_mapping: dict) -> set:
+    """The shard ids that must all arrive for one parameter: {"q", "k", "v"} for a qkv_proj,
+    {0, 1} for a gate_up_proj, {None} (one whole tensor) for any other."""
+    for packed_frag, _ in packed_modules_mapping.values():
+        if f".{packed_frag}." in param_name:
+            return {s for p, s in packed_modules_mapping.values() if p == packed_frag}
+    return {None}
 
-    Checkpoint names are transformers' (q_proj, k_proj, v_proj, gate_proj, up_proj, ...); the
-    model's `packed_modules_mapping` routes them into packed parameters (qkv_proj, gate_up_proj)
-    with a shard id. A missing, unexpected or mis-shaped tensor raises ValueError naming it.
+
+# >>> exercise 1.3 | notebooks/01_vocab_weights_runtime.ipynb | 7. Packed parameters
+def checkpoint_param_name(ckpt_name: str, packed_modules_mapping: dict) -> tuple[str, str | int | None]:
+    """Where one checkpoint tensor goes in the engine's model: (parameter name, shard id).
+
+    packed_modules_mapping: {checkpoint fragment: (packed fragment, shard id)}, e.g.
+    {"q_proj": ("qkv_proj", "q"), ..., "up_proj": ("gate_up_proj", 1)} (Qwen3ForCausalLM's).
+    A name holding one of the fragments as a whole dotted component is renamed to the packed
+    parameter and returns its shard id; any other name is unchanged with shard id None.
+    e.g. "model.layers.3.mlp.up_proj.weight" -> ("model.layers.3.mlp.gate_up_proj.weight", 1).
+    Hints: match ".up_proj." with the dots, so "up_proj" never matches inside another word.
+    """
+    for frag, (packed_frag, shard_id) in packed_modules_mapping.items():
+        if f".{frag}." in ckpt_name:
+            return ckpt_name.replace(f".{frag}.", f".{packed_frag}."), shard_id
+    return ckpt_name, None
+
+
+def load_model(model: nn.Module, path: str) -> None:
+    """Copy every tensor of the checkpoint folder `path` into `model`'s parameters.
+
+    Names are transformers' (q_proj, k_proj, v_proj, gate_proj, up_proj, ...); the model packs some
+    of them (model.packed_modules_mapping) and each packed parameter has a `weight_loader(param,
+    tensor, shard_id, name=...)` that copies one shard into its rows (and cuts this rank's slice
+    under tensor parallelism). For each (name, tensor) of iterate_safetensors(path):
+      - skip names ending in IGNORED_SUFFIXES, and "lm_head.weight" when model.tie_word_embeddings
+        (the head then shares the embedding, which named_parameters() lists once);
+      - route it with checkpoint_param_name; a name the model lacks -> ValueError naming it;
+      - call the parameter's weight_loader, or, when it has none, copy after checking the shape
+        (a mismatch -> ValueError naming the checkpoint tensor); do it under torch.no_grad().
+    At the end every parameter must have received all its expected_shards(...) (or one whole
+    tensor, shard None); otherwise -> ValueError saying which are missing.
+    Hints: dict(model.named_parameters()); remember the shard ids each parameter received in a set.
     """
     packed = getattr(model, "packed_modules_mapping", {})
     params = dict(model.named_parameters())  # tied weights appear once, under their first name
-    expected = {name: set([None]) for name in params}
-    for name, param in params.items():
-        for frag, (packed_frag, shard) in packed.items():
-            if f".{packed_frag}." in name:
-                expected[name] = {s for f, (p, s) in packed.items() if p == packed_frag}
-    loaded: dict[str, set] = {name: set() for name in params}
     tied = getattr(model, "tie_word_embeddings", False)
+    loaded: dict[str, set] = {name: set() for name in params}
     for ckpt_name, tensor in iterate_safetensors(path):
         if ckpt_name.endswith(IGNORED_SUFFIXES) or (tied and ckpt_name == "lm_head.weight"):
             continue
-        name, shard = ckpt_name, None
-        for frag, (packed_frag, shard_id) in packed.items():
-            if f".{frag}." in ckpt_name:
-                name, shard = ckpt_name.replace(f".{frag}.", f".{packed_frag}."), shard_id
-                break
+        name, shard = checkpoint_param_name(ckpt_name, packed)
         if name not in params:
             raise ValueError(f"unexpected tensor {ckpt_name!r} in the checkpoint at {path!r}: the model built "
                              f"from its config.json has no such parameter")
@@ -127,7 +184,8 @@ def load_model(model: nn.Module, path: str) -> None:
             else:
                 loader(param, tensor, shard, name=ckpt_name)
         loaded[name].add(shard)
-    missing = [n for n in params if not expected[n] <= loaded[n]]
+    missing = [n for n in params if None not in loaded[n] and not expected_shards(n, packed) <= loaded[n]]
     if missing:
         raise ValueError(f"the checkpoint at {path!r} is missing tensors for {len(missing)} parameters, "
                          f"e.g. {missing[:3]}; is it complete and made for this config.json?")
+# <<< exercise 1.3

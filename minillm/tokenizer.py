@@ -13,12 +13,17 @@ import regex
 from tokenizers import Tokenizer as HFTokenizer
 
 
+# >>> exercise 1.1 | notebooks/01_vocab_weights_runtime.ipynb | 3. Byte-level BPE, step by step
 def bpe_encode(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
-    """Byte-level BPE on one pre-tokenized piece: start from single bytes and keep merging the
-    adjacent pair whose concatenation has the lowest rank, until no pair is in the vocabulary.
+    """Byte-level BPE of one pre-tokenized piece, exactly as tiktoken does it.
 
-    piece: the UTF-8 bytes of one regex piece; ranks: token bytes -> id (tiktoken's merge ranks).
-    -> the ids of the final parts.
+    piece: the UTF-8 bytes of one regex piece (e.g. b" world"); ranks: token bytes -> token id,
+    where a lower id means the merge was learned earlier (tiktoken's "mergeable ranks"; every
+    single byte is a token). -> the token ids of the final parts, in order.
+    Start from single bytes; repeatedly find the adjacent pair whose concatenation has the lowest
+    rank and merge it into one part; stop when no adjacent pair is in `ranks`.
+    Hints: piece[i:i + 1] is a bytes object of length 1 (piece[i] is an int); when the same pair
+    occurs twice, merge the leftmost first.
     """
     parts = [piece[i:i + 1] for i in range(len(piece))]
     while len(parts) > 1:
@@ -33,8 +38,10 @@ def bpe_encode(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
     return [ranks[p] for p in parts]
 
 
+# exercise: given
 def bpe_tokenize(text: str, ranks: dict[bytes, int], pattern: str, special: dict[str, int]) -> list[int]:
-    """Split out special tokens, pre-tokenize each stretch with the regex, BPE each piece."""
+    """text -> token ids: split out special tokens, pre-tokenize each stretch with the regex
+    `pattern`, BPE each piece (special: token text -> id, e.g. {"<|im_end|>": 151645})."""
     ids: list[int] = []
     splitter = "(" + "|".join(regex.escape(s) for s in sorted(special, key=len, reverse=True)) + ")" if special else None
     chunks = regex.split(splitter, text) if splitter else [text]
@@ -45,6 +52,7 @@ def bpe_tokenize(text: str, ranks: dict[bytes, int], pattern: str, special: dict
         for piece in regex.findall(pattern, chunk):
             ids.extend(bpe_encode(piece.encode("utf-8"), ranks))
     return ids
+# <<< exercise 1.1
 
 
 class Tokenizer:

@@ -269,12 +269,14 @@ def _import_generated(impl: str, chapter: int):
 
 
 @contextlib.contextmanager
-def use_impl(impl: str):
-    """Swap every exercise function of `impl` into the running engine (every minillm module that
-    holds the reference function under its name), and restore the reference on exit."""
+def use_impl(impl: str, chapters: set[int] | None = None):
+    """Swap every exercise function of `impl` (of `chapters`, default all) into the running engine:
+    every minillm module that holds the reference function under its name. Restored on exit."""
     chosen = load_impl(impl)
     patched = []
     for e in find_exercises():
+        if chapters is not None and e.chapter not in chapters:
+            continue
         ref_mod = importlib.import_module(e.module)
         for name in e.functions:
             ref = getattr(ref_mod, name)

@@ -5,23 +5,113 @@
 A decoder layer is two residual blocks. The residual stream is carried *beside* the hidden
 states: each norm adds the previous block's output to the residual and normalizes the sum in one
 fused step, `input_layernorm(hidden, residual) -> (normed, new_residual)`.
+
+The layer's math is one pure function, `decoder_layer`, that takes its weights as arguments; the
+nn.Modules below only hold the parameters (named as in the checkpoint, sharded over
+tensor-parallel ranks by the parallel linear layers) and call it.
 """
 from __future__ import annotations
+
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
 
 from minillm.config import ModelConfig
 from minillm.distributed import tp_size
-from minillm.layers.activation import SiluAndMul
+from minillm.kernels.qk_norm_rope import qk_norm_rope
+from minillm.kernels.silu_mul import silu_and_mul_triton
+from minillm.layers.activation import silu_and_mul
 from minillm.layers.attention import Attention
 from minillm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
-from minillm.layers.layernorm import RMSNorm
+from minillm.layers.layernorm import RMSNorm, apply_rms_norm
 from minillm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from minillm.layers.rotary import RotaryEmbedding
+from minillm.layers.rotary import RotaryEmbedding, apply_rotary
+
+Linear = Callable[[torch.Tensor], torch.Tensor]
+
+
+class DecoderLayerParams(NamedTuple):
+    """What one decoder layer computes with. Norm weights and the RoPE cache are tensors; the
+    projections are linear layers (callables: in the engine each is a tensor-parallel layer that
+    holds this rank's shard and does its all-reduce, chapter 4); `attn` hides the paged KV cache
+    (chapter 3). Head counts are this rank's."""
+
+    input_norm: torch.Tensor  # [hidden]
+    qkv_proj: Linear  # [N, hidden] -> [N, (num_heads + 2 * num_kv_heads) * head_dim] = [q | k | v]
+    q_norm: torch.Tensor | None  # [head_dim] QK-norm weights (Qwen3); None: no QK-norm (Llama, Qwen2)
+    k_norm: torch.Tensor | None  # [head_dim]
+    cos_sin: torch.Tensor  # [max_position, head_dim] from rope_cos_sin
+    attn: Callable  # (q [N, H, D], k [N, Hkv, D], v [N, Hkv, D]) -> [N, H, D], causal within each sequence
+    o_proj: Linear  # [N, num_heads * head_dim] -> [N, hidden]
+    post_norm: torch.Tensor  # [hidden]
+    gate_up_proj: Linear  # [N, hidden] -> [N, 2 * intermediate] = [gate | up]
+    down_proj: Linear  # [N, intermediate] -> [N, hidden]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    eps: float  # of every RMSNorm in the layer
+
+
+# >>> exercise 2.6 | notebooks/02_decoder_layer.ipynb | 7. The whole decoder layer
+def decoder_layer(positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
+                  p: DecoderLayerParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoder layer on a packed batch, the residual stream carried beside the hidden states.
+
+    positions: [N] int, hidden_states: [N, hidden] (the previous layer's MLP output, or the
+    embeddings for the first layer), residual: [N, hidden] (the stream so far) or None for the
+    first layer, p: DecoderLayerParams -> (mlp_out [N, hidden], residual [N, hidden]); the layer's
+    full output, what transformers' Qwen3DecoderLayer returns, is their sum. With H, Hkv, D =
+    p.num_heads, p.num_kv_heads, p.head_dim:
+
+        h, residual = input_layernorm(hidden_states, residual)       (first layer: residual = hidden_states)
+        q, k, v = split qkv_proj(h) into H*D | Hkv*D | Hkv*D, viewed as [N, H, D], [N, Hkv, D], [N, Hkv, D]
+        q, k = q_norm(q), k_norm(k) per head over D                   (only when p.q_norm is not None)
+        q, k = RoPE(q), RoPE(k) at `positions`
+        h = o_proj(attn(q, k, v) flattened to [N, H*D])
+        h, residual = post_attention_layernorm(h, residual)
+        return down_proj(silu_and_mul(gate_up_proj(h))), residual
+
+    Hints: every norm goes through apply_rms_norm(x, weight, eps, residual=None)
+    (minillm.layers.layernorm: the torch functions of 2.1/2.2 on CPU, the Triton kernel of 2.7 on
+    CUDA); apply_rotary and silu_and_mul are exercises 2.3 and 2.5. QK-norm comes before RoPE.
+    """
+    if residual is None:
+        h, residual = apply_rms_norm(hidden_states, p.input_norm, p.eps), hidden_states
+    else:
+        h, residual = apply_rms_norm(hidden_states, p.input_norm, p.eps, residual)
+    n, H, Hkv, D = h.shape[0], p.num_heads, p.num_kv_heads, p.head_dim
+    q, k, v = p.qkv_proj(h).split([H * D, Hkv * D, Hkv * D], dim=-1)
+    q, k, v = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, D)
+    if p.q_norm is not None:  # Qwen3: normalize each head's q and k, so attention logits stay tame
+        q, k = apply_rms_norm(q, p.q_norm, p.eps), apply_rms_norm(k, p.k_norm, p.eps)
+    q, k = apply_rotary(q, positions, p.cos_sin), apply_rotary(k, positions, p.cos_sin)
+    h = p.o_proj(p.attn(q, k, v).reshape(n, H * D))
+    h, residual = apply_rms_norm(h, p.post_norm, p.eps, residual)
+    return p.down_proj(silu_and_mul(p.gate_up_proj(h))), residual
+# <<< exercise 2.6
+
+
+def decoder_layer_fused(positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
+                        p: DecoderLayerParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """decoder_layer's math with fewer, fused kernels (chapter 5), the engine's path on CUDA:
+    QK-norm + RoPE in one kernel that reads q and k straight out of the qkv projection, and
+    SiLU-and-mul in one pass. At decode sizes each small op is launch-bound, so this removes ~20
+    kernels per layer; the arithmetic and its rounding points are the same."""
+    if residual is None:
+        h, residual = apply_rms_norm(hidden_states, p.input_norm, p.eps), hidden_states
+    else:
+        h, residual = apply_rms_norm(hidden_states, p.input_norm, p.eps, residual)
+    n, H, D = h.shape[0], p.num_heads, p.head_dim
+    q, k, v = qk_norm_rope(p.qkv_proj(h), positions, p.cos_sin, H, p.num_kv_heads, D, p.q_norm, p.k_norm, p.eps)
+    h = p.o_proj(p.attn(q, k, v).reshape(n, H * D))
+    h, residual = apply_rms_norm(h, p.post_norm, p.eps, residual)
+    return p.down_proj(silu_and_mul_triton(p.gate_up_proj(h))), residual
 
 
 class Qwen3Attention(nn.Module):
+    """The attention block's parameters (this rank's heads) and its slice of the KV cache."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         tp = tp_size()
@@ -38,29 +128,14 @@ class Qwen3Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        n = hidden_states.shape[0]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(hidden_states).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.reshape(n, self.num_heads, self.head_dim)
-        k = k.reshape(n, self.num_kv_heads, self.head_dim)
-        v = v.reshape(n, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
-        o = self.attn(q, k, v)
-        return self.o_proj(o.reshape(n, q_size))
-
 
 class Qwen3MLP(nn.Module):
+    """The SwiGLU MLP's parameters: [gate | up] packed in one column-parallel matmul, then down."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
-        self.act_fn = SiluAndMul()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -71,16 +146,21 @@ class Qwen3DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def params(self) -> DecoderLayerParams:
+        a = self.self_attn
+        return DecoderLayerParams(
+            input_norm=self.input_layernorm.weight, qkv_proj=a.qkv_proj,
+            q_norm=a.q_norm.weight if a.qk_norm else None, k_norm=a.k_norm.weight if a.qk_norm else None,
+            cos_sin=a.rotary_emb.cos_sin_cache, attn=a.attn, o_proj=a.o_proj,
+            post_norm=self.post_attention_layernorm.weight, gate_up_proj=self.mlp.gate_up_proj,
+            down_proj=self.mlp.down_proj, num_heads=a.num_heads, num_kv_heads=a.num_kv_heads,
+            head_dim=a.head_dim, eps=self.input_layernorm.eps)
+
     def forward(self, positions, hidden_states, residual):
         """hidden_states: [N, hidden] (the previous block's output), residual: [N, hidden] or None
         for the first layer -> (this layer's MLP output, the residual stream before it)."""
-        if residual is None:
-            hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        layer = decoder_layer_fused if hidden_states.is_cuda else decoder_layer
+        return layer(positions, hidden_states, residual, self.params())
 
 
 class Qwen3Model(nn.Module):

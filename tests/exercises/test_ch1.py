@@ -1,0 +1,350 @@
+"""Chapter 1 graded tests: vocabulary, weights, runtime.
+
+References nobody here wrote: tiktoken on the real Qwen vocabulary (stored in references/ch1 and
+run live), the safetensors package, the checkpoints transformers wrote (tests/references/tiny-*),
+transformers' logits and its `generate` tokens (references/greedy_tokens.json).
+
+    pytest tests/exercises -m ex1_1 --impl=exercises
+"""
+import copy
+import json
+import random
+import struct
+
+import pytest
+import torch
+
+from helpers import TINY_MODELS, greedy_reference, ref_path
+from minillm.config import ModelConfig
+from minillm.context import reset_context
+from minillm.course.grading import check_close, check_equal
+from minillm.model_zoo import QWEN_PATTERN, QWEN_SPECIAL, qwen_tiktoken_file
+from minillm.models.qwen3 import Qwen3ForCausalLM
+from minillm.runtime_v0 import one_sequence_runner, prefill_batch
+
+CH1 = ref_path("ch1")
+
+
+# ---- 1.1 byte-level BPE ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ranks():
+    from tiktoken.load import load_tiktoken_bpe
+    return load_tiktoken_bpe(qwen_tiktoken_file())
+
+
+@pytest.fixture(scope="module")
+def bpe_ref():
+    with open(f"{CH1}/qwen_bpe.json") as f:
+        return json.load(f)
+
+
+SPECIAL = {t: 151643 + i for i, t in enumerate(QWEN_SPECIAL)}
+
+
+@pytest.mark.ex1_1
+def test_bpe_encode_pieces_match_tiktoken(impl, ranks, bpe_ref):
+    for piece, want in bpe_ref["pieces"]:
+        check_equal(impl.bpe_encode(piece.encode("utf-8"), ranks), want, "1.1", f"bpe_encode({piece!r})")
+
+
+@pytest.mark.ex1_1
+def test_bpe_tokenize_texts_match_tiktoken(impl, ranks, bpe_ref):
+    for text, want in zip(bpe_ref["texts"], bpe_ref["ids"]):
+        check_equal(impl.bpe_tokenize(text, ranks, QWEN_PATTERN, SPECIAL), want, "1.1", f"bpe_tokenize({text!r})")
+
+
+@pytest.mark.ex1_1
+def test_bpe_random_text_matches_live_tiktoken(impl, ranks):
+    import tiktoken
+    enc = tiktoken.Encoding("qwen", pat_str=QWEN_PATTERN, mergeable_ranks=ranks, special_tokens=SPECIAL)
+    rng = random.Random(0)
+    alphabet = "aaaaeeeiioouu tttnnsrhl  \n\t.,;!?'\"0123456789-_()[]{}éüñß中文字日本語🙂🚀€$"
+    for _ in range(40):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 60)))
+        check_equal(impl.bpe_tokenize(text, ranks, QWEN_PATTERN, {}), enc.encode_ordinary(text), "1.1",
+                    f"token ids of {text!r}")
+    check_equal(impl.bpe_encode(b"", ranks), [], "1.1", "bpe_encode(b'')")
+
+
+# ---- 1.2 safetensors ---------------------------------------------------------------------------
+def _read_all(impl, data: bytes) -> dict:
+    header, start = impl.parse_safetensors_header(data)
+    buf = bytearray(data)
+    return {name: impl.read_tensor(buf, info, start, name) for name, info in header.items()}
+
+
+def _written_by_safetensors(tmp_path) -> list[bytes]:
+    from safetensors.torch import save_file
+    stored = open(f"{CH1}/sample.safetensors", "rb").read()
+    g = torch.Generator().manual_seed(1)
+    live = {"w": torch.randn(33, 17, generator=g).to(torch.bfloat16), "zero_d": torch.tensor(1.0, dtype=torch.float16),
+            "empty": torch.empty(4, 0, 2), "flags": torch.rand(3, generator=g) > 0.5,
+            "ids": torch.randint(0, 1000, (2, 2, 2), generator=g)}
+    save_file(live, tmp_path / "live.safetensors")
+    return [stored, (tmp_path / "live.safetensors").read_bytes()]
+
+
+@pytest.mark.ex1_2
+def test_header_matches_safetensors(impl, tmp_path):
+    from safetensors import safe_open
+    for i, data in enumerate(_written_by_safetensors(tmp_path)):
+        (tmp_path / f"f{i}.safetensors").write_bytes(data)
+        header, start = impl.parse_safetensors_header(data)
+        with safe_open(tmp_path / f"f{i}.safetensors", "pt") as f:
+            check_equal(sorted(header), sorted(f.keys()), "1.2", "tensor names (without __metadata__)")
+            for name in f.keys():
+                s = f.get_slice(name)
+                check_equal((header[name]["dtype"], header[name]["shape"]), (s.get_dtype(), s.get_shape()),
+                            "1.2", f"dtype and shape of {name!r}")
+        (n,) = struct.unpack("<Q", data[:8])
+        check_equal(start, 8 + n, "1.2", "data_start")
+
+
+@pytest.mark.ex1_2
+def test_read_tensor_matches_safetensors(impl, tmp_path):
+    from safetensors.torch import load
+    for data in _written_by_safetensors(tmp_path):
+        want = load(data)
+        got = _read_all(impl, data)
+        check_equal(sorted(got), sorted(want), "1.2", "tensor names")
+        for name, w in want.items():
+            g = got[name]
+            check_equal((type(g), getattr(g, "dtype", None), tuple(getattr(g, "shape", ()))),
+                        (torch.Tensor, w.dtype, tuple(w.shape)), "1.2", f"type, dtype and shape of {name!r}")
+            check_equal(g.reshape(-1).view(torch.uint8), w.reshape(-1).view(torch.uint8), "1.2", f"bytes of {name!r}")
+
+
+@pytest.mark.ex1_2
+def test_read_tensor_is_a_view_not_a_copy(impl):
+    data = open(f"{CH1}/sample.safetensors", "rb").read()
+    header, start = impl.parse_safetensors_header(data)
+    buf = bytearray(data)
+    info = header["model.norm.weight"]
+    t = impl.read_tensor(buf, info, start, "model.norm.weight")
+    buf[start + info["data_offsets"][0]:start + info["data_offsets"][0] + 4] = struct.pack("<f", 42.0)
+    check_equal(float(t[0]), 42.0, "1.2", "the tensor after its bytes in the buffer changed (a view "
+                                          "of the buffer, as mmap loading needs, not a copy)")
+
+
+def _corrupt_cases() -> dict[str, bytes]:
+    from safetensors.torch import save
+    good = save({"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4, dtype=torch.int16)})
+    (n,) = struct.unpack("<Q", good[:8])
+    hdr, body = json.loads(good[8:8 + n]), good[8 + n:]
+
+    def with_header(change):
+        h = copy.deepcopy(hdr)
+        change(h)
+        raw = json.dumps(h).encode()
+        return struct.pack("<Q", len(raw)) + raw + body
+
+    return {
+        "empty file": b"",
+        "shorter than 8 bytes": good[:5],
+        "header length past the end": struct.pack("<Q", 10 ** 6) + good[8:],
+        "header not JSON": struct.pack("<Q", 9) + b"{not json" + body,
+        "header a JSON array": with_header(lambda h: h.clear()).replace(b"{}", b"[]"),
+        "truncated data": good[:-3],
+        "offsets do not match the shape": with_header(lambda h: h["a"].update(data_offsets=[0, 20])),
+        "unknown dtype": with_header(lambda h: h["a"].update(dtype="F17")),
+        "begin after end": with_header(lambda h: h["a"].update(data_offsets=[24, 0])),
+        "shape not a list": with_header(lambda h: h["a"].update(shape="2x3")),
+        "negative dimension": with_header(lambda h: h["a"].update(shape=[2, -3])),
+        "tensor past the end": with_header(lambda h: h["b"].update(shape=[8], data_offsets=[24, 40])),
+        "missing data_offsets": with_header(lambda h: h["a"].pop("data_offsets")),
+        "entry not an object": with_header(lambda h: h.update(c=5)),
+    }
+
+
+@pytest.mark.ex1_2
+@pytest.mark.parametrize("case", list(_corrupt_cases()))
+def test_corrupt_file_raises_value_error(impl, case):
+    from safetensors.torch import load
+    data = _corrupt_cases()[case]
+    with pytest.raises(Exception):  # the reference agrees the file is corrupt
+        load(data)
+    try:
+        _read_all(impl, data)
+    except ValueError:
+        return
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        raise AssertionError(f"Exercise 1.2: a corrupt file ({case}) raised {type(e).__name__}: {e}; it should "
+                             f"raise ValueError saying what is wrong -- see notebooks/01_vocab_weights_runtime.ipynb, "
+                             f"section '5. The weights: a safetensors file'") from None
+    raise AssertionError(f"Exercise 1.2: a corrupt file ({case}) was read without a ValueError -- see "
+                         f"notebooks/01_vocab_weights_runtime.ipynb, section '5. The weights: a safetensors file'")
+
+
+# ---- 1.3 packed parameters ---------------------------------------------------------------------
+PACKED = Qwen3ForCausalLM.packed_modules_mapping
+
+
+@pytest.mark.ex1_3
+@pytest.mark.parametrize("ckpt, want", [
+    ("model.layers.0.self_attn.q_proj.weight", ("model.layers.0.self_attn.qkv_proj.weight", "q")),
+    ("model.layers.11.self_attn.k_proj.weight", ("model.layers.11.self_attn.qkv_proj.weight", "k")),
+    ("model.layers.2.self_attn.v_proj.bias", ("model.layers.2.self_attn.qkv_proj.bias", "v")),
+    ("model.layers.0.mlp.gate_proj.weight", ("model.layers.0.mlp.gate_up_proj.weight", 0)),
+    ("model.layers.27.mlp.up_proj.weight", ("model.layers.27.mlp.gate_up_proj.weight", 1)),
+    ("model.layers.0.mlp.down_proj.weight", ("model.layers.0.mlp.down_proj.weight", None)),
+    ("model.layers.0.self_attn.o_proj.weight", ("model.layers.0.self_attn.o_proj.weight", None)),
+    ("model.layers.0.self_attn.q_norm.weight", ("model.layers.0.self_attn.q_norm.weight", None)),
+    ("model.embed_tokens.weight", ("model.embed_tokens.weight", None)),
+    ("lm_head.weight", ("lm_head.weight", None)),
+])
+def test_checkpoint_param_name(impl, ckpt, want):
+    check_equal(tuple(impl.checkpoint_param_name(ckpt, PACKED)), want, "1.3", f"route of {ckpt!r}")
+
+
+def _engine_model(name: str) -> Qwen3ForCausalLM:
+    model = Qwen3ForCausalLM(ModelConfig.from_folder(ref_path(name))).float()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))  # a parameter the loader forgets stays NaN
+    return model
+
+
+@pytest.mark.ex1_3
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_load_model_packs_what_transformers_wrote(impl, name):
+    from transformers import AutoModelForCausalLM
+    model = _engine_model(name)
+    impl.load_model(model, ref_path(name))
+    sd = AutoModelForCausalLM.from_pretrained(ref_path(name), dtype=torch.float32).state_dict()
+    got = dict(model.named_parameters())
+    for pname, param in got.items():
+        if ".qkv_proj." in pname:
+            want = torch.cat([sd[pname.replace("qkv_proj", p)] for p in ("q_proj", "k_proj", "v_proj")])
+        elif ".gate_up_proj." in pname:
+            want = torch.cat([sd[pname.replace("gate_up_proj", p)] for p in ("gate_proj", "up_proj")])
+        else:
+            want = sd[pname]
+        check_close(param.detach(), want, "1.3", f"parameter {pname}", atol=0, rtol=0)
+    if model.tie_word_embeddings:
+        check_equal(model.lm_head.weight is model.model.embed_tokens.weight, True, "1.3",
+                    "lm_head shares the embedding when tied (do not load lm_head.weight)")
+
+
+@pytest.mark.ex1_3
+@pytest.mark.parametrize("change, match", [
+    ("drop model.layers.1.mlp.up_proj.weight", "missing"),
+    ("drop model.norm.weight", "missing"),
+    ("add model.layers.0.surprise.weight", "surprise"),
+    ("reshape model.norm.weight", "model.norm.weight"),
+    ("reshape model.layers.0.self_attn.k_proj.weight", "k_proj"),
+])
+def test_load_model_rejects_bad_checkpoints(impl, tmp_path, change, match):
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(ref_path("tiny-qwen3") + "/model.safetensors")
+    verb, key = change.split()
+    if verb == "drop":
+        del tensors[key]
+    elif verb == "add":
+        tensors[key] = torch.zeros(3)
+    else:
+        tensors[key] = tensors[key][:-1].clone()
+    d = tmp_path / "bad"
+    d.mkdir()
+    save_file(tensors, d / "model.safetensors")
+    (d / "config.json").write_text(open(ref_path("tiny-qwen3") + "/config.json").read())
+    with pytest.raises(ValueError, match=match):
+        impl.load_model(_engine_model("tiny-qwen3"), str(d))
+
+
+def _swap_into_engine(monkeypatch, impl, names):
+    """Put impl's functions in place of minillm's own, in every minillm module that holds them."""
+    import sys
+    import minillm.loader as loader
+    for name in names:
+        ref = getattr(loader, name)
+        for mod_name, mod in list(sys.modules.items()):
+            if mod_name.startswith("minillm") and mod is not None and getattr(mod, name, None) is ref:
+                monkeypatch.setattr(mod, name, getattr(impl, name))
+
+
+@pytest.mark.ex1_3
+def test_your_loader_runs_the_engine(impl, monkeypatch):
+    """Exercises 1.2 and 1.3 inside the engine: LLM() loads through them and generates transformers' tokens."""
+    from helpers import small_engine_args
+    from minillm import LLM, SamplingParams
+    _swap_into_engine(monkeypatch, impl, ["parse_safetensors_header", "read_tensor", "checkpoint_param_name",
+                                          "load_model"])
+    ref = greedy_reference()
+    llm = LLM(ref_path("tiny-qwen2"), **small_engine_args())
+    params = SamplingParams(temperature=0.0, max_tokens=ref["max_new_tokens"], ignore_eos=True)
+    out = llm.generate(ref["prompts"][:3], params, use_tqdm=False)
+    check_equal([o["token_ids"] for o in out], ref["tokens"]["tiny-qwen2"][:3], "1.3",
+                "greedy tokens of the engine loaded by your functions")
+
+
+# ---- 1.4 .. 1.6 the runtime --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def runners():
+    return {name: one_sequence_runner(ref_path(name), device="cpu", dtype="float32", max_model_len=128)
+            for name in TINY_MODELS}
+
+
+@pytest.fixture(scope="module")
+def greedy():
+    return greedy_reference()
+
+
+@pytest.mark.ex1_4
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_forward_pipeline_matches_transformers_logits(impl, runners, greedy, name):
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(ref_path(name), dtype=torch.float32).eval()
+    runner = runners[name]
+    for prompt, tokens in list(zip(greedy["prompts"], greedy["tokens"][name]))[1:4]:
+        with torch.inference_mode():
+            want = hf(torch.tensor([prompt])).logits[0]
+            input_ids, positions = runner.load_batch(prefill_batch(prompt))
+            try:
+                got = impl.forward_pipeline(runner.model, input_ids, positions)
+            finally:
+                reset_context()
+        check_close(got, want, "1.4", f"logits of {name} for a {len(prompt)}-token prompt", atol=1e-4, rtol=1e-4)
+        check_equal(int(got[-1].argmax()), tokens[0], "1.4", "greedy next token (transformers' generate)")
+
+
+class _TokensPerCall:
+    """Records how many tokens each forward of the model gets (a hook on the embedding)."""
+
+    def __init__(self, model):
+        self.sizes = []
+        self.handle = model.model.embed_tokens.register_forward_hook(
+            lambda mod, args, out: self.sizes.append(int(args[0].numel())))
+
+    def __enter__(self):
+        return self.sizes
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+def _check_generate(impl_fn, runners, greedy, name, exercise_id, per_call):
+    runner = runners[name]
+    n = greedy["max_new_tokens"]
+    cases = list(zip(greedy["prompts"], greedy["tokens"][name]))
+    for prompt, want in [cases[i] for i in (0, 2, 4)]:  # 1, 17 and 64 tokens: within and across blocks of 16
+        with _TokensPerCall(runner.model) as sizes:
+            got = impl_fn(runner, prompt, n)
+        check_equal(list(got), want, exercise_id, f"greedy tokens of {name} after a {len(prompt)}-token prompt "
+                                                  f"(transformers' generate)")
+        check_equal(sizes, per_call(len(prompt), n), exercise_id, "tokens fed to the model at each step")
+
+
+@pytest.mark.ex1_5
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_naive_generate_equals_transformers(impl, runners, greedy, name):
+    _check_generate(impl.greedy_generate_naive, runners, greedy, name, "1.5",
+                    lambda L, n: [L + i for i in range(n)])  # the whole sequence, every step
+
+
+@pytest.mark.ex1_6
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_cached_generate_equals_transformers(impl, runners, greedy, name):
+    _check_generate(impl.greedy_generate_cached, runners, greedy, name, "1.6",
+                    lambda L, n: [L] + [1] * (n - 1))  # the prompt once, then one token per step

@@ -1,0 +1,331 @@
+"""Chapter 2 graded tests: the decoder layer's pieces against transformers' Qwen3 modules.
+
+References nobody here wrote: transformers.models.qwen3.modeling_qwen3 (Qwen3RMSNorm,
+Qwen3RotaryEmbedding + apply_rotary_pos_emb, Qwen3Attention, Qwen3MLP, Qwen3DecoderLayer) built
+from a tiny Qwen3Config with seeded weights, and torch's scaled_dot_product_attention. Inputs are
+packed variable-length batches (several sequences back to back, as the engine runs them).
+
+    pytest tests/exercises/test_ch2.py --impl=exercises -m ex2_1
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import (Qwen3Attention, Qwen3DecoderLayer, Qwen3MLP, Qwen3RMSNorm,
+                                                      Qwen3RotaryEmbedding, apply_rotary_pos_emb)
+
+from helpers import greedy_reference, ref_path, small_engine_args
+from minillm import LLM, SamplingParams
+from minillm.course.exercises import use_impl
+from minillm.course.grading import check_close, check_equal
+from minillm.layers.attention import varlen_attention
+from minillm.layers.layernorm import rms_norm as rms_norm_ref
+from minillm.layers.rotary import apply_rotary as apply_rotary_ref, rope_cos_sin as rope_cos_sin_ref
+from minillm.models.qwen3 import DecoderLayerParams
+
+# named fp32 tolerances (absolute, relative): the same math in another order differs by a few ulps
+TOL_NORM = dict(atol=1e-5, rtol=1e-5)  # one reduction over d
+TOL_ROPE = dict(atol=1e-5, rtol=1e-5)  # cos/sin of angles up to ~500 rad
+TOL_ATTN = dict(atol=2e-5, rtol=1e-4)  # two matmuls and a softmax
+TOL_MLP = dict(atol=2e-5, rtol=1e-4)
+TOL_LAYER = dict(atol=5e-5, rtol=1e-4)  # a whole layer: seven matmuls, three norms, a softmax
+TOL_BF16 = dict(atol=1e-2, rtol=8e-3)  # one bf16 ulp is 2**-8 relative
+EXACT = dict(atol=0.0, rtol=0.0)
+
+SEQLENS = [5, 1, 9, 3]  # a packed batch: 4 sequences, 18 tokens, one of length 1
+CU = [0, 5, 6, 15, 18]
+
+
+def tiny_config(**kw) -> Qwen3Config:
+    args = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+                max_position_embeddings=512, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                attention_bias=False, hidden_act="silu")
+    args.update(kw)
+    cfg = Qwen3Config(**args)
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def seeded(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Random weights everywhere, norms included (their default of ones would hide a missing scale)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.ndim == 1 else p.shape[-1] ** -0.5))
+            if p.ndim == 1:
+                p.add_(1.0)
+    return module.eval()
+
+
+def randn(*shape, seed=1, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def packed_positions(offsets=(0, 0, 0, 0)) -> torch.Tensor:
+    """Each sequence's positions restart at its own start (offset: tokens already in the cache)."""
+    return torch.cat([torch.arange(o, o + n) for o, n in zip(offsets, SEQLENS)])
+
+
+def causal_mask(n: int) -> torch.Tensor:
+    """Additive [1, 1, n, n] mask for transformers' eager attention."""
+    return torch.full((n, n), float("-inf")).triu(1)[None, None]
+
+
+def hf_per_sequence(fn, x: torch.Tensor, positions: torch.Tensor, rotary: Qwen3RotaryEmbedding) -> torch.Tensor:
+    """Run a transformers module on each sequence of the packed batch alone (batch 1), re-pack."""
+    outs = []
+    for s, e in zip(CU[:-1], CU[1:]):
+        pos = positions[s:e][None]
+        out = fn(x[s:e][None], rotary(x, pos), causal_mask(e - s))
+        outs.append((out[0] if isinstance(out, tuple) else out)[0])  # some versions return a tuple
+    return torch.cat(outs)
+
+
+# ---- 2.1 RMSNorm ---------------------------------------------------------------------------------
+@pytest.mark.ex2_1
+@pytest.mark.parametrize("shape", [(18, 64), (18, 4, 16)], ids=["hidden", "per-head"])
+def test_rms_norm_matches_qwen3_rmsnorm(impl, shape):
+    ref = seeded(Qwen3RMSNorm(shape[-1], eps=1e-6))
+    x = randn(*shape) * 3
+    with torch.no_grad():
+        check_close(impl.rms_norm(x, ref.weight, 1e-6), ref(x), "2.1", f"rms_norm of {list(shape)}", **TOL_NORM)
+
+
+@pytest.mark.ex2_1
+def test_rms_norm_bf16_keeps_dtype_and_matches(impl):
+    ref = seeded(Qwen3RMSNorm(64, eps=1e-6)).to(torch.bfloat16)
+    x = randn(18, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        check_close(impl.rms_norm(x, ref.weight, 1e-6), ref(x), "2.1", "rms_norm in bf16", **TOL_BF16)
+
+
+@pytest.mark.ex2_1
+def test_rms_norm_uses_eps(impl):
+    ref = seeded(Qwen3RMSNorm(64, eps=0.5))
+    x = randn(4, 64) * 0.1  # small activations: eps matters
+    with torch.no_grad():
+        check_close(impl.rms_norm(x, ref.weight, 0.5), ref(x), "2.1", "rms_norm with eps=0.5", **TOL_NORM)
+
+
+# ---- 2.2 fused add + RMSNorm ---------------------------------------------------------------------
+@pytest.mark.ex2_2
+def test_add_rms_norm_matches_qwen3_rmsnorm_of_the_sum(impl):
+    ref = seeded(Qwen3RMSNorm(64, eps=1e-6))
+    x, res = randn(18, 64, seed=1), randn(18, 64, seed=2) * 4
+    normed, new_res = impl.add_rms_norm(x, res, ref.weight, 1e-6)
+    with torch.no_grad():
+        check_close(new_res, x + res, "2.2", "new residual (x + residual)", **EXACT)
+        check_close(normed, ref(x + res), "2.2", "normed output", **TOL_NORM)
+
+
+@pytest.mark.ex2_2
+def test_add_rms_norm_leaves_its_inputs_alone(impl):
+    ref = seeded(Qwen3RMSNorm(64, eps=1e-6))
+    x, res = randn(6, 64, seed=3), randn(6, 64, seed=4)
+    x0, res0 = x.clone(), res.clone()
+    impl.add_rms_norm(x, res, ref.weight, 1e-6)
+    check_close(x, x0, "2.2", "x after the call (must not be modified in place)", **EXACT)
+    check_close(res, res0, "2.2", "residual after the call (must not be modified in place)", **EXACT)
+
+
+# ---- 2.3 rotary embedding ------------------------------------------------------------------------
+@pytest.mark.ex2_3
+@pytest.mark.parametrize("theta", [10000.0, 1000000.0])
+def test_rope_cos_sin_matches_qwen3_rotary_embedding(impl, theta):
+    cfg = tiny_config(rope_parameters={"rope_type": "default", "rope_theta": theta})
+    rot = Qwen3RotaryEmbedding(cfg)
+    cache = impl.rope_cos_sin(16, 512, theta)
+    cos, sin = rot(torch.zeros(1), torch.arange(512)[None])  # [1, 512, 16] each: halves repeated
+    check_close(cache, torch.cat([cos[0, :, :8], sin[0, :, :8]], dim=-1), "2.3", "rope_cos_sin cache", **TOL_ROPE)
+
+
+@pytest.mark.ex2_3
+@pytest.mark.parametrize("offsets", [(0, 0, 0, 0), (7, 100, 0, 300)], ids=["prefill", "cached-prefix"])
+def test_apply_rotary_on_a_packed_batch_matches_transformers(impl, offsets):
+    cfg = tiny_config()
+    rot = Qwen3RotaryEmbedding(cfg)
+    positions = packed_positions(offsets)
+    q, k = randn(18, 4, 16, seed=5), randn(18, 2, 16, seed=6)
+    cache = rope_cos_sin_ref(16, 512, 10000.0)
+    cos, sin = rot(q, positions[None])  # [1, N, D]
+    want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    check_close(impl.apply_rotary(q, positions, cache), want_q[0].transpose(0, 1), "2.3", "rotated q", **TOL_ROPE)
+    check_close(impl.apply_rotary(k, positions, cache), want_k[0].transpose(0, 1), "2.3", "rotated k", **TOL_ROPE)
+
+
+@pytest.mark.ex2_3
+def test_apply_rotary_keeps_dtype(impl):
+    cache = rope_cos_sin_ref(16, 64, 10000.0)
+    q = randn(5, 2, 16, seed=7, dtype=torch.bfloat16)
+    out = impl.apply_rotary(q, torch.arange(5), cache)
+    check_equal(out.dtype, torch.bfloat16, "2.3", "apply_rotary's output dtype (must be x.dtype)")
+
+
+# ---- 2.4 causal attention ------------------------------------------------------------------------
+def sdpa(q, k, v, scale, mask=None, causal=False):
+    """torch's SDPA on [L, H, D] tensors, GQA by enable_gqa."""
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask,
+                                         is_causal=causal, scale=scale, enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+@pytest.mark.ex2_4
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (8, 1)], ids=["MHA", "GQA", "MQA"])
+def test_causal_attention_prefill_matches_sdpa(impl, heads):
+    H, Hkv = heads
+    q, k, v = randn(9, H, 16, seed=8), randn(9, Hkv, 16, seed=9), randn(9, Hkv, 16, seed=10)
+    check_close(impl.causal_attention(q, k, v, 0.25), sdpa(q, k, v, 0.25, causal=True), "2.4",
+                f"attention of 9 queries, {H} query heads, {Hkv} KV heads", **TOL_ATTN)
+
+
+@pytest.mark.ex2_4
+@pytest.mark.parametrize("lq", [1, 4], ids=["decode", "cached-prefix"])
+def test_causal_attention_with_fewer_queries_than_keys_matches_sdpa(impl, lq):
+    lk = 11
+    q, k, v = randn(lq, 4, 16, seed=11), randn(lk, 2, 16, seed=12), randn(lk, 2, 16, seed=13)
+    visible = torch.ones(lq, lk, dtype=torch.bool).tril(diagonal=lk - lq)  # query i sits at lk - lq + i
+    check_close(impl.causal_attention(q, k, v, 0.25), sdpa(q, k, v, 0.25, mask=visible), "2.4",
+                f"attention of {lq} queries over {lk} keys", **TOL_ATTN)
+
+
+@pytest.mark.ex2_4
+def test_attention_block_on_a_packed_batch_matches_qwen3_attention(impl):
+    """Your causal_attention, per sequence over cu_seqlens, inside an attention block built from
+    minillm's reference pieces (QK-norm, RoPE) equals transformers' Qwen3Attention."""
+    cfg = tiny_config()
+    attn, rot = seeded(Qwen3Attention(cfg, layer_idx=0)), Qwen3RotaryEmbedding(cfg)
+    x, positions = randn(18, 64, seed=14), packed_positions((0, 3, 0, 40))
+    cache = rope_cos_sin_ref(16, 512, 10000.0)
+    with torch.no_grad():
+        want = hf_per_sequence(lambda h, pe, m: attn(h, pe, m)[0], x, positions, rot)
+        q = rms_norm_ref(F.linear(x, attn.q_proj.weight).view(18, 4, 16), attn.q_norm.weight, 1e-6)
+        k = rms_norm_ref(F.linear(x, attn.k_proj.weight).view(18, 2, 16), attn.k_norm.weight, 1e-6)
+        v = F.linear(x, attn.v_proj.weight).view(18, 2, 16)
+        q, k = apply_rotary_ref(q, positions, cache), apply_rotary_ref(k, positions, cache)
+        o = torch.cat([impl.causal_attention(q[s:e], k[s:e], v[s:e], 16 ** -0.5) for s, e in zip(CU[:-1], CU[1:])])
+        check_close(F.linear(o.reshape(18, 64), attn.o_proj.weight), want, "2.4", "attention block output", **TOL_ATTN)
+
+
+# ---- 2.5 SiLU-and-mul ----------------------------------------------------------------------------
+@pytest.mark.ex2_5
+@pytest.mark.parametrize("shape", [(18, 64), (2, 9, 64)], ids=["packed", "batched"])
+def test_silu_and_mul_makes_qwen3_mlp(impl, shape):
+    mlp = seeded(Qwen3MLP(tiny_config()))
+    x = randn(*shape, seed=15)
+    gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])  # packed [gate | up], as the engine loads it
+    with torch.no_grad():
+        got = F.linear(impl.silu_and_mul(F.linear(x, gate_up)), mlp.down_proj.weight)
+        check_close(got, mlp(x), "2.5", "down_proj(silu_and_mul(gate_up_proj(x)))", **TOL_MLP)
+
+
+# ---- 2.6 the decoder layer -----------------------------------------------------------------------
+def layer_params(layer: Qwen3DecoderLayer, cfg: Qwen3Config, qk_norm: bool = True) -> DecoderLayerParams:
+    """transformers' weights as decoder_layer takes them; attention is minillm's reference over CU."""
+    a, m = layer.self_attn, layer.mlp
+    qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+    gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+    return DecoderLayerParams(
+        input_norm=layer.input_layernorm.weight, qkv_proj=lambda x: F.linear(x, qkv),
+        q_norm=a.q_norm.weight if qk_norm else None, k_norm=a.k_norm.weight if qk_norm else None,
+        cos_sin=rope_cos_sin_ref(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_parameters["rope_theta"]),
+        attn=lambda q, k, v: varlen_attention(q, k, v, CU, CU, a.scaling),
+        o_proj=lambda x: F.linear(x, a.o_proj.weight), post_norm=layer.post_attention_layernorm.weight,
+        gate_up_proj=lambda x: F.linear(x, gate_up), down_proj=lambda x: F.linear(x, m.down_proj.weight),
+        num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+        eps=cfg.rms_norm_eps)
+
+
+@pytest.mark.ex2_6
+@pytest.mark.parametrize("first", [True, False], ids=["first-layer", "residual-carried"])
+def test_decoder_layer_on_a_packed_batch_matches_qwen3_decoder_layer(impl, first):
+    cfg = tiny_config()
+    layer, rot = seeded(Qwen3DecoderLayer(cfg, layer_idx=0)), Qwen3RotaryEmbedding(cfg)
+    positions = packed_positions((0, 5, 0, 60))
+    hidden, residual = randn(18, 64, seed=16), None if first else randn(18, 64, seed=17) * 2
+    stream = hidden if first else hidden + residual  # what transformers' layer takes
+    mid = []  # the residual stream between the two blocks, as transformers has it
+    hook = layer.post_attention_layernorm.register_forward_pre_hook(lambda mod, args: mid.append(args[0][0]))
+    with torch.no_grad():
+        want = hf_per_sequence(lambda h, pe, m: layer(h, attention_mask=m, position_embeddings=pe), stream,
+                               positions, rot)
+        hook.remove()
+        mlp_out, new_residual = impl.decoder_layer(positions, hidden, residual, layer_params(layer, cfg))
+    check_close(new_residual, torch.cat(mid), "2.6", "returned residual (the stream after attention)", **TOL_LAYER)
+    check_close(mlp_out + new_residual, want, "2.6", "layer output (mlp_out + residual)", **TOL_LAYER)
+
+
+@pytest.mark.ex2_6
+def test_decoder_layer_without_qk_norm(impl):
+    """Llama and Qwen2 have no QK-norm: q_norm=None must skip it (checked against Qwen3DecoderLayer
+    with its QK-norms made the identity)."""
+    cfg = tiny_config()
+    layer, rot = seeded(Qwen3DecoderLayer(cfg, layer_idx=0)), Qwen3RotaryEmbedding(cfg)
+    layer.self_attn.q_norm = layer.self_attn.k_norm = torch.nn.Identity()
+    positions, hidden = packed_positions(), randn(18, 64, seed=18)
+    params = layer_params(layer, cfg, qk_norm=False)
+    with torch.no_grad():
+        want = hf_per_sequence(lambda h, pe, m: layer(h, attention_mask=m, position_embeddings=pe), hidden,
+                               positions, rot)
+        mlp_out, new_residual = impl.decoder_layer(positions, hidden, None, params)
+    check_close(mlp_out + new_residual, want, "2.6", "layer output without QK-norm", **TOL_LAYER)
+
+
+@pytest.mark.ex2_6
+def test_your_layer_in_the_engine_gives_the_same_greedy_tokens(impl_name):
+    """Integration: the engine with your chapter-2 functions swapped in (the torch path on CPU)
+    generates exactly the tokens of minillm's own, on a stored tiny Qwen3 checkpoint. The second
+    run also hits the prefix cache, so your attention sees fewer queries than keys."""
+    prompts = greedy_reference()["prompts"][:4]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
+    want = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    with use_impl(impl_name, chapters={2}):
+        got = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    check_equal(got, want, "2.6", "greedy tokens of the engine running your functions")
+
+
+# ---- 2.7 the Triton kernel (interpreter on CPU, fp32) --------------------------------------------
+@pytest.mark.ex2_7
+@pytest.mark.parametrize("d", [64, 576, 100], ids=["pow2", "smollm2-576", "odd-100"])
+def test_triton_add_rms_norm_matches_qwen3_rmsnorm(impl, d):
+    ref = seeded(Qwen3RMSNorm(d, eps=1e-6))
+    x, res = randn(7, d, seed=19), randn(7, d, seed=20) * 3
+    normed, new_res = impl.rms_norm_triton(x, ref.weight.detach(), 1e-6, res)
+    with torch.no_grad():
+        check_close(new_res, x + res, "2.7", f"new residual, d={d}", **TOL_NORM)
+        check_close(normed, ref(x + res), "2.7", f"normed output, d={d}", **TOL_NORM)
+
+
+@pytest.mark.ex2_7
+def test_triton_rms_norm_without_residual_per_head(impl):
+    ref = seeded(Qwen3RMSNorm(16, eps=1e-6))
+    x = randn(6, 4, 16, seed=21)
+    with torch.no_grad():
+        check_close(impl.rms_norm_triton(x, ref.weight.detach(), 1e-6), ref(x), "2.7",
+                    "QK-norm shape [N, heads, head_dim] without residual", **TOL_NORM)
+
+
+@pytest.mark.ex2_7
+def test_triton_kernel_reads_strided_rows_and_writes_only_its_rows(impl):
+    """Rows of x are 128 elements apart (a slice of a wider tensor); the outputs sit in buffers
+    with a guard region after them that the kernel must not touch (the interpreter does not
+    catch out-of-bounds stores)."""
+    n, d, block = 5, 100, 128
+    wide, wide_res = randn(n, 128, seed=22), randn(n, 160, seed=23)
+    x, res = wide[:, :d], wide_res[:, :d]
+    w = randn(d, seed=24)
+    guard = 77.0
+    out_buf, res_buf = torch.full((n * d + 256,), guard), torch.full((n * d + 256,), guard)
+    out, res_out = out_buf[:n * d].view(n, d), res_buf[:n * d].view(n, d)
+    impl.add_rms_norm_kernel[(n,)](x, res, w, out, res_out, d, x.stride(0), res.stride(0), 1e-6,
+                                   HAS_RESIDUAL=True, BLOCK_N=block)
+    check_close(out_buf[n * d:], torch.full((256,), guard), "2.7", "guard region after out (masked stores?)",
+                **EXACT)
+    check_close(res_buf[n * d:], torch.full((256,), guard), "2.7", "guard region after residual_out", **EXACT)
+    ref = Qwen3RMSNorm(d, eps=1e-6)
+    with torch.no_grad():
+        ref.weight.copy_(w)
+        check_close(res_out, x + res, "2.7", "residual_out from strided rows", **TOL_NORM)
+        check_close(out, ref(x + res), "2.7", "out from strided rows", **TOL_NORM)
