@@ -174,6 +174,10 @@ class EngineConfig:
                 raise ValueError("attention_backend='flash_attn' but flash_attn is not installed; "
                                  "pip install flash-attn, or use 'triton'/'torch'") from None
             need(self.device == "cuda", "attention_backend='flash_attn' needs device='cuda'")
+            need(self.kvcache_block_size % 256 == 0, "flash-attn's paged KV cache needs kvcache_block_size to be a "
+                                                     "multiple of 256; use 256 or attention_backend='triton'")
+            need(self.dtype in ("auto", "bfloat16", "float16"), "flash-attn computes in bf16/fp16 only; use "
+                                                                 "dtype='bfloat16' or attention_backend='triton'")
         if self.num_kvcache_blocks is not None:
             need(isinstance(self.num_kvcache_blocks, int) and self.num_kvcache_blocks >= 1,
                  f"num_kvcache_blocks must be a positive integer, got {self.num_kvcache_blocks!r}")

@@ -2,18 +2,386 @@
 do not edit by hand.
 
 Exercise 3.1: slot_mapping_for  (notebooks/03_paged_kv_cache.ipynb, section '2. Block tables and slot mapping')
+Exercise 3.2: compute_block_hash, match_prefix  (notebooks/03_paged_kv_cache.ipynb, section '3. Prefix caching: hashing full blocks')
+Exercise 3.3: paged_decode_torch  (notebooks/03_paged_kv_cache.ipynb, section '4. Paged decode attention in torch')
+Exercise 3.4: store_kvcache_kernel  (notebooks/03_paged_kv_cache.ipynb, section '5. The store kernel in Triton')
+Exercise 3.5: paged_decode_kernel  (notebooks/03_paged_kv_cache.ipynb, section '6. The paged decode kernel in Triton')
+Exercise 3.6: schedule_step  (notebooks/03_paged_kv_cache.ipynb, section '7. The scheduler: admission and preemption')
 """
 from __future__ import annotations
 
+import hashlib
 import numpy as np
+import torch
+import triton
+import triton.language as tl
+from collections import deque
+from minillm.engine.block_manager import BlockManager
+from minillm.engine.sequence import Sequence
+from minillm.engine.sequence import SequenceStatus
+from minillm.kernels.paged_attention import LOG2E
+from minillm.kernels.paged_attention import paged_decode_combine_kernel
+from minillm.kernels.paged_attention import paged_decode_config
+from minillm.kernels.store_kvcache import check_kv_cache_layout
+from minillm.kernels.store_kvcache import store_kvcache_config
+from typing import Callable
 
 
 # ---- Exercise 3.1 (notebooks/03_paged_kv_cache.ipynb, section '2. Block tables and slot mapping'), from minillm.engine.model_runner ----
 def slot_mapping_for(block_table: np.ndarray, start: int, end: int, block_size: int) -> np.ndarray:
     """The flat cache slots of token positions start..end-1 of one sequence.
 
-    block_table: [num_blocks] physical block ids of the sequence -> [end - start] int64,
-    slot = block_table[pos // block_size] * block_size + pos % block_size.
+    The KV cache is num_blocks blocks of block_size token rows; flat slot s is row s % block_size of
+    physical block s // block_size. A sequence's logical block i (its positions
+    i*block_size .. i*block_size + block_size - 1) lives in physical block block_table[i].
+    block_table: [>= ceil(end / block_size)] int physical block ids; 0 <= start <= end
+    -> [end - start] int64: slot of position pos = block_table[pos // block_size] * block_size + pos % block_size.
+    (start > 0 when the first tokens' K/V came from the prefix cache or were computed in an earlier step.)
+
+    Hints: vectorize with numpy (np.arange of the positions, integer division and modulo, fancy
+    indexing into block_table); cast to int64 before multiplying (block ids may be int32).
     """
     pos = np.arange(start, end, dtype=np.int64)
     return block_table[pos // block_size].astype(np.int64) * block_size + pos % block_size
+
+
+# ---- Exercise 3.2 (notebooks/03_paged_kv_cache.ipynb, section '3. Prefix caching: hashing full blocks'), from minillm.engine.block_manager ----
+def compute_block_hash(token_ids: list[int], prefix_hash: int) -> int:
+    """A 64-bit hash of one full block's tokens, chained to the hash of the block before (-1 for the first).
+
+    token_ids: the block_size token ids of one block; prefix_hash: compute_block_hash of the previous
+    block of the same sequence, or -1 for block 0 -> a Python int in [-2**63, 2**63).
+    Two blocks get the same hash only if their tokens AND everything before them are the same, so
+    a hash names a whole prefix, not just one block.
+
+    Hints: hashlib.blake2b(digest_size=8) (Python's hash() of a tuple is salted per process for str
+    and not meant for this); feed it the prefix hash and the token ids as bytes (int.to_bytes,
+    numpy's tobytes), and turn the digest back into an int with int.from_bytes(..., signed=True).
+    """
+    h = hashlib.blake2b(digest_size=8)
+    h.update(prefix_hash.to_bytes(8, "little", signed=True))
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def match_prefix(token_ids: list[int], block_size: int, hash_to_block_id: dict[int, int],
+                 block_tokens: Callable[[int], list[int]]) -> tuple[list[int], int]:
+    """Which leading blocks of a new sequence are already in the KV cache.
+
+    token_ids: the sequence's tokens (its logical block i is token_ids[i*block_size:(i+1)*block_size]);
+    hash_to_block_id: chained block hash -> physical block id of the cached blocks;
+    block_tokens(block_id): the tokens that block currently holds.
+    -> (hashes, num_hits):
+      hashes: one per logical block, compute_block_hash chained from block 0, -1 for a last block
+        that is not full (it cannot be shared: more tokens will be written into it);
+      num_hits: how many leading blocks can be reused. Block i is a hit when its hash is in
+        hash_to_block_id, that block holds exactly the same tokens (a hash collision must never hand
+        a sequence someone else's K/V), every block before it was a hit, and it does not hold the
+        sequence's last token (that token's K/V must be computed now to produce the next token's
+        logits, and would be written into a block that others read).
+
+    Hints: the last token sits in block (len(token_ids) - 1) // block_size; hashes of the blocks
+    after the first miss are still needed (the block manager registers them).
+    """
+    hashes, num_hits, h = [], 0, -1
+    num_cacheable = (len(token_ids) - 1) // block_size  # blocks before the one holding the last token
+    for i in range(-(-len(token_ids) // block_size)):
+        block = token_ids[i * block_size:(i + 1) * block_size]
+        h = compute_block_hash(block, h) if len(block) == block_size else -1
+        hashes.append(h)
+        block_id = hash_to_block_id.get(h, -1) if h != -1 else -1
+        if num_hits == i and i < num_cacheable and block_id != -1 and block_tokens(block_id) == block:
+            num_hits += 1
+    return hashes, num_hits
+
+
+# ---- Exercise 3.3 (notebooks/03_paged_kv_cache.ipynb, section '4. Paged decode attention in torch'), from minillm.layers.attention ----
+def paged_decode_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                       context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Decode attention over a paged KV cache: one new query token per sequence.
+
+    q: [B, H, D]; k_cache/v_cache: [num_blocks, block_size, Hkv, D] (H % Hkv == 0: query head h
+    reads KV head h // (H // Hkv)); block_tables: [B, max_blocks] int32, row b lists the physical
+    blocks of sequence b in order, padded with -1; context_lens: [B] int32, sequence b attends to its
+    first context_lens[b] cached tokens (all of them: the query is the newest token, no causal mask
+    needed) -> [B, H, D] in q.dtype. softmax(q k^T * scale) v.
+
+    Hints: gather every sequence's blocks at once with advanced indexing (k_cache[table] is
+    [B, max_blocks, block_size, Hkv, D]; a -1 entry must not crash: clamp it, its keys get masked),
+    flatten blocks x block_size into one key axis, then mask the key positions >= context_lens[b].
+    Cache rows nobody wrote hold garbage, possibly NaN, and a softmax weight of 0 times NaN is NaN:
+    zero the K/V rows you mask out. torch.nn.functional.scaled_dot_product_attention takes a boolean
+    attn_mask (True = attend) and enable_gqa=True for Hkv < H; it wants [B, heads, length, D].
+    """
+    blocks = block_tables.long().clamp_min(0)  # -1 padding reads block 0; masked below
+    visible = (torch.arange(blocks.shape[1] * k_cache.shape[1], device=q.device)
+               < context_lens[:, None].to(q.device))  # [B, L]
+    hide = ~visible[:, :, None, None]
+    k = k_cache[blocks].flatten(1, 2).masked_fill(hide, 0).transpose(1, 2)  # [B, Hkv, L, D]
+    v = v_cache[blocks].flatten(1, 2).masked_fill(hide, 0).transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.unsqueeze(2), k, v, attn_mask=visible[:, None, None, :], scale=scale, enable_gqa=True)
+    return out.squeeze(2)
+
+
+# ---- Exercise 3.4 (notebooks/03_paged_kv_cache.ipynb, section '5. The store kernel in Triton'), from minillm.kernels.store_kvcache ----
+@triton.jit
+def store_kvcache_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, num_tokens,
+                         key_stride, value_stride, cache_block_stride,
+                         ROW: tl.constexpr, PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Scatter BLOCK_T token rows of key/value into their cache slots; program i handles tokens
+    i*BLOCK_T .. i*BLOCK_T + BLOCK_T - 1.
+
+    key_ptr/value_ptr: token t's row of ROW = Hkv*D elements starts at t * key_stride (value_stride)
+    and is contiguous. slot_ptr: [num_tokens] slots (int32 or int64); -1 = skip the token.
+    k_cache_ptr/v_cache_ptr: slot s lives in block s // PAGE, row s % PAGE: element j of it is at
+    (s // PAGE) * cache_block_stride + (s % PAGE) * ROW + j. BLOCK_R = next power of two >= ROW.
+    Store in the cache's element type (`.to(k_cache_ptr.dtype.element_ty)`).
+
+    Hints: build a [BLOCK_T, BLOCK_R] tile of offsets (tokens x row elements); one mask covers the
+    tokens past num_tokens, the skipped slots and the columns >= ROW, and is used by every load and
+    store: nothing outside the kept slots may be written (the grader checks guard bytes around the
+    cache). Do offset arithmetic in int64 (a large cache overflows int32).
+    """
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    col = tl.arange(0, BLOCK_R)
+    slot = tl.load(slot_ptr + tok, mask=tok < num_tokens, other=-1).to(tl.int64)
+    mask = (slot >= 0)[:, None] & (col < ROW)[None, :]
+    # a skipped slot (-1) must not form an address we use: clamp it, the mask keeps it unused
+    slot = tl.maximum(slot, 0)
+    dst = (slot // PAGE) * cache_block_stride + (slot % PAGE) * ROW
+    tok = tok.to(tl.int64)
+    # both loads before either store: the stores could alias the inputs, so a load after a store
+    # would wait for it
+    k = tl.load(key_ptr + tok[:, None] * key_stride + col[None, :], mask=mask)
+    v = tl.load(value_ptr + tok[:, None] * value_stride + col[None, :], mask=mask)
+    tl.store(k_cache_ptr + dst[:, None] + col[None, :], k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst[:, None] + col[None, :], v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+# exercise: given
+def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor, config: dict | None = None) -> None:
+    """The Triton store, same contract as store_kvcache_ref: key/value [N, Hkv, D] (rows may be
+    strided, e.g. views into a fused QKV output), caches [num_blocks, block_size, Hkv, D],
+    slot_mapping [N] int (-1: skip). config overrides store_kvcache_config (for tuning)."""
+    n, hkv, d = key.shape
+    row = hkv * d
+    if value.shape != key.shape or slot_mapping.shape != (n,):
+        raise ValueError(f"store_kvcache: key {tuple(key.shape)}, value {tuple(value.shape)} and slot_mapping "
+                         f"{tuple(slot_mapping.shape)} must be [N, Hkv, D], [N, Hkv, D] and [N]")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_kv_cache_layout(name, c, row)
+    if k_cache.stride(0) != v_cache.stride(0):
+        raise ValueError("store_kvcache: k_cache and v_cache must have the same layout")
+    if n == 0:
+        return
+    key, value = key.reshape(n, row), value.reshape(n, row)  # a view when the rows are contiguous
+    if key.stride(1) != 1:
+        key = key.contiguous()
+    if value.stride(1) != 1:
+        value = value.contiguous()
+    cfg = {**store_kvcache_config(row), **(config or {})}
+    grid = (triton.cdiv(n, cfg["BLOCK_T"]),)
+    store_kvcache_kernel[grid](key, value, k_cache, v_cache, slot_mapping.contiguous(), n,
+                               key.stride(0), value.stride(0), k_cache.stride(0),
+                               ROW=row, PAGE=k_cache.shape[1], BLOCK_T=cfg["BLOCK_T"], BLOCK_R=cfg["BLOCK_R"],
+                               num_warps=cfg["num_warps"])
+
+
+# ---- Exercise 3.5 (notebooks/03_paged_kv_cache.ipynb, section '6. The paged decode kernel in Triton'), from minillm.kernels.paged_attention ----
+@triton.jit
+def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+                        out_ptr, part_out_ptr, part_lse_ptr, qk_scale, num_splits,
+                        stride_qb, stride_qh, stride_cb, stride_ct, stride_ch, stride_bt, stride_ob, stride_oh,
+                        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                        BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                        UPCAST: tl.constexpr, PRECISION: tl.constexpr, DIRECT: tl.constexpr):
+    """Decode attention for one (sequence b, KV head g, split s) = program_id(0, 1, 2).
+
+    The GROUP query heads g*GROUP .. g*GROUP+GROUP-1 of sequence b (rows of a [BLOCK_H, BLOCK_D]
+    tile, BLOCK_H >= GROUP, BLOCK_D >= HEAD_DIM: mask the extra rows/columns) attend to the keys of
+    KV head g at positions [start, end) of the sequence, where
+        L = context_lens[b],  chunk = cdiv(cdiv(L, num_splits), BLOCK_N) * BLOCK_N,
+        start = s * chunk,    end = min(start + chunk, L)        (empty when start >= L).
+    Key position p lives in block block_tables[b, p // PAGE], row p % PAGE; element d of head g is at
+    block * stride_cb + row * stride_ct + g * stride_ch + d (same offsets in v_cache). Entries of
+    block_tables past the sequence's last block are -1: never use them.
+    q element (b, h, d) is at b * stride_qb + h * stride_qh + d; block_tables row b at b * stride_bt.
+
+    Online softmax in fp32 over BLOCK_N keys at a time. qk_scale = softmax scale * log2(e): use exp2.
+    Outputs:
+      DIRECT (num_splits == 1): out[b, h, :] = acc / l (0 when L == 0), at b*stride_ob + h*stride_oh + d,
+        in out's element type;
+      otherwise: part_out[b, h, s, :] = acc / l and part_lse[b, h, s] = m + log2(l) (-inf when the
+        split is empty), contiguous fp32 [B, H, num_splits, HEAD_DIM] and [B, H, num_splits];
+        H = GROUP * tl.num_programs(1). paged_decode_combine_kernel merges them.
+
+    Hints: load q once, before the loop. Scores = tl.dot(q, tl.trans(k), input_precision=PRECISION),
+    then -inf where the key is past `end`. If UPCAST, cast q, k and v to fp32 right after tl.load (the
+    interpreter computes half types wrongly); otherwise cast p to v's type for the second tl.dot.
+    Mask every load: masked-off rows must not be read, and nothing but the output row may be written.
+    Cast the block id to int64 before multiplying by stride_cb (a big cache overflows int32).
+    """
+    b, g, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq_len = tl.load(context_lens_ptr + b)
+    per_split = (seq_len + num_splits - 1) // num_splits
+    chunk = (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    start = s * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = g * GROUP + offs_h
+    mask_h = offs_h < GROUP
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    table = block_tables_ptr + b * stride_bt
+    head_offs = g * stride_ch + offs_d[None, :]
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        mask_n = pos < end
+        block = tl.load(table + pos // PAGE, mask=mask_n, other=0).to(tl.int64)
+        offs = block[:, None] * stride_cb + (pos % PAGE)[:, None] * stride_ct + head_offs
+        mask_kv = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_cache_ptr + offs, mask=mask_kv, other=0.0)
+        v = tl.load(v_cache_ptr + offs, mask=mask_kv, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
+        scores = tl.where(mask_n[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)  # l == 0 only for an empty split (m == -inf there)
+    o = acc / l_safe[:, None]
+    mask_o = mask_h[:, None] & mask_d[None, :]
+    if DIRECT:
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=mask_o)
+    else:
+        rows_out = (b * (GROUP * tl.num_programs(1)) + heads) * num_splits + s
+        tl.store(part_out_ptr + rows_out[:, None] * HEAD_DIM + offs_d[None, :], o, mask=mask_o)
+        tl.store(part_lse_ptr + rows_out, m_i + tl.log2(l_safe), mask=mask_h)
+
+
+# exercise: given
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                           num_splits: int | None = None, config: dict | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [B, H, D]; k_cache/v_cache: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks]
+    int32 (-1 padded); context_lens: [B] int32 -> [B, H, D] in q.dtype (written into `out` if given).
+
+    No host sync: the grid and split count come from shapes (paged_decode_config); num_splits or
+    config (a dict like paged_decode_config's) override them, for tests and tuning."""
+    B, H, D = q.shape
+    num_blocks, page, hkv, d_cache = k_cache.shape
+    if d_cache != D or v_cache.shape != k_cache.shape or H % hkv:
+        raise ValueError(f"paged_decode_attention: q {tuple(q.shape)} and caches {tuple(k_cache.shape)}/"
+                         f"{tuple(v_cache.shape)} need the same head_dim and H divisible by Hkv")
+    if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"paged_decode_attention: q ({q.dtype}) and the caches ({k_cache.dtype}) must share a dtype")
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
+        raise ValueError("paged_decode_attention: k_cache and v_cache need the same strides and a contiguous head_dim")
+    if block_tables.dim() != 2 or block_tables.shape[0] != B or context_lens.shape != (B,):
+        raise ValueError(f"paged_decode_attention: block_tables {tuple(block_tables.shape)} and context_lens "
+                         f"{tuple(context_lens.shape)} must be [B, max_blocks] and [B] with B={B}")
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    elif out.shape != q.shape or out.stride(2) != 1:
+        raise ValueError(f"paged_decode_attention: out must be {tuple(q.shape)} with a contiguous head_dim")
+    if B == 0:
+        return out
+    cfg = {**paged_decode_config(B, hkv, H // hkv, D, block_tables.shape[1] * page, page, q.device), **(config or {})}
+    splits = num_splits or cfg["num_splits"]
+    upcast = q.device.type != "cuda"  # the interpreter: half-precision math there is wrong
+    precision = "ieee" if (upcast or q.dtype == torch.float32) else "tf32"  # fp32 stays fp32 on GPU
+    direct = splits == 1
+    if direct:
+        part_out = part_lse = out  # unused
+    else:
+        part_out = torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
+    paged_decode_kernel[(B, hkv, splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse, scale * LOG2E, splits,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        GROUP=H // hkv, HEAD_DIM=D, PAGE=page, BLOCK_H=cfg["BLOCK_H"], BLOCK_D=cfg["BLOCK_D"],
+        BLOCK_N=cfg["BLOCK_N"], UPCAST=upcast, PRECISION=precision, DIRECT=direct,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if not direct:
+        paged_decode_combine_kernel[(B, H)](
+            part_out, part_lse, out, splits, out.stride(0), out.stride(1),
+            HEAD_DIM=D, BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=cfg["BLOCK_D"])
+    return out
+
+
+# ---- Exercise 3.6 (notebooks/03_paged_kv_cache.ipynb, section '7. The scheduler: admission and preemption'), from minillm.engine.scheduler ----
+def schedule_step(waiting: deque[Sequence], running: deque[Sequence], block_manager: BlockManager,
+                  max_num_seqs: int, max_num_batched_tokens: int) -> tuple[list[Sequence], bool, list[Sequence]]:
+    """Pick the sequences of the next step, updating the two queues in place.
+
+    -> (scheduled, is_prefill, preempted).
+    1. Prefill first. Admit sequences from the FRONT of `waiting`, in order, while
+       len(running) + admitted < max_num_seqs, block_manager.can_allocate(seq), and
+       tokens + len(seq) <= max_num_batched_tokens, where `tokens` sums the tokens the admitted
+       sequences will compute, len(seq) - seq.num_cached_tokens (prefix-cache hits are known only
+       after allocate, so the check itself uses the whole len(seq)). Stop at the first that does not
+       fit (no skipping ahead: the queue stays fair). Each admitted one: block_manager.allocate(seq),
+       status RUNNING, leaves `waiting`, joins the END of `running`. If any were admitted, return them
+       as a prefill step: (admitted, True, []).
+    2. Otherwise decode every running sequence, in `running` order. Before a sequence can take its
+       next token, block_manager.can_append(seq) must hold; while it does not, preempt the sequence
+       admitted LAST (the end of `running`; the sequence itself if no other is left): status
+       WAITING, block_manager.deallocate(it), put it at the FRONT of `waiting` (it is recomputed
+       first when room comes back). A sequence that stays gets block_manager.may_append(seq).
+       At the end `running` holds the scheduled sequences, in order. -> (scheduled, False, preempted).
+
+    Hints: pop sequences off the left of `running` one by one and put the scheduled ones back at the
+    end; the victims come off its right.
+    """
+    scheduled, preempted, num_tokens = [], [], 0
+    while waiting and len(running) + len(scheduled) < max_num_seqs:
+        seq = waiting[0]
+        if num_tokens + len(seq) > max_num_batched_tokens or not block_manager.can_allocate(seq):
+            break
+        block_manager.allocate(seq)
+        num_tokens += len(seq) - seq.num_cached_tokens
+        seq.status = SequenceStatus.RUNNING
+        waiting.popleft()
+        scheduled.append(seq)
+    if scheduled:
+        running.extend(scheduled)
+        return scheduled, True, preempted
+
+    while running:
+        seq = running.popleft()
+        while not block_manager.can_append(seq):
+            victim = running.pop() if running else seq
+            victim.status = SequenceStatus.WAITING
+            block_manager.deallocate(victim)
+            waiting.appendleft(victim)
+            preempted.append(victim)
+            if victim is seq:
+                break
+        else:
+            block_manager.may_append(seq)
+            scheduled.append(seq)
+    running.extend(scheduled)
+    return scheduled, False, preempted

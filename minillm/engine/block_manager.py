@@ -12,18 +12,62 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from typing import Callable
 
 import numpy as np
 
 from minillm.engine.sequence import Sequence
 
 
+# >>> exercise 3.2 | notebooks/03_paged_kv_cache.ipynb | 3. Prefix caching: hashing full blocks
 def compute_block_hash(token_ids: list[int], prefix_hash: int) -> int:
-    """A 64-bit hash of one full block's tokens, chained to the hash of the block before (-1 for the first)."""
+    """A 64-bit hash of one full block's tokens, chained to the hash of the block before (-1 for the first).
+
+    token_ids: the block_size token ids of one block; prefix_hash: compute_block_hash of the previous
+    block of the same sequence, or -1 for block 0 -> a Python int in [-2**63, 2**63).
+    Two blocks get the same hash only if their tokens AND everything before them are the same, so
+    a hash names a whole prefix, not just one block.
+
+    Hints: hashlib.blake2b(digest_size=8) (Python's hash() of a tuple is salted per process for str
+    and not meant for this); feed it the prefix hash and the token ids as bytes (int.to_bytes,
+    numpy's tobytes), and turn the digest back into an int with int.from_bytes(..., signed=True).
+    """
     h = hashlib.blake2b(digest_size=8)
     h.update(prefix_hash.to_bytes(8, "little", signed=True))
     h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
     return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def match_prefix(token_ids: list[int], block_size: int, hash_to_block_id: dict[int, int],
+                 block_tokens: Callable[[int], list[int]]) -> tuple[list[int], int]:
+    """Which leading blocks of a new sequence are already in the KV cache.
+
+    token_ids: the sequence's tokens (its logical block i is token_ids[i*block_size:(i+1)*block_size]);
+    hash_to_block_id: chained block hash -> physical block id of the cached blocks;
+    block_tokens(block_id): the tokens that block currently holds.
+    -> (hashes, num_hits):
+      hashes: one per logical block, compute_block_hash chained from block 0, -1 for a last block
+        that is not full (it cannot be shared: more tokens will be written into it);
+      num_hits: how many leading blocks can be reused. Block i is a hit when its hash is in
+        hash_to_block_id, that block holds exactly the same tokens (a hash collision must never hand
+        a sequence someone else's K/V), every block before it was a hit, and it does not hold the
+        sequence's last token (that token's K/V must be computed now to produce the next token's
+        logits, and would be written into a block that others read).
+
+    Hints: the last token sits in block (len(token_ids) - 1) // block_size; hashes of the blocks
+    after the first miss are still needed (the block manager registers them).
+    """
+    hashes, num_hits, h = [], 0, -1
+    num_cacheable = (len(token_ids) - 1) // block_size  # blocks before the one holding the last token
+    for i in range(-(-len(token_ids) // block_size)):
+        block = token_ids[i * block_size:(i + 1) * block_size]
+        h = compute_block_hash(block, h) if len(block) == block_size else -1
+        hashes.append(h)
+        block_id = hash_to_block_id.get(h, -1) if h != -1 else -1
+        if num_hits == i and i < num_cacheable and block_id != -1 and block_tokens(block_id) == block:
+            num_hits += 1
+    return hashes, num_hits
+# <<< exercise 3.2
 
 
 class Block:
@@ -66,29 +110,23 @@ class BlockManager:
     def allocate(self, seq: Sequence) -> None:
         """Give a waiting sequence blocks for all its tokens, reusing cached full blocks of its prefix."""
         assert not seq.block_table
-        h, hit_run = -1, True
-        # The block holding the last token is never taken from the cache: its token must be computed
-        # this step to produce logits, and it would write into a block others read.
-        num_cacheable = (seq.num_tokens - 1) // self.block_size
-        for i in range(seq.num_blocks):
-            token_ids = seq.block(i)
-            full = len(token_ids) == self.block_size
-            h = compute_block_hash(token_ids, h) if full and self.enable_prefix_caching else -1
-            block_id = self.hash_to_block_id.get(h, -1) if h != -1 else -1
-            hit = (hit_run and i < num_cacheable and block_id != -1
-                   and self.blocks[block_id].token_ids == token_ids)
-            hit_run = hit
-            if hit:
-                block = self.blocks[block_id]
+        if self.enable_prefix_caching:
+            hashes, num_hits = match_prefix(seq.token_ids, self.block_size, self.hash_to_block_id,
+                                            lambda block_id: self.blocks[block_id].token_ids)
+        else:
+            hashes, num_hits = [-1] * seq.num_blocks, 0
+        for i, h in enumerate(hashes):
+            if i < num_hits:  # a cached block: share it
+                block = self.blocks[self.hash_to_block_id[h]]
                 if block.ref_count == 0:
-                    self.free_block_ids.pop(block_id)
+                    self.free_block_ids.pop(block.block_id)
                 block.ref_count += 1
                 seq.num_cached_tokens += self.block_size
                 self.num_cached_tokens_total += self.block_size
             else:
                 block = self._take(next(iter(self.free_block_ids)))
                 if h != -1:
-                    self._register(block, h, token_ids)
+                    self._register(block, h, seq.block(i))
             seq.block_table.append(block.block_id)
 
     def deallocate(self, seq: Sequence) -> None:
@@ -106,11 +144,22 @@ class BlockManager:
 
     def may_append(self, seq: Sequence) -> None:
         """Before a decode step: add a block if the newest token starts one; hash a block it fills."""
-        n = seq.num_tokens
-        if n % self.block_size == 1:
+        n, bs = seq.num_tokens, self.block_size
+        if n % bs == 1:
             seq.block_table.append(self._take(next(iter(self.free_block_ids))).block_id)
-        elif n % self.block_size == 0 and self.enable_prefix_caching:
-            i = n // self.block_size - 1
-            prev = self.blocks[seq.block_table[i - 1]].hash if i > 0 else -1
-            if prev != -1 or i == 0:
-                self._register(self.blocks[seq.block_table[i]], compute_block_hash(seq.block(i), prev), seq.block(i))
+        if self.enable_prefix_caching and n % bs in (0, 1):
+            # With async scheduling the newest token is a placeholder (-1) until its step is read
+            # back, so a block filled now may only become hashable one step later.
+            last_full = n // bs - 1
+            for i in range(max(last_full - 1, 0), last_full + 1):
+                self._hash_full_block(seq, i)
+
+    def _hash_full_block(self, seq: Sequence, i: int) -> None:
+        block = self.blocks[seq.block_table[i]]
+        if block.hash != -1:  # already cached (registered here, or shared from the cache)
+            return
+        prev = self.blocks[seq.block_table[i - 1]].hash if i > 0 else -1
+        token_ids = seq.block(i)
+        if (i > 0 and prev == -1) or -1 in token_ids:  # the chain is broken, or a token is not known yet
+            return
+        self._register(block, compute_block_hash(token_ids, prev), token_ids)

@@ -56,13 +56,13 @@ class ModelRunner:
         self.model.eval()
         self.sampler = Sampler()
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.backend = get_backend(config.attention_backend, config.device)
+        self.backend = get_backend(config.attention_backend, config.device, config.kvcache_block_size)
         for layer in self.attention_layers:
             layer.backend = self.backend
         self.num_kvcache_blocks = self.allocate_kv_cache()
         self.graphs = None
         if self.device.type == "cuda" and not config.enforce_eager and self.backend.name != "torch":
-            # the torch reference backend loops over host lists, which a graph cannot replay
+            # the torch reference backend's store selects rows with a boolean mask (a host sync)
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.blocks_per_seq(),
                                        model_config.hidden_size, self.dtype, self.device)
 

@@ -15,6 +15,62 @@ from minillm.engine.block_manager import BlockManager
 from minillm.engine.sequence import Sequence, SequenceStatus
 
 
+# >>> exercise 3.6 | notebooks/03_paged_kv_cache.ipynb | 7. The scheduler: admission and preemption
+def schedule_step(waiting: deque[Sequence], running: deque[Sequence], block_manager: BlockManager,
+                  max_num_seqs: int, max_num_batched_tokens: int) -> tuple[list[Sequence], bool, list[Sequence]]:
+    """Pick the sequences of the next step, updating the two queues in place.
+
+    -> (scheduled, is_prefill, preempted).
+    1. Prefill first. Admit sequences from the FRONT of `waiting`, in order, while
+       len(running) + admitted < max_num_seqs, block_manager.can_allocate(seq), and
+       tokens + len(seq) <= max_num_batched_tokens, where `tokens` sums the tokens the admitted
+       sequences will compute, len(seq) - seq.num_cached_tokens (prefix-cache hits are known only
+       after allocate, so the check itself uses the whole len(seq)). Stop at the first that does not
+       fit (no skipping ahead: the queue stays fair). Each admitted one: block_manager.allocate(seq),
+       status RUNNING, leaves `waiting`, joins the END of `running`. If any were admitted, return them
+       as a prefill step: (admitted, True, []).
+    2. Otherwise decode every running sequence, in `running` order. Before a sequence can take its
+       next token, block_manager.can_append(seq) must hold; while it does not, preempt the sequence
+       admitted LAST (the end of `running`; the sequence itself if no other is left): status
+       WAITING, block_manager.deallocate(it), put it at the FRONT of `waiting` (it is recomputed
+       first when room comes back). A sequence that stays gets block_manager.may_append(seq).
+       At the end `running` holds the scheduled sequences, in order. -> (scheduled, False, preempted).
+
+    Hints: pop sequences off the left of `running` one by one and put the scheduled ones back at the
+    end; the victims come off its right.
+    """
+    scheduled, preempted, num_tokens = [], [], 0
+    while waiting and len(running) + len(scheduled) < max_num_seqs:
+        seq = waiting[0]
+        if num_tokens + len(seq) > max_num_batched_tokens or not block_manager.can_allocate(seq):
+            break
+        block_manager.allocate(seq)
+        num_tokens += len(seq) - seq.num_cached_tokens
+        seq.status = SequenceStatus.RUNNING
+        waiting.popleft()
+        scheduled.append(seq)
+    if scheduled:
+        running.extend(scheduled)
+        return scheduled, True, preempted
+
+    while running:
+        seq = running.popleft()
+        while not block_manager.can_append(seq):
+            victim = running.pop() if running else seq
+            victim.status = SequenceStatus.WAITING
+            block_manager.deallocate(victim)
+            waiting.appendleft(victim)
+            preempted.append(victim)
+            if victim is seq:
+                break
+        else:
+            block_manager.may_append(seq)
+            scheduled.append(seq)
+    running.extend(scheduled)
+    return scheduled, False, preempted
+# <<< exercise 3.6
+
+
 class Scheduler:
     def __init__(self, config: EngineConfig, num_blocks: int, eos_token_ids: list[int]):
         self.max_num_seqs = config.max_num_seqs
@@ -34,39 +90,10 @@ class Scheduler:
 
     def schedule(self) -> tuple[list[Sequence], bool]:
         """-> (the sequences of this step, is_prefill)."""
-        scheduled, num_tokens = [], 0
-        while self.waiting and len(self.running) + len(scheduled) < self.max_num_seqs:
-            seq = self.waiting[0]
-            if num_tokens + len(seq) > self.max_num_batched_tokens or not self.block_manager.can_allocate(seq):
-                break
-            self.block_manager.allocate(seq)
-            num_tokens += len(seq) - seq.num_cached_tokens
-            seq.status = SequenceStatus.RUNNING
-            self.waiting.popleft()
-            scheduled.append(seq)
-        if scheduled:
-            self.running.extend(scheduled)
-            return scheduled, True
-
-        while self.running:
-            seq = self.running.popleft()
-            while not self.block_manager.can_append(seq):
-                if self.running:
-                    self.preempt(self.running.pop())
-                else:
-                    self.preempt(seq)
-                    break
-            else:
-                self.block_manager.may_append(seq)
-                scheduled.append(seq)
-        self.running.extend(scheduled)
-        return scheduled, False
-
-    def preempt(self, seq: Sequence) -> None:
-        seq.status = SequenceStatus.WAITING
-        self.block_manager.deallocate(seq)
-        self.waiting.appendleft(seq)
-        self.num_preemptions += 1
+        scheduled, is_prefill, preempted = schedule_step(self.waiting, self.running, self.block_manager,
+                                                         self.max_num_seqs, self.max_num_batched_tokens)
+        self.num_preemptions += len(preempted)
+        return scheduled, is_prefill
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
         """Append each sampled token; finish the sequences that hit a stop condition. -> the finished ones."""

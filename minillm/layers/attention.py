@@ -25,8 +25,15 @@ from minillm.kernels.store_kvcache import store_kvcache_ref
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """One sequence of grouped-query attention, causal, queries aligned to the end of the keys.
 
-    q: [Lq, H, D], k/v: [Lk, Hkv, D] with H % Hkv == 0 and Lq <= Lk -> [Lq, H, D] in q.dtype.
-    Query i sits at position Lk - Lq + i and sees keys 0 .. Lk - Lq + i. Math in fp32.
+    q: [Lq, H, D], k/v: [Lk, Hkv, D] with H % Hkv == 0 and Lq <= Lk, scale: usually D ** -0.5
+    -> [Lq, H, D] in q.dtype, math in fp32:
+        out[i, h] = softmax_j(q[i, h] . k[j, g] * scale) @ v[:, g]    with g = h // (H // Hkv)
+    Query i sits at position Lk - Lq + i (the keys before the queries are a cached prefix) and sees
+    keys 0 .. Lk - Lq + i; later keys are masked out. Lq == Lk is a plain prefill, Lq == 1 a decode.
+
+    Hints: repeat_interleave the KV heads H // Hkv times along the head axis (query heads
+    g*(H/Hkv) .. (g+1)*(H/Hkv)-1 share KV head g); torch.einsum for the two products; a boolean
+    mask from torch.ones(Lq, Lk).tril(diagonal=Lk - Lq); masked_fill with -inf before the softmax.
     """
     Lq, H, _ = q.shape
     Lk, Hkv, _ = k.shape
@@ -68,8 +75,38 @@ def paged_attention_ref(q, k_cache, v_cache, cu_seqlens_q: list[int], seqlens_k:
     return out
 
 
+# >>> exercise 3.3 | notebooks/03_paged_kv_cache.ipynb | 4. Paged decode attention in torch
+def paged_decode_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                       context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Decode attention over a paged KV cache: one new query token per sequence.
+
+    q: [B, H, D]; k_cache/v_cache: [num_blocks, block_size, Hkv, D] (H % Hkv == 0: query head h
+    reads KV head h // (H // Hkv)); block_tables: [B, max_blocks] int32, row b lists the physical
+    blocks of sequence b in order, padded with -1; context_lens: [B] int32, sequence b attends to its
+    first context_lens[b] cached tokens (all of them: the query is the newest token, no causal mask
+    needed) -> [B, H, D] in q.dtype. softmax(q k^T * scale) v.
+
+    Hints: gather every sequence's blocks at once with advanced indexing (k_cache[table] is
+    [B, max_blocks, block_size, Hkv, D]; a -1 entry must not crash: clamp it, its keys get masked),
+    flatten blocks x block_size into one key axis, then mask the key positions >= context_lens[b].
+    Cache rows nobody wrote hold garbage, possibly NaN, and a softmax weight of 0 times NaN is NaN:
+    zero the K/V rows you mask out. torch.nn.functional.scaled_dot_product_attention takes a boolean
+    attn_mask (True = attend) and enable_gqa=True for Hkv < H; it wants [B, heads, length, D].
+    """
+    blocks = block_tables.long().clamp_min(0)  # -1 padding reads block 0; masked below
+    visible = (torch.arange(blocks.shape[1] * k_cache.shape[1], device=q.device)
+               < context_lens[:, None].to(q.device))  # [B, L]
+    hide = ~visible[:, :, None, None]
+    k = k_cache[blocks].flatten(1, 2).masked_fill(hide, 0).transpose(1, 2)  # [B, Hkv, L, D]
+    v = v_cache[blocks].flatten(1, 2).masked_fill(hide, 0).transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.unsqueeze(2), k, v, attn_mask=visible[:, None, None, :], scale=scale, enable_gqa=True)
+    return out.squeeze(2)
+# <<< exercise 3.3
+
+
 class TorchBackend:
-    """The reference: readable, slow, a Python loop over sequences."""
+    """The reference: readable, slow (prefill loops over sequences; decode gathers every page)."""
 
     name = "torch"
 
@@ -87,19 +124,19 @@ class TorchBackend:
 
     @staticmethod
     def decode(q, k_cache, v_cache, ctx: Context, scale: float):
-        cu_q = list(range(q.shape[0] + 1))
-        return paged_attention_ref(q, k_cache, v_cache, cu_q, ctx.context_lens_host, ctx.block_tables, scale)
+        return paged_decode_torch(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
 
 
-def get_backend(name: str, device: str):
-    """Resolve an attention_backend name ('auto' included) to a backend object."""
+def get_backend(name: str, device: str, block_size: int | None = None):
+    """Resolve an attention_backend name ('auto' included) to a backend object. 'auto' takes
+    flash_attn only where it imports and can read the cache (block_size a multiple of 256)."""
     if name == "auto":
         if device != "cuda":
             name = "torch"
         else:
             try:
                 import flash_attn  # noqa: F401
-                name = "flash_attn"
+                name = "flash_attn" if block_size is None or block_size % 256 == 0 else "triton"
             except ImportError:
                 name = "triton"
     if name == "torch":

@@ -1,0 +1,370 @@
+"""Tensor-parallel model runner: rank 0 (this process) schedules and samples; ranks 1..N-1 are worker
+processes that hold their shard of every layer and run the same forward on the inputs rank 0 sends.
+
+    rank 0 (the user's process)                     rank r (a worker)
+    scheduler -> build_batch (numpy) ---- pipe ---> load_batch
+    load_batch, forward <== one all-reduce per attention / MLP block ==> forward
+    LM head: logits of its vocabulary slice <=== gather to rank 0 ====== logits of its slice
+    sampler -> token ids
+
+Launch. By default rank 0 spawns the workers (torch.multiprocessing, spawn) and hosts the rendezvous
+on a port the OS picks. Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR set: several nodes work) every
+rank runs the user's script: rank 0 goes on as above, ranks > 0 serve inside LLM(...) and exit when
+rank 0 shuts the engine down.
+
+Failure. A worker that raises sends its exception back and exits; rank 0 raises it with its type and
+message. A worker that dies (killed, crashed) makes the current or the next step raise RuntimeError
+naming its rank: gloo reports a closed peer at once, and rank 0 checks the workers' liveness before
+every step and while it waits. After an error inside a step the ranks are out of step, so the engine
+stops its workers and refuses further steps (create a new LLM). Workers also exit when rank 0 does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import time
+import weakref
+from datetime import timedelta
+from multiprocessing.connection import wait
+
+import torch
+import torch.distributed as dist
+
+from minillm.config import EngineConfig, ModelConfig
+from minillm.context import reset_context
+from minillm.distributed import (exit_description, join_group, launched_by_torchrun, leave_group, pack_error,
+                                 recv_message, remote_error, send_message, set_cpu_threads, start_store,
+                                 tensor_parallel)
+from minillm.engine.model_runner import ModelRunner
+
+STARTUP_TIMEOUT_S = 300.0  # a worker must import torch and minillm within this
+ERROR_GRACE_S = 3.0  # how long rank 0 waits for a failing worker's own report
+
+
+class ShardRunner(ModelRunner):
+    """One rank's ModelRunner: its model is built inside tensor_parallel(group), so every layer holds
+    this rank's shard, and all ranks agree on the number of KV-cache blocks."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, model_path: str, group):
+        self.group = group
+        with tensor_parallel(group):
+            super().__init__(config, model_config, model_path)
+
+    def kv_budget_blocks(self) -> int:
+        # rank 0's scheduler hands out block ids for every rank: all must hold the same number
+        n = torch.tensor([super().kv_budget_blocks()], dtype=torch.int64)
+        dist.all_reduce(n, op=dist.ReduceOp.MIN, group=self.group)  # a CPU tensor: gloo, on every backend
+        return int(n.item())
+
+    @torch.inference_mode()
+    def execute(self, batch) -> None:
+        """A worker's half of a step: the same forward as rank 0 on the same Batch, no sampling."""
+        try:
+            self.run_model(*self.load_batch(batch), batch.is_prefill)
+        finally:
+            reset_context()
+
+    def serve(self, channel) -> None:
+        """A worker's loop: run what rank 0 sends until it sends None (or goes away)."""
+        while (msg := channel.recv()) is not None:
+            if msg[0] == "step":
+                self.execute(msg[1])
+            elif msg[0] == "rpc":
+                fn, args = msg[1], msg[2]
+                channel.reply(fn(self, *args))
+
+
+def shard_summary(runner: ShardRunner) -> dict:
+    """For collective_rpc: what one rank holds (its rank, parameter count, KV-cache shape)."""
+    return {"rank": dist.get_rank(runner.group), "parameters": sum(p.numel() for p in runner.model.parameters()),
+            "kv_cache": tuple(runner.kv_cache.shape)}
+
+
+# ---- how rank 0 talks to the workers -------------------------------------------------------------
+class PipeChannel:
+    """Spawned workers: one pipe each. Rank 0 pickles a message once and writes it to every pipe."""
+
+    def __init__(self, conns, procs=()):
+        self.conns, self.procs = list(conns), list(procs)
+
+    def send(self, msg) -> None:
+        data = pickle.dumps(msg)
+        for c in self.conns:
+            c.send_bytes(data)
+
+    def replies(self, timeout_s: float | None = None) -> list:
+        out = []
+        for conn, proc in zip(self.conns, self.procs):
+            if not wait([conn, proc.sentinel], timeout=timeout_s):
+                raise TimeoutError(f"worker {proc.name} did not answer within {timeout_s:.0f} s")
+            kind, *payload = recv_message(conn)  # EOFError when it died: the caller names the rank
+            if kind == "error":
+                raise remote_error(*payload, proc.name)
+            out.append(payload[0])
+        return out
+
+    # the worker's side (one conn)
+    def recv(self):
+        try:
+            return recv_message(self.conns[0])
+        except (EOFError, OSError):  # rank 0 has gone: stop serving
+            return None
+
+    def reply(self, value) -> None:
+        send_message(self.conns[0], ("ok", value))
+
+
+class BroadcastChannel:
+    """torchrun: messages go over a gloo group of their own with a long timeout (an idle engine waits)."""
+
+    def __init__(self):
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(days=365))
+
+    def send(self, msg) -> None:
+        dist.broadcast_object_list([msg], src=0, group=self.group)
+
+    def recv(self):
+        box = [None]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def replies(self, timeout_s: float | None = None) -> list:
+        out = [None] * dist.get_world_size(self.group)
+        dist.gather_object(None, out, dst=0, group=self.group)
+        return out[1:]
+
+    def reply(self, value) -> None:
+        dist.gather_object(value, None, dst=0, group=self.group)
+
+
+# ---- the workers ---------------------------------------------------------------------------------
+def _worker_main(rank: int, world_size: int, port: int, config: EngineConfig, model_config: ModelConfig,
+                 model_path: str, conn) -> None:
+    """A spawned worker process (rank >= 1): join the group, build the shard, serve rank 0."""
+    channel = PipeChannel([conn])
+    try:
+        send_message(conn, ("hello", os.getpid()))  # the interpreter is up: rank 0 may enter the rendezvous
+        if config.device == "cuda":
+            torch.cuda.set_device(rank)
+        else:
+            set_cpu_threads(world_size)
+        group = join_group(rank, world_size, config.device, port)
+        ShardRunner(config, model_config, model_path, group).serve(channel)
+    except BaseException as e:  # noqa: BLE001 -- reported to rank 0, which raises it
+        try:
+            send_message(conn, ("error", *pack_error(e)))
+        except Exception:
+            pass
+    finally:
+        leave_group()
+        conn.close()
+
+
+class _Workers:
+    """What shutting down needs, kept apart from the runner so a finalizer can hold it."""
+
+    def __init__(self):
+        self.procs, self.conns, self.channel = [], [], None
+        self.store = None  # the rendezvous server: it lives as long as the group
+        self.threads = None  # this process's torch thread count before the engine shared the cores
+        self.owns_group = False
+        self.closed = False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.owns_group and isinstance(self.channel, PipeChannel):
+            leave_group()  # first: a worker stuck in a collective sees its peer's sockets close and exits
+        if self.channel is not None:
+            try:
+                self.channel.send(None)
+            except Exception:  # a dead worker's pipe
+                pass
+        if self.owns_group:
+            leave_group()
+        deadline = time.monotonic() + 5.0
+        for p in self.procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for c in self.conns:
+            c.close()
+        self.store = None
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
+
+
+class TPModelRunner(ShardRunner):
+    """Rank 0 of a tensor-parallel engine: LLMEngine uses it like a ModelRunner (run / launch /
+    resolve, num_kvcache_blocks, shutdown)."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, model_path: str):
+        size = config.tensor_parallel_size
+        if config.device == "cuda" and not config.enforce_eager:
+            # decode CUDA graphs that capture NCCL collectives are not verified yet: run eagerly
+            config = dataclasses.replace(config, enforce_eager=True)
+        self.broken: str | None = None
+        self._starting = True
+        self._workers = w = _Workers()
+        self._finalizer = weakref.finalize(self, w.close)
+        if launched_by_torchrun():
+            rank = self._join_torchrun(size, config.device)
+            w.channel = BroadcastChannel()
+            if rank > 0:  # a worker: serve rank 0 until it shuts down, then end this process
+                channel, w.channel = w.channel, None  # only rank 0 sends
+                try:
+                    ShardRunner(config, model_config, model_path, dist.group.WORLD).serve(channel)
+                finally:
+                    leave_group()
+                raise SystemExit(0)
+        else:
+            self._spawn_workers(size, config, model_config, model_path)
+        try:
+            super().__init__(config, model_config, model_path, dist.group.WORLD)
+        except BaseException as e:
+            self._fail(e)
+        self._starting = False
+
+    # ---- start-up -------------------------------------------------------------------------------
+    def _join_torchrun(self, size: int, device: str) -> int:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if world != size:
+            raise ValueError(f"launched with WORLD_SIZE={world} but tensor_parallel_size={size}; "
+                             f"start torchrun with as many processes as tensor_parallel_size")
+        if device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        else:
+            set_cpu_threads(world)
+        if not dist.is_initialized():
+            join_group(rank, world, device)
+            self._workers.owns_group = True
+        return rank
+
+    def _spawn_workers(self, size: int, config, model_config, model_path) -> None:
+        if dist.is_initialized():
+            raise RuntimeError("this process already has a torch.distributed process group (another "
+                               "tensor-parallel LLM?); shut that one down (llm.shutdown()) first")
+        w = self._workers
+        ctx = torch.multiprocessing.get_context("spawn")
+        w.store = store = start_store()
+        for rank in range(1, size):
+            mine, theirs = ctx.Pipe(duplex=True)
+            p = ctx.Process(target=_worker_main, name=f"tensor-parallel worker rank {rank}",
+                            args=(rank, size, store.port, config, model_config, model_path, theirs))
+            p.start()
+            theirs.close()
+            w.procs.append(p)
+            w.conns.append(mine)
+        w.channel = PipeChannel(w.conns, w.procs)
+        try:  # every worker says hello before this process blocks in the rendezvous
+            w.channel.replies(timeout_s=STARTUP_TIMEOUT_S)
+            if config.device == "cuda":
+                torch.cuda.set_device(0)
+            else:  # N processes share this machine's cores (oversubscribed OpenMP threads crawl)
+                w.threads = torch.get_num_threads()
+                set_cpu_threads(size)
+            join_group(0, size, config.device, store.port)
+            w.owns_group = True
+        except BaseException as e:
+            self._fail(e)
+
+    # ---- steps ----------------------------------------------------------------------------------
+    def build_batch(self, seqs, is_prefill):
+        batch = super().build_batch(seqs, is_prefill)
+        self._workers.channel.send(("step", batch))  # the workers run the same forward on it
+        return batch
+
+    def run(self, seqs, is_prefill):
+        return self._guarded(super().run, seqs, is_prefill)
+
+    def launch(self, *args, **kwargs):
+        return self._guarded(super().launch, *args, **kwargs)
+
+    def resolve(self, pending):
+        event = getattr(pending, "event", None)
+        if event is not None:  # NCCL waits forever on a dead peer: poll the workers while the GPU works
+            self._guarded(self._wait_event, event)
+        return self._guarded(super().resolve, pending)
+
+    def _wait_event(self, event) -> None:
+        last = time.monotonic()
+        while not event.query():
+            if time.monotonic() - last > 0.01:
+                self._check_workers()
+                last = time.monotonic()
+
+    def collective_rpc(self, fn, *args) -> list:
+        """Run fn(runner, *args) on every rank (fn importable by name). -> the results, by rank."""
+        def call():
+            self._workers.channel.send(("rpc", fn, args))
+            mine = fn(self, *args)
+            return [mine] + self._workers.channel.replies()
+        return self._guarded(call)
+
+    @property
+    def worker_processes(self) -> list:
+        return list(self._workers.procs)
+
+    def shutdown(self) -> None:
+        """Stop the workers and leave the process group (also runs when the runner is collected)."""
+        self._finalizer()
+
+    # ---- failure --------------------------------------------------------------------------------
+    def _guarded(self, fn, *args, **kwargs):
+        if self.broken:
+            raise RuntimeError(f"the tensor-parallel engine has stopped after an error ({self.broken}); "
+                               f"create a new LLM")
+        self._check_workers()
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as e:
+            if getattr(e, "_minillm_tp_reported", False):
+                raise
+            self._fail(e)
+
+    def _check_workers(self) -> None:
+        if any(p.exitcode is not None for p in self._workers.procs):
+            self._fail(None)
+
+    def _worker_failure(self, grace_s: float) -> BaseException | None:
+        """A worker's own error report, or a RuntimeError naming a dead worker; None if all look fine."""
+        w = self._workers
+        deadline = time.monotonic() + grace_s
+        while True:
+            for rank, (conn, p) in enumerate(zip(w.conns, w.procs), start=1):
+                try:
+                    if conn.poll():
+                        kind, *payload = recv_message(conn)
+                        if kind == "error":
+                            return remote_error(*payload, f"tensor-parallel worker rank {rank}")
+                except (EOFError, OSError):
+                    pass
+            for rank, p in enumerate(w.procs, start=1):
+                if p.exitcode is not None:
+                    hint = (" while starting (its error is printed above; a script must create a tensor-parallel "
+                            "LLM under `if __name__ == '__main__':`, since spawned workers import the main "
+                            "module)") if self._starting else "; the engine cannot continue"
+                    return RuntimeError(f"tensor-parallel worker rank {rank} (pid {p.pid}) "
+                                        f"{exit_description(p.exitcode)}{hint}")
+            left = deadline - time.monotonic()
+            if left <= 0 or not w.procs:
+                return None
+            wait(w.conns + [p.sentinel for p in w.procs], timeout=left)
+
+    def _fail(self, exc: BaseException | None):
+        """Stop everything and raise the error that explains it best."""
+        # a collective that failed (RuntimeError, OSError) or a dead pipe points at a worker
+        blame_workers = exc is None or isinstance(exc, (RuntimeError, OSError, EOFError, TimeoutError))
+        worker_exc = self._worker_failure(ERROR_GRACE_S if blame_workers else 0.0) if blame_workers else None
+        chosen = worker_exc if worker_exc is not None else exc
+        if chosen is None:
+            chosen = RuntimeError("the tensor-parallel engine failed for an unknown reason")
+        self.broken = f"{type(chosen).__name__}: {str(chosen).splitlines()[0] if str(chosen) else ''}"
+        self._finalizer()
+        chosen._minillm_tp_reported = True
+        if chosen is exc:
+            raise exc
+        raise chosen from exc

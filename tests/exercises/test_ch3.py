@@ -1,0 +1,416 @@
+"""Chapter 3 graded tests: the paged KV cache.
+
+References nobody here wrote: torch SDPA (torch.nn.functional.scaled_dot_product_attention) on
+contiguous K/V, plain torch indexing, and transformers' `generate` tokens stored in
+references/greedy_tokens.json (each exercise is also swapped alone into the running engine, which
+must reproduce them). The block manager and the scheduler are graded on behaviour: scripted
+requests against the block tables, hits and preemptions they must produce. Triton kernels run in
+the interpreter on CPU, in fp32 and fp16, with guard regions that must stay untouched.
+
+    pytest tests/exercises -m ex3_1 --impl=exercises
+"""
+from collections import deque
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import greedy_reference, ref_path, small_engine_args
+from minillm import LLM, SamplingParams
+from minillm.course.grading import check_close, check_equal
+from minillm.engine.block_manager import BlockManager
+from minillm.engine.sequence import Sequence, SequenceStatus
+
+SENTINEL = 77.0
+TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=2e-3, rtol=2e-3)}
+GREEDY_TOKENS = 8
+
+
+def engine_tokens(monkeypatch, patches: dict, **engine_args) -> None:
+    """Swap one exercise's functions into the engine (module -> {name: function}) and check that
+    greedy generation still reproduces transformers' tokens for the stored prompts."""
+    for module, names in patches.items():
+        for name, fn in names.items():
+            monkeypatch.setattr(module, name, fn)
+    ref = greedy_reference()
+    prompts = ref["prompts"][1:4]
+    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args(**engine_args))
+    out = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS, ignore_eos=True),
+                       use_tqdm=False)
+    return [o["token_ids"] for o in out], [t[:GREEDY_TOKENS] for t in ref["tokens"]["tiny-qwen3"][1:4]]
+
+
+# ---- 3.1 slot mapping --------------------------------------------------------------------------
+@pytest.mark.ex3_1
+@pytest.mark.parametrize("block_size", [16, 256])
+def test_slot_mapping_for_positions(impl, block_size):
+    table = np.random.default_rng(0).permutation(40)[:6].astype(np.int32)  # physical blocks, any order
+    for start, end in [(0, 1), (0, block_size), (3, 4 * block_size + 7), (2 * block_size, 2 * block_size),
+                       (block_size - 1, block_size + 1), (5 * block_size, 6 * block_size)]:
+        got = impl.slot_mapping_for(table, start, end, block_size)
+        want = [int(table[p // block_size]) * block_size + p % block_size for p in range(start, end)]
+        check_equal(str(np.asarray(got).dtype), "int64", "3.1", f"dtype of slot_mapping_for(.., {start}, {end}, ..)")
+        check_equal(np.asarray(got).tolist(), want, "3.1", f"slot_mapping_for(table, {start}, {end}, {block_size})")
+
+
+@pytest.mark.ex3_1
+def test_slot_mapping_round_trip_through_the_cache(impl):
+    """Writing a sequence's rows to its slots, then reading its blocks in table order, gives it back."""
+    block_size, n = 16, 75
+    table = np.array([9, 2, 7, 0, 4], dtype=np.int32)
+    values = torch.randn(n, 3)
+    cache = torch.full((10 * block_size, 3), SENTINEL)
+    first = impl.slot_mapping_for(table, 0, 40, block_size)  # a prefill of 40 tokens, then the rest
+    rest = impl.slot_mapping_for(table, 40, n, block_size)
+    cache[torch.from_numpy(np.concatenate([first, rest]))] = values
+    back = cache.view(10, block_size, 3)[torch.from_numpy(table).long()].reshape(-1, 3)[:n]
+    check_close(back, values, "3.1", "rows read back through the block table", atol=0, rtol=0)
+
+
+@pytest.mark.ex3_1
+def test_slot_mapping_in_the_engine(impl, monkeypatch):
+    import minillm.engine.model_runner as mr
+    got, want = engine_tokens(monkeypatch, {mr: {"slot_mapping_for": impl.slot_mapping_for}})
+    check_equal(got, want, "3.1", "greedy tokens of the engine using your slot_mapping_for (vs transformers)")
+
+
+# ---- 3.2 prefix caching ------------------------------------------------------------------------
+@pytest.mark.ex3_2
+def test_block_hash_is_chained_and_deterministic(impl):
+    rng = np.random.default_rng(1)
+    blocks = [rng.integers(0, 150000, 16).tolist() for _ in range(300)]
+    hashes = [impl.compute_block_hash(b, -1) for b in blocks]
+    check_equal(all(isinstance(h, int) and -2 ** 63 <= h < 2 ** 63 for h in hashes), True, "3.2",
+                "every hash is a Python int in the signed 64-bit range")
+    check_equal(len(set(hashes)), len(blocks), "3.2", "number of distinct hashes of 300 random blocks")
+    check_equal(impl.compute_block_hash(list(blocks[0]), -1), hashes[0], "3.2", "hash of the same block twice")
+    a, b = impl.compute_block_hash(blocks[1], hashes[0]), impl.compute_block_hash(blocks[1], hashes[2])
+    check_equal(a != b, True, "3.2", "same block after different prefixes hashes differently (chaining)")
+    check_equal(a != hashes[1], True, "3.2", "a chained hash differs from the block hashed alone")
+    swapped = blocks[3][1::-1] + blocks[3][2:]
+    check_equal(impl.compute_block_hash(swapped, -1) != hashes[3], True, "3.2", "token order matters")
+
+
+def _cache_of(impl, tokens: list[int], block_size: int, first_id: int = 0):
+    """hash -> block id and block id -> tokens for the full blocks of one stored sequence."""
+    table, contents, h = {}, {}, -1
+    for i in range(len(tokens) // block_size):
+        blk = tokens[i * block_size:(i + 1) * block_size]
+        h = impl.compute_block_hash(blk, h)
+        table[h], contents[first_id + i] = first_id + i, blk
+    return table, contents
+
+
+@pytest.mark.ex3_2
+def test_match_prefix_rules(impl):
+    bs = 4
+    stored = list(range(100, 112))  # three full blocks in the cache
+    table, contents = _cache_of(impl, stored, bs, first_id=10)
+    lookup = contents.__getitem__
+
+    hashes, hits = impl.match_prefix(stored[:8] + [7, 7, 7], bs, table, lookup)
+    h0 = impl.compute_block_hash(stored[:4], -1)
+    h1 = impl.compute_block_hash(stored[4:8], h0)
+    check_equal(hashes, [h0, h1, -1], "3.2", "hashes of 2 full blocks + a partial one")
+    check_equal(hits, 2, "3.2", "hits for a prompt sharing 2 cached blocks")
+    check_equal(impl.match_prefix(stored, bs, table, lookup)[1], 2, "3.2",
+                "hits for a prompt equal to 3 cached full blocks (the block of the last token is never a hit)")
+    check_equal(impl.match_prefix(stored + [1], bs, table, lookup)[1], 3, "3.2", "hits for the stored prompt + 1 token")
+    check_equal(impl.match_prefix([0] + stored[1:] + [1], bs, table, lookup)[1], 0, "3.2",
+                "hits when the first token differs (later blocks equal, but their chain is not)")
+    check_equal(impl.match_prefix(stored[:3], bs, table, lookup), ([-1], 0), "3.2", "a prompt shorter than a block")
+    # a hash collision: the table says block 10 but it holds other tokens now
+    lying = lambda block_id: [0, 0, 0, 0] if block_id == 10 else contents[block_id]  # noqa: E731
+    check_equal(impl.match_prefix(stored + [1], bs, table, lying)[1], 0, "3.2",
+                "hits when the cached block's tokens differ from the prompt's (a collision)")
+    lying1 = lambda block_id: [0, 0, 0, 0] if block_id == 11 else contents[block_id]  # noqa: E731
+    check_equal(impl.match_prefix(stored + [1], bs, table, lying1)[1], 1, "3.2",
+                "hits stop at the first miss even when later blocks are cached")
+
+
+@pytest.mark.ex3_2
+def test_block_manager_script(impl, monkeypatch):
+    """allocate/deallocate through the real BlockManager with your two functions inside."""
+    import minillm.engine.block_manager as bm_mod
+    monkeypatch.setattr(bm_mod, "compute_block_hash", impl.compute_block_hash)
+    monkeypatch.setattr(bm_mod, "match_prefix", impl.match_prefix)
+    bm = BlockManager(num_blocks=8, block_size=4)
+    seq = lambda tokens: Sequence(tokens, SamplingParams(), 4)  # noqa: E731
+    A = seq(list(range(10)))
+    B = seq(list(range(8)) + [50, 51, 52])
+    C = seq(list(range(8)))
+    D = seq([0, 1, 2, 99, 4, 5, 6, 7, 8])
+    for s in (A, B, C, D):
+        bm.allocate(s)
+    check_equal([A.block_table, B.block_table, C.block_table, D.block_table], [[0, 1, 2], [0, 1, 3], [0, 4], [5, 6, 7]],
+                "3.2", "block tables of A, B (shares 2 blocks of A), C (shares 1: its last token's block is its own), "
+                "D (first block differs: no hit)")
+    check_equal([s.num_cached_tokens for s in (A, B, C, D)], [0, 8, 4, 0], "3.2", "num_cached_tokens of A, B, C, D")
+    bm.deallocate(A)
+    bm.deallocate(B)
+    E = seq(list(range(8)) + [50, 51, 52, 53, 54])
+    bm.allocate(E)
+    check_equal(E.block_table, [0, 4, 2, 3], "3.2", "block table of E after A and B were freed "
+                "(block 0 is still cached, block 1's hash now names C's block 4, then free blocks oldest-first)")
+    check_equal((E.num_cached_tokens, bm.num_cached_tokens_total, bm.num_free_blocks), (8, 20, 1), "3.2",
+                "(E's cached tokens, total cached tokens, free blocks)")
+
+
+@pytest.mark.ex3_2
+def test_prefix_cache_in_the_engine(impl, monkeypatch):
+    import minillm.engine.block_manager as bm_mod
+    monkeypatch.setattr(bm_mod, "compute_block_hash", impl.compute_block_hash)
+    monkeypatch.setattr(bm_mod, "match_prefix", impl.match_prefix)
+    system = list(range(10, 80))  # 70 shared tokens: 4 full blocks of 16
+    prompts = [system + [100 + i, 200 + i] for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    plain = LLM(ref_path("tiny-qwen3"), **small_engine_args(enable_prefix_caching=False))
+    want = [o["token_ids"] for o in plain.generate(prompts, params, use_tqdm=False)]
+    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
+    llm.generate(prompts[:1], params, use_tqdm=False)
+    got = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    check_equal(got, want, "3.2", "greedy tokens with prefix caching (vs the engine without it)")
+    check_equal(llm.engine.scheduler.block_manager.num_cached_tokens_total, 3 * 64, "3.2",
+                "prefix-cache hits in tokens (3 prompts x 4 shared full blocks of 16)")
+
+
+# ---- 3.3 paged decode attention in torch -------------------------------------------------------
+def paged_case(lengths, H, hkv, d, block_size, dtype, seed=0):
+    """Per-sequence K/V scattered into shuffled cache blocks (plain indexing), tables padded with -1.
+    Every cache row no sequence owns holds NaN, as unwritten memory may: it must never leak in."""
+    g = torch.Generator().manual_seed(seed)
+    ks = [torch.randn(n, hkv, d, generator=g).to(dtype) for n in lengths]
+    vs = [torch.randn(n, hkv, d, generator=g).to(dtype) for n in lengths]
+    need = [-(-n // block_size) for n in lengths]
+    num_blocks = sum(need) + 2
+    k_buf = torch.full((num_blocks + 2, block_size, hkv, d), float("nan"), dtype=dtype)
+    v_buf = k_buf.clone()
+    k_cache, v_cache = k_buf[1:-1], v_buf[1:-1]
+    perm, used = torch.randperm(num_blocks, generator=g), 0
+    tables = torch.full((len(lengths), max(need) + 1), -1, dtype=torch.int32)
+    for i, n in enumerate(lengths):
+        tables[i, :need[i]] = perm[used:used + need[i]].int()
+        used += need[i]
+        pos = torch.arange(n)
+        slots = tables[i, pos // block_size].long() * block_size + pos % block_size
+        k_cache.view(-1, hkv, d)[slots] = ks[i]
+        v_cache.view(-1, hkv, d)[slots] = vs[i]
+    q = torch.randn(len(lengths), H, d, generator=g).to(dtype)
+    return q, ks, vs, k_cache, v_cache, k_buf, v_buf, tables, torch.tensor(lengths, dtype=torch.int32)
+
+
+def unchanged(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0), b.nan_to_num(0))
+
+
+def sdpa_decode(q, ks, vs, scale):
+    """torch SDPA on each sequence's contiguous K/V, in fp32 -> [B, H, D] fp32."""
+    out = []
+    for i in range(q.shape[0]):
+        k, v = ks[i].float().transpose(0, 1), vs[i].float().transpose(0, 1)  # [Hkv, L, D]
+        out.append(F.scaled_dot_product_attention(q[i, :, None].float(), k, v, scale=scale, enable_gqa=True)[:, 0])
+    return torch.stack(out)
+
+
+DECODE_CASES = [  # (lengths, H, Hkv, D, block_size)
+    ([1, 37, 130], 6, 2, 40, 16),
+    ([300, 5, 256], 4, 2, 32, 256),
+    ([17, 64], 4, 4, 16, 16),  # plain multi-head attention
+]
+
+
+@pytest.mark.ex3_3
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", range(len(DECODE_CASES)))
+def test_paged_decode_torch_matches_sdpa(impl, dtype, case):
+    lengths, H, hkv, d, bs = DECODE_CASES[case]
+    q, ks, vs, k_cache, v_cache, k_buf, v_buf, tables, lens = paged_case(lengths, H, hkv, d, bs, dtype)
+    before = k_buf.clone(), v_buf.clone()
+    got = impl.paged_decode_torch(q, k_cache, v_cache, tables, lens, d ** -0.5)
+    check_close(got, sdpa_decode(q, ks, vs, d ** -0.5).to(dtype), "3.3",
+                f"decode attention (lengths {lengths}, H={H}, Hkv={hkv}, D={d}, block_size={bs}, {dtype})", **TOL[dtype])
+    check_equal(unchanged(k_buf, before[0]) and unchanged(v_buf, before[1]), True, "3.3",
+                "the KV cache is unchanged after decode attention (it only reads it)")
+
+
+@pytest.mark.ex3_3
+def test_paged_decode_torch_in_the_engine(impl, monkeypatch):
+    import minillm.layers.attention as attn
+    got, want = engine_tokens(monkeypatch, {attn: {"paged_decode_torch": impl.paged_decode_torch}},
+                              attention_backend="torch")
+    check_equal(got, want, "3.3", "greedy tokens of the engine using your paged_decode_torch (vs transformers)")
+
+
+# ---- 3.4 the store kernel ----------------------------------------------------------------------
+@pytest.mark.ex3_4
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("block_size", [16, 256])
+def test_store_kernel_writes_exactly_the_slots(impl, dtype, block_size):
+    g = torch.Generator().manual_seed(5)
+    n, hkv, d, num_blocks = 45, 2, 24, 4
+    qkv = torch.randn(n, 3 * hkv * d, generator=g).to(dtype)  # k and v are strided views, as in the model
+    k = qkv[:, hkv * d:2 * hkv * d].view(n, hkv, d)
+    v = qkv[:, 2 * hkv * d:].view(n, hkv, d)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:n]
+    slots[1::3] = -1  # padding rows: not stored
+    k_buf = torch.full((num_blocks + 2, block_size, hkv, d), SENTINEL, dtype=dtype)
+    v_buf = k_buf.clone()
+    impl.store_kvcache(k, v, k_buf[1:-1], v_buf[1:-1], slots)
+    want_k, want_v = (torch.full_like(k_buf, SENTINEL) for _ in range(2))
+    keep = slots >= 0
+    want_k[1:-1].view(-1, hkv, d)[slots[keep]] = k[keep]
+    want_v[1:-1].view(-1, hkv, d)[slots[keep]] = v[keep]
+    check_close(k_buf, want_k, "3.4", f"k_cache with guard blocks (block_size={block_size}, {dtype})", atol=0, rtol=0)
+    check_close(v_buf, want_v, "3.4", f"v_cache with guard blocks (block_size={block_size}, {dtype})", atol=0, rtol=0)
+
+
+@pytest.mark.ex3_4
+def test_store_kernel_in_the_engine(impl, monkeypatch):
+    import minillm.kernels.backend as backend
+    got, want = engine_tokens(monkeypatch, {backend: {"store_kvcache": impl.store_kvcache}},
+                              attention_backend="triton")
+    check_equal(got, want, "3.4", "greedy tokens of the triton backend using your store kernel (vs transformers)")
+
+
+# ---- 3.5 the paged decode kernel ---------------------------------------------------------------
+@pytest.mark.ex3_5
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", range(len(DECODE_CASES)))
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_paged_decode_kernel_matches_sdpa(impl, dtype, case, num_splits):
+    lengths, H, hkv, d, bs = DECODE_CASES[case]
+    q, ks, vs, k_cache, v_cache, k_buf, v_buf, tables, lens = paged_case(lengths, H, hkv, d, bs, dtype, seed=case)
+    before = k_buf.clone()
+    out_buf = torch.full((len(lengths) + 2, H, d), SENTINEL, dtype=dtype)
+    impl.paged_decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5, num_splits=num_splits,
+                                out=out_buf[1:-1])
+    want = torch.full_like(out_buf, SENTINEL)
+    want[1:-1] = sdpa_decode(q, ks, vs, d ** -0.5).to(dtype)
+    check_close(out_buf, want, "3.5", f"decode output with guard rows (lengths {lengths}, H={H}, Hkv={hkv}, D={d}, "
+                f"block_size={bs}, {dtype}, num_splits={num_splits})", **TOL[dtype])
+    check_equal(unchanged(k_buf, before), True, "3.5", "k_cache is unchanged (decode only reads it)")
+
+
+@pytest.mark.ex3_5
+def test_paged_decode_kernel_empty_sequence_gives_zeros(impl):
+    """A padding row of a CUDA-graph batch: context length 0, table of -1 -> zeros (not NaN)."""
+    q, ks, vs, k_cache, v_cache, _, _, tables, lens = paged_case([20, 1], 4, 2, 16, 16, torch.float32)
+    tables[1] = -1
+    lens[1] = 0
+    for splits in (1, 2):
+        out = impl.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.25, num_splits=splits)
+        check_close(out[1], torch.zeros_like(out[1]), "3.5", f"output of an empty sequence (num_splits={splits})")
+        check_close(out[0], sdpa_decode(q[:1], ks[:1], vs[:1], 0.25)[0], "3.5", "output next to an empty sequence",
+                    **TOL[torch.float32])
+
+
+@pytest.mark.ex3_5
+def test_paged_decode_kernel_in_the_engine(impl, monkeypatch):
+    import minillm.kernels.backend as backend
+    got, want = engine_tokens(monkeypatch, {backend: {"paged_decode_attention": impl.paged_decode_attention}},
+                              attention_backend="triton")
+    check_equal(got, want, "3.5", "greedy tokens of the triton backend using your decode kernel (vs transformers)")
+
+
+# ---- 3.6 one scheduler step --------------------------------------------------------------------
+def _seqs(lengths, block_size=4):
+    """Sequences named A, B, C, ... with distinct tokens."""
+    seqs = []
+    for i, n in enumerate(lengths):
+        s = Sequence(list(range(1000 * i, 1000 * i + n)), SamplingParams(), block_size)
+        s.name = "ABCDEFGH"[i]
+        seqs.append(s)
+    return seqs
+
+
+def _names(x):
+    """Sequences -> their names, through lists, tuples and deques (readable failure messages)."""
+    if isinstance(x, Sequence):
+        return x.name
+    if isinstance(x, SequenceStatus):
+        return x.name
+    if isinstance(x, (list, tuple, deque)):
+        return [_names(y) for y in x]
+    return x
+
+
+def check_step(actual, expected, what: str) -> None:
+    check_equal(_names(actual), _names(expected), "3.6", what)
+
+
+@pytest.mark.ex3_6
+def test_schedule_step_admits_in_order_within_budgets(impl):
+    bm = BlockManager(num_blocks=10, block_size=4, enable_prefix_caching=False)
+    A, B, C, D = _seqs([5, 8, 3, 6])
+    waiting, running = deque([A, B, C, D]), deque()
+    out = impl.schedule_step(waiting, running, bm, 3, 15)
+    check_step(out, ([A, B], True, []), "(scheduled, is_prefill, preempted) of step 1 "
+               "(token budget 15: A=5 + B=8 fit, C=3 would make 16)")
+    check_step((waiting, running), ([C, D], [A, B]), "queues (waiting, running) after step 1")
+    check_step((A.block_table, B.block_table, A.status, B.status),
+               ([0, 1], [2, 3], SequenceStatus.RUNNING, SequenceStatus.RUNNING), "blocks and status of A and B")
+    out = impl.schedule_step(waiting, running, bm, 3, 15)
+    check_step((out, waiting, running), (([C], True, []), [D], [A, B, C]),
+               "(step 2 output, waiting, running): with max_num_seqs=3 only C joins")
+    for s in (A, B, C):  # each produced a token
+        s.append_token(1)
+    out = impl.schedule_step(waiting, running, bm, 3, 15)
+    check_step((out, running), (([A, B, C], False, []), [A, B, C]),
+               "(step 3 output, running): D cannot join (3 running), so every running sequence decodes")
+    check_step((A.block_table, B.block_table, C.block_table), ([0, 1], [2, 3, 5], [4]),
+               "block tables after step 3 (B's 9th token starts a block: may_append gives it block 5)")
+
+
+@pytest.mark.ex3_6
+def test_schedule_step_preempts_the_newest(impl):
+    bm = BlockManager(num_blocks=6, block_size=4, enable_prefix_caching=False)
+    A, B, C = _seqs([4, 4, 4])
+    waiting, running = deque([A, B, C]), deque()
+    impl.schedule_step(waiting, running, bm, 8, 100)
+    for _ in range(4):  # tokens 5..8: the 5th starts a block each (6 blocks used), the rest fit
+        for s in (A, B, C):
+            s.append_token(7)
+        out = impl.schedule_step(waiting, running, bm, 8, 100)
+        check_step(out, ([A, B, C], False, []), f"decode step at {A.num_tokens} tokens")
+    for s in (A, B, C):
+        s.append_token(7)  # the 9th token needs a 3rd block each; none is free
+    out = impl.schedule_step(waiting, running, bm, 8, 100)
+    check_step(out, ([A, B], False, [C]),
+               "(scheduled, is_prefill, preempted) when the cache is full: the newest sequence, C, is preempted")
+    check_step((waiting, running, C.status, C.block_table), ([C], [A, B], SequenceStatus.WAITING, []),
+               "(waiting, running, C.status, C.block_table) after the preemption: C waits at the front, blocks freed")
+    check_step((A.block_table, B.block_table), ([0, 3, 5], [1, 4, 2]),
+               "A's and B's block tables: they take C's freed blocks (C frees its last block first)")
+    for s in (A, B):
+        s.append_token(7)
+    out = impl.schedule_step(waiting, running, bm, 8, 100)
+    check_step(out, ([A, B], False, []), "next step: C (9 tokens = 3 blocks) cannot be readmitted yet")
+
+
+@pytest.mark.ex3_6
+def test_schedule_step_preempts_itself_when_alone(impl):
+    bm = BlockManager(num_blocks=2, block_size=4, enable_prefix_caching=False)
+    (A,) = _seqs([8])
+    waiting, running = deque([A]), deque()
+    impl.schedule_step(waiting, running, bm, 8, 100)
+    A.append_token(3)
+    out = impl.schedule_step(waiting, running, bm, 8, 100)
+    check_step((out, waiting, running), (([], False, [A]), [A], []),
+               "(output, waiting, running): a lone sequence that cannot grow preempts itself")
+
+
+@pytest.mark.ex3_6
+def test_schedule_step_in_the_engine_under_kv_pressure(impl, monkeypatch):
+    import minillm.engine.scheduler as sched
+    ref = greedy_reference()
+    prompts = ref["prompts"]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    roomy = LLM(ref_path("tiny-qwen3"), **small_engine_args())
+    want = [o["token_ids"] for o in roomy.generate(prompts, params, use_tqdm=False)]
+    monkeypatch.setattr(sched, "schedule_step", impl.schedule_step)
+    tight = LLM(ref_path("tiny-qwen3"), **small_engine_args(num_kvcache_blocks=10, max_model_len=128))
+    got = [o["token_ids"] for o in tight.generate(prompts, params, use_tqdm=False)]
+    check_equal(got, want, "3.6", "greedy tokens with a 10-block KV cache (preemption) vs a roomy one")
+    check_equal(tight.engine.scheduler.num_preemptions > 0, True, "3.6", "preemptions happened")
+    check_equal(tight.engine.scheduler.block_manager.num_free_blocks, 10, "3.6", "free blocks at the end")
