@@ -165,8 +165,10 @@ class EngineConfig:
             need(n % tp == 0, f"tensor_parallel_size={tp} does not divide the model's {what}={n}; "
                               f"pick a size that divides it")
         if self.device == "cuda":
-            need(tp <= torch.cuda.device_count(),
-                 f"tensor_parallel_size={tp} but only {torch.cuda.device_count()} CUDA devices are visible")
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", tp))  # torchrun: the ranks on this node
+            need(min(tp, local) <= torch.cuda.device_count(),
+                 f"tensor_parallel_size={tp} needs {min(tp, local)} CUDA devices on this node but only "
+                 f"{torch.cuda.device_count()} are visible")
         if self.attention_backend == "flash_attn":
             try:
                 import flash_attn  # noqa: F401

@@ -86,7 +86,8 @@ class DecodeGraphs:
         staging = self.staging[self.step]
         ids, pos, slots, lens, tables = self.hosts[self.step]
         ids[:bs], pos[:bs], slots[:bs], lens[:bs] = batch.input_ids, batch.positions, batch.slot_mapping, batch.context_lens
-        slots[bs:padded], lens[bs:padded] = -1, 0  # padding rows store nothing and attend to nothing
+        # padding rows: a valid token at position 0 that stores nothing and attends to nothing
+        ids[bs:padded], pos[bs:padded], slots[bs:padded], lens[bs:padded] = 0, 0, -1, 0
         width = batch.block_tables.shape[1]
         tables[:bs, :width] = batch.block_tables
         tables[:bs, width:] = -1

@@ -358,7 +358,7 @@ class TPModelRunner(ShardRunner):
         """Stop everything and raise the error that explains it best."""
         # a collective that failed (RuntimeError, OSError) or a dead pipe points at a worker
         blame_workers = exc is None or isinstance(exc, (RuntimeError, OSError, EOFError, TimeoutError))
-        worker_exc = self._worker_failure(ERROR_GRACE_S if blame_workers else 0.0) if blame_workers else None
+        worker_exc = self._worker_failure(ERROR_GRACE_S) if blame_workers else None
         chosen = worker_exc if worker_exc is not None else exc
         if chosen is None:
             chosen = RuntimeError("the tensor-parallel engine failed for an unknown reason")

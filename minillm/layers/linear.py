@@ -1,21 +1,79 @@
 """Linear layers that shard over tensor-parallel ranks (Megatron-LM), with weight loaders that cut
 each rank's shard out of the full checkpoint tensor.
 
-    ReplicatedLinear          y = x W^T            every rank holds all of W
-    ColumnParallelLinear      y_r = x W_r^T        W split on the output dim; rank r computes a slice of y
+    ReplicatedLinear            y = x W^T            every rank holds all of W
+    ColumnParallelLinear        y_r = x W_r^T        W split on dim 0 (outputs); rank r computes a slice of y
     MergedColumnParallelLinear  [gate | up] packed into one column-parallel matmul
-    QKVParallelLinear         [q | k | v] packed; heads split over ranks
-    RowParallelLinear         y = sum_r x_r W_r^T  W split on the input dim; one all-reduce sums the ranks
+    QKVParallelLinear           [q | k | v] packed; heads split over ranks
+    RowParallelLinear           y = sum_r x_r W_r^T  W split on dim 1 (inputs); one all-reduce sums the ranks
 
-With one rank every class is a plain nn.Linear and every all-reduce a no-op.
+A weight W is [out_features, in_features] (nn.Linear's layout). With one rank every class is a plain
+nn.Linear, nothing is sharded and no collective runs.
 """
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from minillm.distributed import all_reduce, tp_rank, tp_size
+from minillm.distributed import tp_group, tp_rank, tp_size
+
+
+# >>> exercise 4.1 | notebooks/04_tensor_parallel.ipynb | 3. Sharding the checkpoint
+def shard_weight(weight: torch.Tensor, dim: int, rank: int, world_size: int) -> torch.Tensor:
+    """Rank `rank`'s equal slice of a full checkpoint tensor along `dim`.
+
+    Column-parallel layers (and the vocabulary-parallel embedding and LM head) split dim 0, the
+    output features; row-parallel layers split dim 1, the input features.
+    weight: any shape, weight.shape[dim] divisible by world_size -> the same shape with
+    shape[dim] / world_size: the rank-th of world_size contiguous chunks, in order (a view is fine).
+    Raise ValueError (naming the size and world_size) when shape[dim] does not divide.
+
+    Hints: Tensor.narrow(dim, start, length) returns a view without copying.
+    """
+    size = weight.shape[dim]
+    if size % world_size:
+        raise ValueError(f"cannot split dim {dim} of size {size} into {world_size} equal shards")
+    part = size // world_size
+    return weight.narrow(dim, rank * part, part)
+
+
+def shard_packed(weight: torch.Tensor, output_sizes: list[int], rank: int, world_size: int) -> torch.Tensor:
+    """Rank `rank`'s shard of several column-parallel matrices stored back to back on dim 0:
+    [q | k | v] of QKVParallelLinear, [gate | up] of MergedColumnParallelLinear.
+
+    weight: [sum(output_sizes), ...] -> [sum(output_sizes) / world_size, ...]: this rank's slice of
+    each part, concatenated in the parts' order. (The rank-th slice of the packed tensor would be
+    wrong: with world_size 2 it hands rank 0 all of q and no k or v.)
+
+    Hints: Tensor.split(output_sizes), then shard_weight on each part, then torch.cat.
+    """
+    if weight.shape[0] != sum(output_sizes):
+        raise ValueError(f"a packed tensor of {weight.shape[0]} rows cannot hold parts of {output_sizes} rows")
+    return torch.cat([shard_weight(part, 0, rank, world_size) for part in weight.split(output_sizes)])
+# <<< exercise 4.1
+
+
+# >>> exercise 4.2 | notebooks/04_tensor_parallel.ipynb | 4. The MLP: column then row, one all-reduce
+def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group) -> torch.Tensor:
+    """The row-parallel half of a Megatron block (o_proj, down_proj): this rank's partial product,
+    summed over the ranks.
+
+    x: [N, in/p], this rank's slice of the input features: exactly what the column-parallel layer
+    before it left on this rank, so nothing had to be communicated to get it.
+    weight: [out, in/p], this rank's columns of the full [out, in] weight.
+    bias: [out] (the full bias) or None. group: the tensor-parallel process group (p ranks).
+    -> [N, out] in x.dtype: x_full @ weight_full.T (+ bias), the same on every rank.
+    Exactly one collective, torch.distributed.all_reduce(..., group=group). The bias belongs to the
+    sum, not to each rank's part.
+
+    Hints: F.linear(x, w) computes x @ w.T; all_reduce sums a tensor in place across the group.
+    """
+    y = F.linear(x, weight)
+    dist.all_reduce(y, group=group)
+    return y if bias is None else y + bias
+# <<< exercise 4.2
 
 
 def _copy_checked(param: torch.Tensor, loaded: torch.Tensor, what: str) -> None:
@@ -28,7 +86,8 @@ def _copy_checked(param: torch.Tensor, loaded: torch.Tensor, what: str) -> None:
 class LinearBase(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None):
         super().__init__()
-        self.tp_dim, self.tp_rank, self.tp_size = tp_dim, tp_rank(), tp_size()
+        # the rank and group this layer belongs to, fixed when it is built (see minillm.distributed)
+        self.tp_dim, self.tp_rank, self.tp_size, self.tp_group = tp_dim, tp_rank(), tp_size(), tp_group()
         self.weight = nn.Parameter(torch.empty(output_size, input_size))
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -39,8 +98,7 @@ class LinearBase(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None, name: str = "") -> None:
         if self.tp_dim is not None and self.tp_size > 1:
-            shard = param.shape[self.tp_dim]
-            loaded = loaded.narrow(self.tp_dim, self.tp_rank * shard, shard)
+            loaded = shard_weight(loaded, self.tp_dim, self.tp_rank, self.tp_size)
         _copy_checked(param, loaded, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -53,44 +111,50 @@ class ReplicatedLinear(LinearBase):
 
 
 class ColumnParallelLinear(LinearBase):
+    """Rank r holds output features [r * out/p, (r+1) * out/p): its y slice needs no communication."""
+
     def __init__(self, input_size: int, output_size: int, bias: bool = False):
         super().__init__(input_size, output_size // tp_size(), bias, tp_dim=0)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
-    """Several column-parallel outputs stored back to back; checkpoint shard i fills part i."""
+    """Several column-parallel outputs stored back to back; each is sharded on its own, so rank r
+    holds [part0_r | part1_r | ...]. Checkpoint tensor i (shard_id i) fills part i."""
+
+    shard_ids: dict = {}  # checkpoint shard id -> part index (default: the id is the index)
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False):
-        self.output_sizes = output_sizes
+        self.output_sizes = list(output_sizes)
         super().__init__(input_size, sum(output_sizes), bias)
 
     def weight_loader(self, param, loaded, shard_id=None, name: str = ""):
         if shard_id is None:  # a checkpoint that already stores the packed tensor
-            return super().weight_loader(param, loaded, name=name)
-        size = self.output_sizes[shard_id] // self.tp_size
-        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
-        loaded = loaded.narrow(0, self.tp_rank * size, size) if self.tp_size > 1 else loaded
+            if self.tp_size > 1:
+                loaded = shard_packed(loaded, self.output_sizes, self.tp_rank, self.tp_size)
+            return _copy_checked(param, loaded, name)
+        i = self.shard_ids.get(shard_id, shard_id)
+        size = self.output_sizes[i] // self.tp_size
+        offset = sum(self.output_sizes[:i]) // self.tp_size
+        if self.tp_size > 1:
+            loaded = shard_weight(loaded, 0, self.tp_rank, self.tp_size)
         _copy_checked(param.data.narrow(0, offset, size), loaded, name)
 
 
-class QKVParallelLinear(ColumnParallelLinear):
-    """[q | k | v] projections in one matmul; each rank holds its heads of each."""
+class QKVParallelLinear(MergedColumnParallelLinear):
+    """[q | k | v] projections in one matmul; rank r holds its num_heads/p query heads and
+    num_kv_heads/p key/value heads of each."""
+
+    shard_ids = {"q": 0, "k": 1, "v": 2}
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False):
         self.head_dim, self.num_heads, self.num_kv_heads = head_dim, num_heads, num_kv_heads
-        super().__init__(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias)
-
-    def weight_loader(self, param, loaded, shard_id=None, name: str = ""):
-        if shard_id is None:
-            return super().weight_loader(param, loaded, name=name)
-        q = self.num_heads * self.head_dim // self.tp_size
-        kv = self.num_kv_heads * self.head_dim // self.tp_size
-        size, offset = {"q": (q, 0), "k": (kv, q), "v": (kv, q + kv)}[shard_id]
-        loaded = loaded.narrow(0, self.tp_rank * size, size) if self.tp_size > 1 else loaded
-        _copy_checked(param.data.narrow(0, offset, size), loaded, name)
+        super().__init__(hidden_size, [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], bias)
 
 
 class RowParallelLinear(LinearBase):
+    """Rank r holds input features [r * in/p, (r+1) * in/p) and gets the matching slice of x (the
+    output of a column-parallel layer); the partial products are summed by one all-reduce."""
+
     def __init__(self, input_size: int, output_size: int, bias: bool = False):
         super().__init__(input_size // tp_size(), output_size, bias, tp_dim=1)
 
@@ -100,6 +164,6 @@ class RowParallelLinear(LinearBase):
         super().weight_loader(param, loaded, name=name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
-        y = all_reduce(y)
-        return y if self.bias is None else y + self.bias
+        if self.tp_size == 1:
+            return F.linear(x, self.weight, self.bias)
+        return row_parallel_linear(x, self.weight, self.bias, self.tp_group)

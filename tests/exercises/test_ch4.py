@@ -1,0 +1,235 @@
+"""Chapter 4 (tensor parallel), graded with two gloo processes on CPU against single-process
+references nobody here wrote: transformers' Qwen3 MLP and attention projections, torch's
+nn.Embedding / nn.Linear, torch.chunk.
+
+Each test first runs the function with one rank (a 1-process gloo group in this process: quick, and
+a stub fails here), then spawns two ranks (minillm.distributed.run_on_ranks) that run the function
+under test on their shards; the results come back and are compared here.
+
+    pytest tests/exercises -m ex4_1 --impl=exercises
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from minillm.course.exercises import load_impl
+from minillm.course.grading import check_close, check_equal
+from minillm.distributed import run_on_ranks, tensor_parallel
+
+TP = 2
+HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 64, 96, 4, 2, 16, 512
+ATOL, RTOL = 1e-5, 1e-4  # fp32; the all-reduce sums partial products in another order
+
+
+@pytest.fixture(scope="module")
+def hf():
+    """Transformers' own Qwen3 MLP and attention projections from a tiny config, random weights."""
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3MLP
+    cfg = Qwen3Config(hidden_size=HIDDEN, intermediate_size=INTER, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, vocab_size=VOCAB)
+    torch.manual_seed(0)
+    mlp, attn = Qwen3MLP(cfg).eval(), Qwen3Attention(cfg, layer_idx=0).eval()
+    with torch.no_grad():
+        for p in list(mlp.parameters()) + list(attn.parameters()):
+            p.normal_(0, 0.1)
+    return mlp, attn
+
+
+def chunk(t: torch.Tensor, dim: int, rank: int) -> torch.Tensor:
+    return t.chunk(TP, dim=dim)[rank].contiguous()
+
+
+@contextlib.contextmanager
+def one_rank_group():
+    """A 1-process gloo group in the test process (removed afterwards)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- what the ranks run (spawn imports this module by name) ----------------------------------------
+def _impl_fn(impl_name: str, name: str):
+    return getattr(load_impl(impl_name), name)
+
+
+def _rank_sharded_layers(impl_name: str, weights: dict, x: torch.Tensor, z: torch.Tensor) -> dict:
+    """Exercise 4.1 inside the engine: the parallel layers' weight loaders call shard_weight and
+    shard_packed; swap in the implementation under test, load full checkpoint tensors, run."""
+    from minillm.layers.activation import silu_and_mul
+    from minillm.layers.embed_head import VocabParallelEmbedding
+    from minillm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+    for mod in ("minillm.layers.linear", "minillm.layers.embed_head"):
+        m = importlib.import_module(mod)
+        for name in ("shard_weight", "shard_packed"):
+            if hasattr(m, name):
+                setattr(m, name, _impl_fn(impl_name, name))
+    rank = dist.get_rank()
+    with tensor_parallel():
+        qkv = QKVParallelLinear(HIDDEN, HEAD_DIM, HEADS, KV_HEADS)
+        qkv_packed = QKVParallelLinear(HIDDEN, HEAD_DIM, HEADS, KV_HEADS)
+        o = RowParallelLinear(HEADS * HEAD_DIM, HIDDEN)
+        gate_up = MergedColumnParallelLinear(HIDDEN, [INTER, INTER])
+        gate_up_packed = MergedColumnParallelLinear(HIDDEN, [INTER, INTER])
+        down = RowParallelLinear(INTER, HIDDEN)
+        embed = VocabParallelEmbedding(VOCAB, HIDDEN)
+    w = weights
+    with torch.no_grad():
+        for sid in ("q", "k", "v"):
+            qkv.weight.weight_loader(qkv.weight, w[f"{sid}_proj"], sid)
+        qkv_packed.weight.weight_loader(qkv_packed.weight, torch.cat([w["q_proj"], w["k_proj"], w["v_proj"]]))
+        o.weight.weight_loader(o.weight, w["o_proj"])
+        gate_up.weight.weight_loader(gate_up.weight, w["gate_proj"], 0)
+        gate_up.weight.weight_loader(gate_up.weight, w["up_proj"], 1)
+        gate_up_packed.weight.weight_loader(gate_up_packed.weight, torch.cat([w["gate_proj"], w["up_proj"]]))
+        down.weight.weight_loader(down.weight, w["down_proj"])
+        embed.weight.weight_loader(embed.weight, w["embed"])
+        return {
+            "qkv": qkv(x), "qkv_packed_weight": qkv_packed.weight.clone(), "qkv_weight": qkv.weight.clone(),
+            "gate_up": gate_up(x), "gate_up_packed_weight": gate_up_packed.weight.clone(),
+            "gate_up_weight": gate_up.weight.clone(),
+            "o": o(z.chunk(TP, dim=-1)[rank]),  # the row layer sees this rank's slice of its input
+            "mlp": down(silu_and_mul(gate_up(x))),
+            "embed_weight": embed.weight.clone(),
+        }
+
+
+def _rank_call(impl_name: str, name: str, rank_calls: list[list[tuple]], count_collectives: bool = False):
+    """Rank r calls fn(*args, group) for each args in rank_calls[r]; -> the outputs (each with the
+    collectives that call made, if asked)."""
+    fn = _impl_fn(impl_name, name)
+    calls = []
+    if count_collectives:
+        for op in ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+                   "broadcast", "gather", "reduce", "send", "recv"):
+            real = getattr(dist, op)
+            setattr(dist, op, lambda *a, _real=real, _op=op, **k: (calls.append(_op), _real(*a, **k))[1])
+    outs = []
+    for args in rank_calls[dist.get_rank()]:
+        calls.clear()
+        with torch.no_grad():
+            out = fn(*args, dist.group.WORLD)
+        outs.append((out, list(calls)) if count_collectives else out)
+    return outs
+
+
+# ---- 4.1 ---------------------------------------------------------------------------------------------
+@pytest.mark.ex4_1
+def test_shard_weight_and_packed_match_torch_chunk(impl):
+    torch.manual_seed(0)
+    for shape, dim, n in (((12, 8), 0, 2), ((12, 8), 1, 4), ((6,), 0, 3), ((4, 6, 10), 2, 5)):
+        w = torch.randn(shape)
+        for r in range(n):
+            check_equal(impl.shard_weight(w, dim, r, n), w.chunk(n, dim=dim)[r], "4.1",
+                        f"shard_weight(shape {shape}, dim={dim}, rank={r}, world_size={n})")
+    with pytest.raises(ValueError):
+        impl.shard_weight(torch.randn(10, 4), 0, 0, 3)
+    q, k, v = torch.randn(8, 4), torch.randn(4, 4), torch.randn(4, 4)
+    for r in range(2):
+        want = torch.cat([q.chunk(2)[r], k.chunk(2)[r], v.chunk(2)[r]])
+        check_equal(impl.shard_packed(torch.cat([q, k, v]), [8, 4, 4], r, 2), want, "4.1",
+                    f"shard_packed([q | k | v], rank={r}): rank r's heads of q, then of k, then of v")
+
+
+@pytest.mark.ex4_1
+def test_sharded_layers_on_two_ranks_equal_transformers(impl, impl_name, hf):
+    mlp, attn = hf
+    torch.manual_seed(1)
+    x, z = torch.randn(5, HIDDEN), torch.randn(5, HEADS * HEAD_DIM)
+    embed = torch.nn.Embedding(VOCAB, HIDDEN)
+    weights = {n: getattr(attn, n).weight.detach() for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    weights.update({n: getattr(mlp, n).weight.detach() for n in ("gate_proj", "up_proj", "down_proj")})
+    weights["embed"] = embed.weight.detach()
+    impl.shard_weight(weights["o_proj"], 1, 0, TP)  # a stub fails here, before any process starts
+    outs = run_on_ranks(_rank_sharded_layers, TP, impl_name, weights, x, z)
+    with torch.no_grad():
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+        o_full, mlp_full = attn.o_proj(z), mlp(x)
+    for r, out in enumerate(outs):
+        check_close(out["qkv"], torch.cat([chunk(q, 1, r), chunk(k, 1, r), chunk(v, 1, r)], dim=1), "4.1",
+                    f"QKVParallelLinear on rank {r}: [its q heads | its k heads | its v heads]", ATOL, RTOL)
+        check_close(out["gate_up"], torch.cat([chunk(gate, 1, r), chunk(up, 1, r)], dim=1), "4.1",
+                    f"MergedColumnParallelLinear on rank {r}: [its gate slice | its up slice]", ATOL, RTOL)
+        check_close(out["o"], o_full, "4.1", f"RowParallelLinear (o_proj) after the all-reduce, rank {r}", ATOL, RTOL)
+        check_close(out["mlp"], mlp_full, "4.1", f"the sharded MLP against transformers' Qwen3MLP, rank {r}",
+                    ATOL, RTOL)
+        check_equal(out["qkv_packed_weight"], out["qkv_weight"], "4.1",
+                    f"a packed [q|k|v] checkpoint tensor loaded through shard_packed, rank {r}")
+        check_equal(out["gate_up_packed_weight"], out["gate_up_weight"], "4.1",
+                    f"a packed [gate|up] checkpoint tensor loaded through shard_packed, rank {r}")
+        check_equal(out["embed_weight"], chunk(embed.weight.detach(), 0, r), "4.1",
+                    f"the embedding's vocabulary rows on rank {r}")
+
+
+# ---- 4.2 ---------------------------------------------------------------------------------------------
+@pytest.mark.ex4_2
+def test_column_then_row_mlp_equals_transformers_with_one_all_reduce(impl, impl_name, hf):
+    """The MLP as Megatron runs it: each rank's column half (gate, up: no communication), then the
+    student's row_parallel_linear for down_proj; and a row layer with a bias (added once)."""
+    mlp, _ = hf
+    torch.manual_seed(2)
+    x, z = torch.randn(7, HIDDEN), torch.randn(4, INTER)
+    gate, up, down = (getattr(mlp, n).weight.detach() for n in ("gate_proj", "up_proj", "down_proj"))
+    biased = torch.nn.Linear(INTER, HIDDEN)  # a row-parallel layer with a bias (o_proj of some models)
+    w_b, b_b = biased.weight.detach(), biased.bias.detach()
+    with torch.no_grad():
+        want_mlp, want_biased = mlp(x), biased(z)
+        h = F.silu(x @ gate.T) * (x @ up.T)  # the column half on one rank: all intermediate features
+        # rank r's column half: its slice of the intermediate features, computed without any communication
+        h_r = [F.silu(x @ chunk(gate, 0, r).T) * (x @ chunk(up, 0, r).T) for r in range(TP)]
+    with one_rank_group() as group, torch.no_grad():  # p = 1: the whole layer on one rank
+        check_close(impl.row_parallel_linear(h, down, None, group), want_mlp, "4.2",
+                    "row_parallel_linear with one rank (down_proj of the whole MLP)", ATOL, RTOL)
+    rank_calls = [[(h_r[r], chunk(down, 1, r), None), (chunk(z, 1, r), chunk(w_b, 1, r), b_b)] for r in range(TP)]
+    outs = run_on_ranks(_rank_call, TP, impl_name, "row_parallel_linear", rank_calls, True)
+    for r, ((y, calls), (y_b, calls_b)) in enumerate(outs):
+        check_close(y, want_mlp, "4.2", f"the MLP's output on rank {r} of 2 (column half, then your "
+                    f"row_parallel_linear) against transformers' Qwen3MLP", ATOL, RTOL)
+        check_equal(calls, ["all_reduce"], "4.2", f"the collectives rank {r} called (Megatron needs exactly one)")
+        check_close(y_b, want_biased, "4.2", f"a row-parallel layer with a bias on rank {r} of 2 against "
+                    f"nn.Linear (add the bias once, after the sum)", ATOL, RTOL)
+        check_equal(calls_b, ["all_reduce"], "4.2", f"the collectives rank {r} called with a bias")
+
+
+# ---- 4.3 ---------------------------------------------------------------------------------------------
+@pytest.mark.ex4_3
+def test_vocab_parallel_embed_equals_nn_embedding(impl, impl_name):
+    torch.manual_seed(3)
+    embed = torch.nn.Embedding(VOCAB, HIDDEN)
+    half = VOCAB // TP
+    ids = torch.tensor([0, 1, half - 1, half, half + 1, VOCAB - 1, 7, 300, 255, 256, 7])  # both sides of the cut
+    with torch.no_grad():
+        want = embed(ids)
+    weight = embed.weight.detach()
+    with one_rank_group() as group, torch.no_grad():
+        check_close(impl.vocab_parallel_embed(ids, weight, 0, group), want, "4.3", "vocab_parallel_embed with one rank")
+    rank_calls = [[(ids, chunk(weight, 0, r), r * half)] for r in range(TP)]
+    for r, (y,) in enumerate(run_on_ranks(_rank_call, TP, impl_name, "vocab_parallel_embed", rank_calls)):
+        check_close(y, want, "4.3", f"vocab_parallel_embed on rank {r} (2 ranks) against nn.Embedding")
+
+
+# ---- 4.4 ---------------------------------------------------------------------------------------------
+@pytest.mark.ex4_4
+def test_parallel_lm_head_gathers_full_logits_on_rank_0(impl, impl_name):
+    torch.manual_seed(4)
+    head = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
+    hidden = torch.randn(3, HIDDEN)
+    with torch.no_grad():
+        want = head(hidden)
+    weight = head.weight.detach()
+    with one_rank_group() as group, torch.no_grad():
+        check_close(impl.parallel_lm_head(hidden, weight, group), want, "4.4", "parallel_lm_head with one rank",
+                    ATOL, RTOL)
+    rank_calls = [[(hidden, chunk(weight, 0, r))] for r in range(TP)]
+    (logits0,), (logits1,) = run_on_ranks(_rank_call, TP, impl_name, "parallel_lm_head", rank_calls)
+    check_close(logits0, want, "4.4", "parallel_lm_head's logits on rank 0 (2 ranks) against nn.Linear", ATOL, RTOL)
+    check_equal(logits1, None, "4.4", "parallel_lm_head's result on rank 1 (only rank 0 samples)")
