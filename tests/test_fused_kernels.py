@@ -53,3 +53,57 @@ def test_silu_and_mul_matches_torch(device, dtype, N, I):
     want = (F.silu(gate) * up).to(dtype)
     tol = TOL[dtype]
     torch.testing.assert_close(silu_and_mul_triton(x).float(), want.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_sampler_follows_softmax_and_is_greedy_at_temperature_0(device):
+    from minillm.kernels.sampling import sample_triton
+    g = torch.Generator().manual_seed(0)
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    n, T = (600 if device == "cpu" else 40000), 0.7  # one draw per row: the interpreter is slow
+    rows = logits.expand(n, -1).contiguous().to(device)
+    seeds = torch.randint(0, 2**31 - 1, (n,), generator=g).to(device)
+    draws = sample_triton(rows, torch.full((n,), T, device=device), seeds, block=8)
+    freq = torch.bincount(draws.cpu(), minlength=5).double() / n
+    want = (logits / T).softmax(-1).double()
+    tol = 0.06 if device == "cpu" else 0.01  # ~3 standard errors of a frequency near 0.5
+    assert torch.allclose(freq, want, atol=tol), (freq, want)
+    x = torch.randn(6, 3000, generator=g).to(device)
+    greedy = sample_triton(x, torch.zeros(6, device=device), seeds[:6], block=512)
+    assert greedy.tolist() == x.argmax(-1).tolist()
+    again = [sample_triton(x, torch.ones(6, device=device), seeds[:6], block=512).tolist() for _ in range(2)]
+    assert again[0] == again[1]  # same keys, same draws
+
+
+@pytest.mark.parametrize("device, dtype", list(_cases()))
+def test_qk_norm_rope_stores_k_and_v_in_their_slots(device, dtype):
+    """With caches given, the kernel writes rotated k and raw v to slot_mapping's slots (-1: skip)
+    and nothing else: the rest of the cache keeps its sentinel."""
+    from minillm.kernels.store_kvcache import store_kvcache_ref
+    g = torch.Generator().manual_seed(3)
+    N, H, Hkv, D, page = 5, 4, 2, 32, 16
+    qkv = torch.randn(N, (H + 2 * Hkv) * D, generator=g).to(device, dtype)
+    pos = torch.tensor([3, 0, 9, 15, 1], device=device)
+    cs = rope_cos_sin(D, 64, 1e4).to(device)
+    qw, kw = torch.randn(D, generator=g).to(device, dtype), torch.randn(D, generator=g).to(device, dtype)
+    slots = torch.tensor([17, -1, 3, 40, 0], device=device)
+    kc = torch.full((4, page, Hkv, D), 7.0, device=device, dtype=dtype)
+    vc = torch.full_like(kc, 7.0)
+    q, k, v = qk_norm_rope(qkv, pos, cs, H, Hkv, D, qw, kw, 1e-6, kc, vc, slots)
+    want_k, want_v = torch.full_like(kc, 7.0), torch.full_like(vc, 7.0)
+    store_kvcache_ref(k, v, want_k, want_v, slots)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    q2, k2, _ = qk_norm_rope(qkv, pos, cs, H, Hkv, D, qw, kw, 1e-6)
+    assert torch.equal(q, q2) and torch.equal(k, k2)
+
+
+@pytest.mark.parametrize("device, dtype", list(_cases()))
+@pytest.mark.parametrize("N, K, bias", [(64, 128, False), (100, 600, True), (1024, 3072, False)])
+def test_gemv_matches_linear(device, dtype, N, K, bias):
+    from minillm.kernels.gemv import gemv
+    g = torch.Generator().manual_seed(N + K)
+    x = torch.randn(1, K, generator=g).to(device, dtype)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(device, dtype)
+    b = torch.randn(N, generator=g).to(device, dtype) if bias else None
+    want = F.linear(x.float(), w.float(), None if b is None else b.float()).to(dtype)
+    torch.testing.assert_close(gemv(x, w, b).float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])

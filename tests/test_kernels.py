@@ -113,7 +113,7 @@ def test_decode_split_rule_uses_shapes_only(monkeypatch):
     monkeypatch.setattr(pa, "num_sms", lambda device: 132)  # an H200
     cuda = torch.device("cuda")
     big = paged_decode_config(256, 8, 2, 128, 4096, 256, cuda)
-    assert big["num_splits"] == 1 and big["BLOCK_N"] == 64 and big["BLOCK_H"] == 16 and big["BLOCK_D"] == 128
+    assert big["num_splits"] == 1 and big["BLOCK_N"] == pa.DECODE_CONFIGS[128][0] and big["BLOCK_H"] == 16 and big["BLOCK_D"] == 128
     small = paged_decode_config(1, 8, 2, 128, 4096, 256, cuda)
     assert 1 < small["num_splits"] <= pa.MAX_SPLITS
     assert paged_decode_config(1, 8, 2, 128, 256, 256, cuda)["num_splits"] == 1  # one split per MIN_SPLIT_KEYS

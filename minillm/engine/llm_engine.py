@@ -20,7 +20,7 @@ class LLMEngine:
         if self.tokenizer and self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
             eos.append(self.tokenizer.eos_token_id)
         self.model_runner = self._make_runner(model_path)
-        self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks, eos)
+        self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks)
         self.detokenizers: dict[int, IncrementalDetokenizer] = {}  # requests with stop strings
         self.eos_token_ids = set(eos)
         # async scheduling needs a runner that can launch without waiting (one process)

@@ -45,6 +45,7 @@ class ModelRunner:
         self.dtype = config.torch_dtype
         self.block_size = config.kvcache_block_size
         torch.manual_seed(config.seed)
+        self.seed_rng = np.random.default_rng(config.seed)  # Philox keys of the fused sampler
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
@@ -152,7 +153,15 @@ class ModelRunner:
             args["top_k"] = self._to_device(np.asarray([p.top_k if p.top_k > 0 else vocab for p in ps]))
         if any(p.top_p < 1.0 for p in ps):
             args["top_p"] = self._to_device(np.asarray([p.top_p for p in ps], dtype=np.float32))
-        if any(p.seed is not None for p in ps):
+        if self.device.type == "cuda" and "top_k" not in args and "top_p" not in args:
+            # the fused sampler: one Philox key per row and step, from the request's seed when it has
+            # one (reproducible whatever else is in the batch), else from the engine's own stream
+            keys = self.seed_rng.integers(0, 2**31 - 1, size=len(seqs))
+            for i, (p, seq) in enumerate(zip(ps, seqs)):
+                if p.seed is not None:
+                    keys[i] = (p.seed * 1_000_003 + seq.num_tokens) % (2**31 - 1)
+            args["seeds"] = self._to_device(keys.astype(np.int64))
+        elif any(p.seed is not None for p in ps):
             args["generators"] = [self.generator_for(s) for s in seqs]
         return args
 

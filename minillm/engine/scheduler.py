@@ -72,11 +72,9 @@ def schedule_step(waiting: deque[Sequence], running: deque[Sequence], block_mana
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, num_blocks: int, eos_token_ids: list[int]):
+    def __init__(self, config: EngineConfig, num_blocks: int):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
-        self.max_model_len = config.max_model_len
-        self.eos_token_ids = set(eos_token_ids)
         self.block_manager = BlockManager(num_blocks, config.kvcache_block_size, config.enable_prefix_caching)
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
@@ -94,27 +92,6 @@ class Scheduler:
                                                          self.max_num_seqs, self.max_num_batched_tokens)
         self.num_preemptions += len(preempted)
         return scheduled, is_prefill
-
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
-        """Append each sampled token; finish the sequences that hit a stop condition. -> the finished ones."""
-        finished = []
-        for seq, token_id in zip(seqs, token_ids):
-            seq.append_token(token_id)
-            reason = self.stop_reason(seq, token_id)
-            if reason:
-                self.finish(seq, reason)
-                finished.append(seq)
-        return finished
-
-    def stop_reason(self, seq: Sequence, token_id: int) -> str | None:
-        p = seq.params
-        if not p.ignore_eos and token_id in self.eos_token_ids:
-            return "stop"
-        if token_id in p.stop_token_ids:
-            return "stop"
-        if seq.num_completion_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a sequence (a stop condition, a stop string, or an abort) and free its blocks."""

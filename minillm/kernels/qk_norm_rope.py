@@ -1,9 +1,11 @@
-"""Fused QK-norm + rotary embedding: one kernel from the qkv projection to rotated q and k.
+"""Fused QK-norm + rotary embedding + KV-cache store: one kernel from the qkv projection to
+rotated q and k, with this step's k and v already in their cache slots.
 
-In eager PyTorch, splitting q/k out of the packed qkv output, the per-head RMSNorm (Qwen3) and
-RoPE take ~25 small kernels per layer; at decode sizes each is launch-bound. Here one program
-handles one (token, head) row of q or k: load it once, normalize it (optional), rotate it at its
-position, store it. v is left in place (a view of qkv).
+In eager PyTorch, splitting q/k out of the packed qkv output, the per-head RMSNorm (Qwen3), RoPE
+and the cache store take ~25 small kernels per layer; at decode sizes each is launch-bound. Here
+one program handles one (token, head) row of q, k or v: load it once, normalize it (optional),
+rotate it at its position (q, k), store it (q, k), and write k and v to slot_mapping[token] of
+the paged cache (slot -1: skip). v is otherwise left in place (a view of qkv).
 """
 from __future__ import annotations
 
@@ -14,55 +16,74 @@ import triton.language as tl
 
 @triton.jit
 def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, q_w_ptr, k_w_ptr, cos_sin_ptr, pos_ptr,
+                         k_cache_ptr, v_cache_ptr, slot_ptr, cache_block_stride,
                          qkv_stride, num_q_heads, num_kv_heads, eps,
-                         HEAD_DIM: tl.constexpr, NORM: tl.constexpr):
+                         HEAD_DIM: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr, PAGE: tl.constexpr):
     token = tl.program_id(0)
-    head = tl.program_id(1)  # 0 .. num_q_heads + num_kv_heads - 1: q heads first, then k heads
+    head = tl.program_id(1)  # q heads, then k heads, then (only when STORE) v heads
     half = tl.arange(0, HEAD_DIM // 2)
     row = qkv_ptr + token * qkv_stride + head * HEAD_DIM
     x1 = tl.load(row + half).to(tl.float32)
     x2 = tl.load(row + HEAD_DIM // 2 + half).to(tl.float32)
     is_q = head < num_q_heads
+    is_k = (head >= num_q_heads) & (head < num_q_heads + num_kv_heads)
+    is_v = head >= num_q_heads + num_kv_heads
     if NORM:
         ms = (tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / HEAD_DIM
         r = 1.0 / tl.sqrt(ms + eps)
         # transformers rounds the normalized row to the model dtype before the weight multiply
-        x1 = (x1 * r).to(qkv_ptr.dtype.element_ty).to(tl.float32)
-        x2 = (x2 * r).to(qkv_ptr.dtype.element_ty).to(tl.float32)
-        if is_q:
-            w1 = tl.load(q_w_ptr + half).to(tl.float32)
-            w2 = tl.load(q_w_ptr + HEAD_DIM // 2 + half).to(tl.float32)
-        else:
-            w1 = tl.load(k_w_ptr + half).to(tl.float32)
-            w2 = tl.load(k_w_ptr + HEAD_DIM // 2 + half).to(tl.float32)
-        x1 = (x1 * w1).to(qkv_ptr.dtype.element_ty).to(tl.float32)
-        x2 = (x2 * w2).to(qkv_ptr.dtype.element_ty).to(tl.float32)
+        n1 = (x1 * r).to(qkv_ptr.dtype.element_ty).to(tl.float32)
+        n2 = (x2 * r).to(qkv_ptr.dtype.element_ty).to(tl.float32)
+        w1 = tl.where(is_q, tl.load(q_w_ptr + half), tl.load(k_w_ptr + half)).to(tl.float32)
+        w2 = tl.where(is_q, tl.load(q_w_ptr + HEAD_DIM // 2 + half), tl.load(k_w_ptr + HEAD_DIM // 2 + half)).to(tl.float32)
+        n1 = (n1 * w1).to(qkv_ptr.dtype.element_ty).to(tl.float32)
+        n2 = (n2 * w2).to(qkv_ptr.dtype.element_ty).to(tl.float32)
+    else:
+        n1, n2 = x1, x2
     pos = tl.load(pos_ptr + token)
     cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + half)
     sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + HEAD_DIM // 2 + half)
-    o1 = x1 * cos - x2 * sin
-    o2 = x2 * cos + x1 * sin
-    if is_q:
-        out = q_ptr + (token * num_q_heads + head) * HEAD_DIM
-    else:
-        out = k_ptr + (token * num_kv_heads + head - num_q_heads) * HEAD_DIM
-    tl.store(out + half, o1.to(q_ptr.dtype.element_ty))
-    tl.store(out + HEAD_DIM // 2 + half, o2.to(q_ptr.dtype.element_ty))
+    o1 = n1 * cos - n2 * sin
+    o2 = n2 * cos + n1 * sin
+    every = half < HEAD_DIM // 2  # an all-true vector to shape the store masks
+    q_out = q_ptr + (token * num_q_heads + head) * HEAD_DIM
+    tl.store(q_out + half, o1.to(q_ptr.dtype.element_ty), mask=every & is_q)
+    tl.store(q_out + HEAD_DIM // 2 + half, o2.to(q_ptr.dtype.element_ty), mask=every & is_q)
+    k_out = k_ptr + (token * num_kv_heads + head - num_q_heads) * HEAD_DIM
+    tl.store(k_out + half, o1.to(k_ptr.dtype.element_ty), mask=every & is_k)
+    tl.store(k_out + HEAD_DIM // 2 + half, o2.to(k_ptr.dtype.element_ty), mask=every & is_k)
+    if STORE:  # k (rotated) and v (as is) into their cache slot; slot -1: skip
+        slot = tl.load(slot_ptr + token).to(tl.int64)
+        kv_head = (head - num_q_heads) % num_kv_heads
+        dst = (tl.maximum(slot, 0) // PAGE) * cache_block_stride + (tl.maximum(slot, 0) % PAGE) * (
+            num_kv_heads * HEAD_DIM) + kv_head * HEAD_DIM
+        keep = every & (slot >= 0)
+        tl.store(k_cache_ptr + dst + half, o1.to(k_cache_ptr.dtype.element_ty), mask=keep & is_k)
+        tl.store(k_cache_ptr + dst + HEAD_DIM // 2 + half, o2.to(k_cache_ptr.dtype.element_ty), mask=keep & is_k)
+        tl.store(v_cache_ptr + dst + half, x1.to(v_cache_ptr.dtype.element_ty), mask=keep & is_v)
+        tl.store(v_cache_ptr + dst + HEAD_DIM // 2 + half, x2.to(v_cache_ptr.dtype.element_ty), mask=keep & is_v)
 
 
 def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, num_heads: int,
                  num_kv_heads: int, head_dim: int, q_weight: torch.Tensor | None = None,
-                 k_weight: torch.Tensor | None = None, eps: float = 1e-6):
-    """qkv: [N, (H + 2 Hkv) * D] packed projection output; positions: [N]; cos_sin: [max_pos, D] fp32.
+                 k_weight: torch.Tensor | None = None, eps: float = 1e-6, k_cache: torch.Tensor | None = None,
+                 v_cache: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None):
+    """qkv: [N, (H + 2 Hkv) * D] packed projection output; positions: [N]; cos_sin: [max_pos, D] fp32;
+    k_cache/v_cache: [num_blocks, block_size, Hkv, D] and slot_mapping [N] (-1: skip) to store k and v.
     -> q [N, H, D], k [N, Hkv, D] (normalized when weights are given, then rotated), v [N, Hkv, D] (a view)."""
     n = qkv.shape[0]
     q = torch.empty(n, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     k = torch.empty(n, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
-    norm = q_weight is not None
-    dummy = cos_sin  # an unused pointer when there is no norm
+    norm, store = q_weight is not None, k_cache is not None
+    dummy = cos_sin  # an unused pointer
+    if store and (k_cache.stride(1) != num_kv_heads * head_dim or k_cache.stride() != v_cache.stride()):
+        raise ValueError("qk_norm_rope: caches must be [num_blocks, block_size, Hkv, D] with contiguous slots")
     if n:
-        _qk_norm_rope_kernel[(n, num_heads + num_kv_heads)](
+        heads = num_heads + num_kv_heads * (2 if store else 1)
+        _qk_norm_rope_kernel[(n, heads)](
             qkv, q, k, q_weight if norm else dummy, k_weight if norm else dummy, cos_sin, positions,
-            qkv.stride(0), num_heads, num_kv_heads, eps, HEAD_DIM=head_dim, NORM=norm, num_warps=1)
+            k_cache if store else dummy, v_cache if store else dummy, slot_mapping if store else positions,
+            k_cache.stride(0) if store else 0, qkv.stride(0), num_heads, num_kv_heads, eps,
+            HEAD_DIM=head_dim, NORM=norm, STORE=store, PAGE=k_cache.shape[1] if store else 1, num_warps=1)
     v = qkv[:, (num_heads + num_kv_heads) * head_dim:].view(n, num_kv_heads, head_dim)
     return q, k, v

@@ -159,10 +159,11 @@ class Attention(nn.Module):
         self.k_cache = self.v_cache = torch.tensor([])  # set by the model runner once memory is measured
         self.backend = TorchBackend
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_stored: bool = False) -> torch.Tensor:
+        """kv_stored: this step's k/v are already in the cache (a fused kernel wrote them)."""
         ctx = get_context()
         k_cache, v_cache = self.k_cache, self.v_cache
-        if k_cache.numel() and ctx.slot_mapping is not None:
+        if k_cache.numel() and ctx.slot_mapping is not None and not kv_stored:
             self.backend.store(k, v, k_cache, v_cache, ctx.slot_mapping)
         if ctx.is_prefill:
             return self.backend.prefill(q, k, v, k_cache, v_cache, ctx, self.scale)

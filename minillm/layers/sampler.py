@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minillm.kernels.sampling import sample_triton
+
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
     """logits: [B, V] fp32; top_k: [B] int (V for off) or None; top_p: [B] float (1.0 for off) or None.
@@ -28,10 +30,14 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
 class Sampler(nn.Module):
     def forward(self, logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor | None = None,
                 top_p: torch.Tensor | None = None, generators: list | None = None,
-                all_greedy: bool | None = None, any_greedy: bool | None = None) -> torch.Tensor:
+                all_greedy: bool | None = None, any_greedy: bool | None = None,
+                seeds: torch.Tensor | None = None) -> torch.Tensor:
         """logits: [B, V]; temperatures: [B] (0 = greedy); generators: per row a torch.Generator or None;
-        all_greedy / any_greedy: pass them when known on the host (saves device syncs and work).
+        all_greedy / any_greedy: pass them when known on the host (saves device syncs and work);
+        seeds: [B] per-row Philox keys -> the fused Triton sampler (CUDA, no top-k/top-p).
         -> [B] int64 token ids."""
+        if seeds is not None and top_k is None and top_p is None:
+            return sample_triton(logits, temperatures, seeds)
         logits = logits.float()
         if all_greedy is None:
             all_greedy = not bool((temperatures > 0).any())

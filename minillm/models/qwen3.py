@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from minillm.config import ModelConfig
+from minillm.context import get_context
 from minillm.distributed import tp_size
 from minillm.kernels.qk_norm_rope import qk_norm_rope
 from minillm.kernels.silu_mul import silu_and_mul_triton
@@ -95,16 +96,20 @@ def decoder_layer(positions: torch.Tensor, hidden_states: torch.Tensor, residual
 def decoder_layer_fused(positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
                         p: DecoderLayerParams) -> tuple[torch.Tensor, torch.Tensor]:
     """decoder_layer's math with fewer, fused kernels (chapter 5), the engine's path on CUDA:
-    QK-norm + RoPE in one kernel that reads q and k straight out of the qkv projection, and
-    SiLU-and-mul in one pass. At decode sizes each small op is launch-bound, so this removes ~20
-    kernels per layer; the arithmetic and its rounding points are the same."""
+    QK-norm + RoPE + the KV-cache store in one kernel that reads q, k and v straight out of the qkv
+    projection, and SiLU-and-mul in one pass. At decode sizes each small op is launch-bound, so this
+    removes ~20 kernels per layer; the arithmetic and its rounding points are the same.
+    p.attn must be minillm's Attention module (the kernel writes into its cache)."""
     if residual is None:
         h, residual = apply_rms_norm(hidden_states, p.input_norm, p.eps), hidden_states
     else:
         h, residual = apply_rms_norm(hidden_states, p.input_norm, p.eps, residual)
     n, H, D = h.shape[0], p.num_heads, p.head_dim
-    q, k, v = qk_norm_rope(p.qkv_proj(h), positions, p.cos_sin, H, p.num_kv_heads, D, p.q_norm, p.k_norm, p.eps)
-    h = p.o_proj(p.attn(q, k, v).reshape(n, H * D))
+    slots = get_context().slot_mapping
+    store = slots is not None and p.attn.k_cache.numel() > 0  # the kernel also writes k, v to the cache
+    q, k, v = qk_norm_rope(p.qkv_proj(h), positions, p.cos_sin, H, p.num_kv_heads, D, p.q_norm, p.k_norm, p.eps,
+                           *((p.attn.k_cache, p.attn.v_cache, slots) if store else ()))
+    h = p.o_proj(p.attn(q, k, v, kv_stored=store).reshape(n, H * D))
     h, residual = apply_rms_norm(h, p.post_norm, p.eps, residual)
     return p.down_proj(silu_and_mul_triton(p.gate_up_proj(h))), residual
 
