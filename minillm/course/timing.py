@@ -27,13 +27,15 @@ def describe_device() -> str:
 
 
 def time_fn(fn: Callable, *arg_sets: Sequence, warmup: int = 5, rep: int = 50, max_seconds: float = 2.0,
-            graph: bool = True) -> float:
+            graph: bool = False) -> float:
     """Median milliseconds of one call of fn(*args), rotating through arg_sets (fn() when none).
 
     On CUDA, one timing covers several back-to-back calls (about 1 ms of work, every arg set at least
-    once) replayed from a CUDA graph when fn can be captured (graph=True): the figure is then the GPU's
-    time alone, with no Python or launch overhead, which for a 30-microsecond kernel is most of what
-    an eager timing would show. On CPU: perf_counter around single calls.
+    once), between two CUDA events. graph=True replays those calls from a CUDA graph: the figure is
+    then the GPU's time alone, with no Python or launch overhead, which for a 30-microsecond kernel is
+    most of what an eager timing shows. Use it only for pure device work (kernels on tensors that
+    stay alive): a graph replays fixed addresses, so host copies, allocations of pinned memory,
+    random numbers or host syncs inside fn are wrong or fatal there. On CPU: perf_counter per call.
     """
     arg_sets = arg_sets or ((),)
     for i in range(warmup):
@@ -103,15 +105,15 @@ def device_ceilings(dtype: torch.dtype | None = None) -> Ceilings:
     n_copy = (1 << 30) if cuda else (1 << 25)  # 2 GiB (bf16) on GPU, far beyond the L2
     src = torch.randn(n_copy, device=dev, dtype=dtype)
     dst = torch.empty_like(src)
-    # graph=False: inside a CUDA graph a plain copy becomes a copy-engine (DMA) node, about a third
+    # no graph: inside a CUDA graph a plain copy becomes a copy-engine (DMA) node, about a third
     # slower than the SM copy kernel eager PyTorch launches; 2 ms calls need no graph anyway
-    ms = time_fn(lambda: dst.copy_(src), rep=20, graph=False)
+    ms = time_fn(lambda: dst.copy_(src), rep=20)
     copy_gbps = 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
     del src, dst
     n = 8192 if cuda else 512
     a = torch.randn(n, n, device=dev, dtype=dtype)
     b = torch.randn(n, n, device=dev, dtype=dtype)
-    ms = time_fn(lambda: a @ b, rep=20, graph=False)
+    ms = time_fn(lambda: a @ b, rep=20)
     c = Ceilings(describe_device(), copy_gbps, 2 * n ** 3 / (ms * 1e-3) / 1e12)
     _CEILINGS[dtype] = c
     return c
