@@ -81,5 +81,5 @@ def build(out_dir: str) -> None:
         f.write('{"texts": [\n' + rows(TEXTS) + '\n],\n"ids": [\n'
                 + rows(enc.encode(t, allowed_special="all") for t in TEXTS) + '\n],\n"pieces": [\n'
                 + rows(sorted(pieces.items())) + "\n]}\n")
-    save_file(sample_tensors(), os.path.join(out, "sample.safetensors"),
-              metadata={"format": "pt", "written_by": "safetensors.torch.save_file"})
+    # one metadata key: safetensors writes the metadata map in hash order, so two keys could swap
+    save_file(sample_tensors(), os.path.join(out, "sample.safetensors"), metadata={"format": "pt"})
