@@ -219,10 +219,6 @@ class ModelRunner:
             return pending.host.tolist()
         return pending.token_ids.tolist()
 
-    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
-        """One synchronous step: launch and wait."""
-        return self.resolve(self.launch(seqs, is_prefill))
-
 
 @dataclass
 class Pending:

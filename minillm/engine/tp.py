@@ -277,9 +277,6 @@ class TPModelRunner(ShardRunner):
         self._workers.channel.send(("step", batch))  # the workers run the same forward on it
         return batch
 
-    def run(self, seqs, is_prefill):
-        return self._guarded(super().run, seqs, is_prefill)
-
     def launch(self, *args, **kwargs):
         return self._guarded(super().launch, *args, **kwargs)
 
