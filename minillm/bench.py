@@ -133,6 +133,7 @@ def run_bench(args) -> dict:
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n) for n in out_lens]
     llm.generate(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
     p0, d0 = engine.num_prefill_tokens, engine.num_decode_tokens
+    ps0, ds0 = engine.phase_seconds["prefill"], engine.phase_seconds["decode"]
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     sync()
     t0 = time.perf_counter()
@@ -146,9 +147,14 @@ def run_bench(args) -> dict:
         "num_seqs": args.num_seqs, "prompt_tokens": sum(map(len, prompts)), "output_tokens": n_out,
         "wall_s": round(wall, 3), "output_tok_s": round(n_out / wall, 1),
         "prefill_tokens": engine.num_prefill_tokens - p0, "decode_tokens": engine.num_decode_tokens - d0,
+        "prefill_s": round(engine.phase_seconds["prefill"] - ps0, 3), "decode_s": round(engine.phase_seconds["decode"] - ds0, 3),
         "floor_s": round(floor["floor_s"], 3), "floor_tok_s": round(floor["floor_tok_s"], 1),
         "fraction_of_floor": round(floor["floor_s"] / wall, 3),
     })
+    # per phase: tokens over the wall time of the steps that read back batches of that phase
+    result["prefill_tok_s"] = round(result["prefill_tokens"] / max(result["prefill_s"], 1e-9), 1)
+    result["decode_tok_s"] = round(result["decode_tokens"] / max(result["decode_s"], 1e-9), 1)
+    result["floor_prefill_s"], result["floor_decode_s"] = round(floor["floor_prefill_s"], 3), round(floor["floor_decode_s"], 3)
     weights, _, _ = model_bytes(engine.model_config, cfg.torch_dtype.itemsize)
     if args.batch1_tokens:
         result.update(_batch1(llm, args.batch1_tokens))

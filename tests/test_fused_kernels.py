@@ -1,5 +1,7 @@
-"""Chapter 5's fused kernels (QK-norm + RoPE, SiLU-and-mul) against the torch layers they replace.
+"""Chapter 5's fused kernels (QK-norm + RoPE, SiLU-and-mul, batch-1 GEMVs) against the torch ops they replace.
 On CPU they run in Triton's interpreter (fp32); on CUDA also in bf16."""
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,8 +10,6 @@ from minillm.kernels.qk_norm_rope import qk_norm_rope
 from minillm.kernels.silu_mul import silu_and_mul_triton
 from minillm.layers.layernorm import rms_norm
 from minillm.layers.rotary import apply_rotary, rope_cos_sin
-
-import os
 
 # Triton runs on CPU tensors only in its interpreter (set by conftest where there is no CUDA)
 DEVICES = (["cpu"] if os.environ.get("TRITON_INTERPRET") == "1" else []) + (["cuda"] if torch.cuda.is_available() else [])
@@ -107,3 +107,76 @@ def test_gemv_matches_linear(device, dtype, N, K, bias):
     b = torch.randn(N, generator=g).to(device, dtype) if bias else None
     want = F.linear(x.float(), w.float(), None if b is None else b.float()).to(dtype)
     torch.testing.assert_close(gemv(x, w, b).float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("device, dtype", list(_cases()))
+@pytest.mark.parametrize("N, K", [(100, 600), (64, 1024)])
+def test_gemv_prologues_match_the_ops_they_fuse(device, dtype, N, K):
+    """RMSNorm (with and without the residual add) and SiLU-and-mul computed inside the GEMV equal
+    the separate ops followed by F.linear; the new residual comes back too."""
+    from minillm.kernels.gemv import gemv_rms_norm, gemv_silu_mul
+    from minillm.kernels.rmsnorm import add_rms_norm_ref
+    g = torch.Generator().manual_seed(N * K)
+    x, r = (torch.randn(1, K, generator=g).to(device, dtype) for _ in range(2))
+    nw = (1 + 0.1 * torch.randn(K, generator=g)).to(device, dtype)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(device, dtype)
+    b = torch.randn(N, generator=g).to(device, dtype)
+    lin = lambda v: F.linear(v.float(), w.float(), b.float()).to(dtype)  # noqa: E731
+    normed, new_r = add_rms_norm_ref(x, nw, 1e-6, r)
+    y, r_out = gemv_rms_norm(x, nw, 1e-6, w, b, r)
+    torch.testing.assert_close(r_out, new_r, atol=0, rtol=0)
+    torch.testing.assert_close(y.float(), lin(normed).float(), atol=TOL[dtype], rtol=TOL[dtype])
+    y, r_out = gemv_rms_norm(x, nw, 1e-6, w, b)
+    assert r_out is x
+    torch.testing.assert_close(y.float(), lin(add_rms_norm_ref(x, nw, 1e-6)).float(), atol=TOL[dtype], rtol=TOL[dtype])
+    gate_up = torch.randn(1, 2 * K, generator=g).to(device, dtype)
+    want = lin(silu_and_mul_triton(gate_up))
+    torch.testing.assert_close(gemv_silu_mul(gate_up, w, b).float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemv_loops_over_rows_longer_than_one_load(device):
+    from minillm.kernels.gemv import MAX_ROW, gemv
+    g = torch.Generator().manual_seed(0)
+    K = MAX_ROW + 300
+    x, w = torch.randn(1, K, generator=g).to(device), (torch.randn(8, K, generator=g) / K ** 0.5).to(device)
+    torch.testing.assert_close(gemv(x, w), F.linear(x, w), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="prologue needs K"):
+        from minillm.kernels.gemv import gemv_silu_mul
+        gemv_silu_mul(torch.randn(1, 2 * K).to(device), w)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen2"])  # QK-norm; qkv bias without QK-norm
+def test_fused_decoder_layer_gives_hf_greedy_tokens(name, monkeypatch):
+    """The engine's CUDA layer path (decoder_layer_fused: fused QK-norm/RoPE/KV store, and at batch 1
+    the GEMVs with RMSNorm and SiLU-and-mul inside) run here in the interpreter: greedy tokens equal
+    the stored HF reference, batched and one prompt at a time (every decode step at batch 1)."""
+    import minillm.models.qwen3 as qwen3
+    from helpers import greedy_reference, ref_path, small_engine_args
+    from minillm import LLM, SamplingParams
+    if "cpu" not in DEVICES:
+        pytest.skip("this test runs the CUDA path in Triton's interpreter on CPU; on a GPU the gpu tests cover it")
+    monkeypatch.setattr(qwen3, "decoder_layer", qwen3.decoder_layer_fused)
+    ref = greedy_reference()
+    llm = LLM(ref_path(name), **small_engine_args(attention_backend="triton"))
+    params = SamplingParams(temperature=0.0, max_tokens=ref["max_new_tokens"], ignore_eos=True)
+    out = llm.generate(ref["prompts"], params, use_tqdm=False)
+    assert [o["token_ids"] for o in out] == ref["tokens"][name]
+    p, want = ref["prompts"][0], ref["tokens"][name][0]
+    assert llm.generate([p], params, use_tqdm=False)[0]["token_ids"] == want
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen2"])
+def test_gpu_greedy_equals_hf_reference_fp32(name):
+    """On the GPU (CUDA graphs, fused layers, batch-1 GEMVs with PDL): fp32 greedy tokens equal the
+    stored HF reference, batched and one prompt at a time."""
+    from helpers import greedy_reference, ref_path, small_engine_args
+    from minillm import LLM, SamplingParams
+    ref = greedy_reference()
+    llm = LLM(ref_path(name), **small_engine_args(device="cuda", attention_backend="triton"))
+    params = SamplingParams(temperature=0.0, max_tokens=ref["max_new_tokens"], ignore_eos=True)
+    assert [o["token_ids"] for o in llm.generate(ref["prompts"], params, use_tqdm=False)] == ref["tokens"][name]
+    for p, want in zip(ref["prompts"], ref["tokens"][name]):
+        assert llm.generate([p], params, use_tqdm=False)[0]["token_ids"] == want

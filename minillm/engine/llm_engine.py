@@ -1,6 +1,8 @@
 """LLMEngine: requests in, tokens out. One `step()` = schedule -> run the model -> append tokens."""
 from __future__ import annotations
 
+import time
+
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.scheduler import Scheduler
@@ -27,6 +29,10 @@ class LLMEngine:
         self.async_scheduling = config.async_scheduling and config.tensor_parallel_size == 1
         self.pending = None  # the launched step not yet read back
         self.num_prefill_tokens = self.num_decode_tokens = 0
+        # wall seconds of step() calls per phase, charged to the batch each call waited for: on a GPU
+        # with async scheduling the one it read back (launched the call before), else the one it launched
+        self.phase_seconds = {"prefill": 0.0, "decode": 0.0}
+        self.step_log: list | None = None  # set to [] to record (phase, batch size, seconds) per step
 
     def _make_runner(self, model_path: str):
         if self.config.tensor_parallel_size > 1:
@@ -80,6 +86,7 @@ class LLMEngine:
     def step(self) -> tuple[list[Sequence], list[Sequence]]:
         """Launch one batch, then read back the previous one.
         -> (the sequences whose new token was read back now, those of them that finished)."""
+        t0 = time.perf_counter()
         finished: list[Sequence] = []
         launched = None
         if not self.scheduler.is_finished():
@@ -93,12 +100,19 @@ class LLMEngine:
             else:
                 self.num_decode_tokens += len(seqs)
             launched.positions = self._append_placeholders(seqs, finished)
+            launched.is_prefill = is_prefill
         if not self.async_scheduling:  # read this step back now
             self.pending, launched = launched, None
         ran = []
         if self.pending is not None:
             ran = self.pending.seqs
             self._fill_tokens(self.pending, self.model_runner.resolve(self.pending), finished)
+        waited = self.pending if self.async_scheduling and self.model_runner.device.type == "cuda" else launched
+        if waited is not None:
+            phase, dt = "prefill" if waited.is_prefill else "decode", time.perf_counter() - t0
+            self.phase_seconds[phase] += dt
+            if self.step_log is not None:
+                self.step_log.append((phase, len(waited.seqs), dt))
         self.pending = launched
         return ran, finished
 

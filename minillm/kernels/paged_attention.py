@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minillm.kernels.gemv import pdl_supported
+
 LOG2E = 1.4426950408889634
 
 # Hand-picked launch configs (no autotune: it fails under the interpreter, and a CUDA-graph capture
@@ -79,10 +81,15 @@ def paged_decode_config(batch: int, num_kv_heads: int, group: int, head_dim: int
 
 @triton.jit
 def paged_decode_combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_splits, stride_ob, stride_oh,
-                                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                                USE_PDL: tl.constexpr = False):
     """Split-K reduction, one program per (sequence, query head): out = sum_s w_s * o_s / sum_s w_s
     with w_s = 2^(lse_s - max lse). part_out: [B, H, S, HEAD_DIM] fp32 (each split's normalized
-    output), part_lse: [B, H, S] fp32 (log2-sum-exp2 of its scores; -inf for an empty split)."""
+    output), part_lse: [B, H, S] fp32 (log2-sum-exp2 of its scores; -inf for an empty split).
+    USE_PDL: let the next kernel (o_proj) start loading its weights now (minillm.kernels.gemv)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     b, h = tl.program_id(0), tl.program_id(1)
     row = b * tl.num_programs(1) + h
     offs_s = tl.arange(0, BLOCK_S)
@@ -239,6 +246,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if not direct:
         paged_decode_combine_kernel[(B, H)](
             part_out, part_lse, out, splits, out.stride(0), out.stride(1),
-            HEAD_DIM=D, BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=cfg["BLOCK_D"])
+            HEAD_DIM=D, BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=cfg["BLOCK_D"],
+            USE_PDL=pdl_supported(q.device), **({"launch_pdl": True} if pdl_supported(q.device) else {}))
     return out
 # <<< exercise 3.5

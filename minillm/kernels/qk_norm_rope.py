@@ -13,12 +13,18 @@ import torch
 import triton
 import triton.language as tl
 
+from minillm.kernels.gemv import pdl_supported
+
 
 @triton.jit
 def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, q_w_ptr, k_w_ptr, cos_sin_ptr, pos_ptr,
                          k_cache_ptr, v_cache_ptr, slot_ptr, cache_block_stride,
                          qkv_stride, num_q_heads, num_kv_heads, eps,
-                         HEAD_DIM: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr, PAGE: tl.constexpr):
+                         HEAD_DIM: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr, PAGE: tl.constexpr,
+                         USE_PDL: tl.constexpr):
+    if USE_PDL:  # launched early (minillm.kernels.gemv explains PDL): wait for qkv before reading it
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0)
     head = tl.program_id(1)  # q heads, then k heads, then (only when STORE) v heads
     half = tl.arange(0, HEAD_DIM // 2)
@@ -84,6 +90,7 @@ def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tens
             qkv, q, k, q_weight if norm else dummy, k_weight if norm else dummy, cos_sin, positions,
             k_cache if store else dummy, v_cache if store else dummy, slot_mapping if store else positions,
             k_cache.stride(0) if store else 0, qkv.stride(0), num_heads, num_kv_heads, eps,
-            HEAD_DIM=head_dim, NORM=norm, STORE=store, PAGE=k_cache.shape[1] if store else 1, num_warps=1)
+            HEAD_DIM=head_dim, NORM=norm, STORE=store, PAGE=k_cache.shape[1] if store else 1,
+            USE_PDL=pdl_supported(qkv.device), num_warps=1, **({"launch_pdl": True} if pdl_supported(qkv.device) else {}))
     v = qkv[:, (num_heads + num_kv_heads) * head_dim:].view(n, num_kv_heads, head_dim)
     return q, k, v

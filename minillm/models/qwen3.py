@@ -20,6 +20,7 @@ from torch import nn
 from minillm.config import ModelConfig
 from minillm.context import get_context
 from minillm.distributed import tp_size
+from minillm.kernels.gemv import MAX_ROW, gemv, gemv_rms_norm, gemv_silu_mul
 from minillm.kernels.qk_norm_rope import qk_norm_rope
 from minillm.kernels.silu_mul import silu_and_mul_triton
 from minillm.layers.activation import silu_and_mul
@@ -100,18 +101,44 @@ def decoder_layer_fused(positions: torch.Tensor, hidden_states: torch.Tensor, re
     projection, and SiLU-and-mul in one pass. At decode sizes each small op is launch-bound, so this
     removes ~20 kernels per layer; the arithmetic and its rounding points are the same.
     p.attn must be minillm's Attention module (the kernel writes into its cache)."""
+    n, H, D = hidden_states.shape[0], p.num_heads, p.head_dim
+    if n == 1 and _gemv_fusable(p, hidden_states.shape[1]):
+        return _decoder_layer_gemv(positions, hidden_states, residual, p)
     if residual is None:
         h, residual = apply_rms_norm(hidden_states, p.input_norm, p.eps), hidden_states
     else:
         h, residual = apply_rms_norm(hidden_states, p.input_norm, p.eps, residual)
-    n, H, D = h.shape[0], p.num_heads, p.head_dim
-    slots = get_context().slot_mapping
-    store = slots is not None and p.attn.k_cache.numel() > 0  # the kernel also writes k, v to the cache
-    q, k, v = qk_norm_rope(p.qkv_proj(h), positions, p.cos_sin, H, p.num_kv_heads, D, p.q_norm, p.k_norm, p.eps,
-                           *((p.attn.k_cache, p.attn.v_cache, slots) if store else ()))
-    h = p.o_proj(p.attn(q, k, v, kv_stored=store).reshape(n, H * D))
+    q, k, v = _qk_norm_rope_store(p.qkv_proj(h), positions, p)
+    h = p.o_proj(p.attn(q, k, v, kv_stored=True).reshape(n, H * D))
     h, residual = apply_rms_norm(h, p.post_norm, p.eps, residual)
     return p.down_proj(silu_and_mul_triton(p.gate_up_proj(h))), residual
+
+
+def _qk_norm_rope_store(qkv: torch.Tensor, positions: torch.Tensor, p: DecoderLayerParams):
+    """QK-norm + RoPE, and k, v written to their cache slots when there is a cache and a slot mapping:
+    the attention module's own store (which needs both too) is then skipped with kv_stored=True."""
+    slots = get_context().slot_mapping
+    cache = (p.attn.k_cache, p.attn.v_cache, slots) if slots is not None and p.attn.k_cache.numel() else ()
+    return qk_norm_rope(qkv, positions, p.cos_sin, p.num_heads, p.num_kv_heads, p.head_dim, p.q_norm, p.k_norm,
+                        p.eps, *cache)
+
+
+def _gemv_fusable(p: DecoderLayerParams, hidden: int) -> bool:
+    """The batch-1 path needs unsharded projections (no all-reduce) and rows short enough to fuse."""
+    return (getattr(p.o_proj, "tp_size", 1) == 1 and hasattr(p.down_proj, "weight")
+            and max(hidden, p.down_proj.weight.shape[1]) <= MAX_ROW)
+
+
+def _decoder_layer_gemv(positions, hidden_states, residual, p: DecoderLayerParams):
+    """Batch-1 decode (one token): each RMSNorm runs inside the GEMV after it, SiLU-and-mul inside
+    down_proj's; with PDL each GEMV loads its weights while the kernel before it finishes. Seven
+    kernels per layer instead of ten (minillm.kernels.gemv)."""
+    lin = lambda m: (m.weight, m.bias)  # noqa: E731
+    qkv, residual = gemv_rms_norm(hidden_states, p.input_norm, p.eps, *lin(p.qkv_proj), residual)
+    q, k, v = _qk_norm_rope_store(qkv, positions, p)
+    h = gemv(p.attn(q, k, v, kv_stored=True).reshape(1, p.num_heads * p.head_dim), *lin(p.o_proj))
+    gate_up, residual = gemv_rms_norm(h, p.post_norm, p.eps, *lin(p.gate_up_proj), residual)
+    return gemv_silu_mul(gate_up, *lin(p.down_proj)), residual
 
 
 class Qwen3Attention(nn.Module):
