@@ -3,11 +3,17 @@
 A decode step of a 0.6B model launches ~300 small kernels; launched one by one from Python each
 costs a few microseconds of CPU, more than the GPU needs to run it at small batch. A CUDA graph
 replays the recorded launches with one call. Everything a graph reads must live at fixed
-addresses, so each step copies its inputs into static buffers:
+addresses, so each step copies its inputs into static buffers, all of them with one copy:
 
+    seeds                                [max_bs] int64   the fused sampler's Philox keys (read after the graph)
     input_ids, positions, slot_mapping   [max_bs]
     context_lens                         [max_bs]
+    src                                  [max_bs]         async scheduling: row i's token is prev_tokens[src[i]] when >= 0
+    temperatures                         [max_bs] fp32    (read by the sampler, after the graph)
     block_tables                         [max_bs, max_blocks]   max_blocks = ceil(max_model_len / block_size)
+
+With async scheduling a row's input token may still be on the device (the previous step's sample):
+the graph itself picks it out of prev_tokens, so a step launches no small gather kernels of its own.
 
 A batch of B sequences runs the graph captured for the smallest size >= B; rows past B are padding
 (slot -1: nothing stored; context length 0; their outputs are dropped). The block-table width is
@@ -15,9 +21,12 @@ fixed at the longest possible sequence, so no sequence can outgrow it.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from minillm.context import reset_context, set_context
+
+HEAD = 8  # int32 slots per row before the block table: seeds (2), ids, positions, slots, lens, src, temperatures
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -35,20 +44,28 @@ class DecodeGraphs:
         # All inputs in one int32 buffer, so a step is one host->device copy from a pinned staging
         # twin. Two staging buffers alternate: with async scheduling the CPU fills step n+1's while
         # step n's copy may still be queued.
-        self.staging = [torch.zeros(n * (4 + max_blocks), dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self.staging = [torch.zeros(n * (HEAD + max_blocks), dtype=torch.int32, pin_memory=True) for _ in range(2)]
         self.hosts = [self._views(st.numpy(), n) for st in self.staging]
         self.step = 0
         self.buffer = torch.zeros_like(self.staging[0], device=device)
-        (self.input_ids, self.positions, self.slot_mapping, self.context_lens,
-         self.block_tables) = self._views(self.buffer, n)
+        (self.seeds, self.input_ids, self.positions, self.slot_mapping, self.context_lens, self.src,
+         self.temperatures, self.block_tables) = self._views(self.buffer, n)
+        self.prev_tokens = torch.zeros(n, dtype=torch.int64, device=device)
         self.outputs = torch.zeros(n, hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
         self._capture_all()
 
     def _views(self, flat, n: int):
-        return (flat[0:n], flat[n:2 * n], flat[2 * n:3 * n], flat[3 * n:4 * n],
-                flat[4 * n:].reshape(n, self.max_blocks))
+        """The int32 buffer cut into its fields (seeds first: an int64 view needs 8-byte alignment)."""
+        as_i64, as_f32 = (np.int64, np.float32) if isinstance(flat, np.ndarray) else (torch.int64, torch.float32)
+        f = [flat[i * n:(i + 1) * n] for i in range(2, HEAD)]
+        return (flat[:2 * n].view(as_i64), *f[:5], f[5].view(as_f32), flat[HEAD * n:].reshape(n, self.max_blocks))
+
+    def _forward(self, bs: int) -> None:
+        ids = torch.where(self.src[:bs] >= 0, self.prev_tokens[self.src[:bs].clamp_min(0)].to(torch.int32),
+                          self.input_ids[:bs])
+        self.outputs[:bs] = self.model(ids, self.positions[:bs])
 
     def _set_context(self, bs: int) -> None:
         set_context(is_prefill=False, slot_mapping=self.slot_mapping[:bs], context_lens=self.context_lens[:bs],
@@ -58,13 +75,14 @@ class DecodeGraphs:
     def _capture_all(self) -> None:
         self.slot_mapping.fill_(-1)
         self.block_tables.fill_(-1)
+        self.src.fill_(-1)
         # capture the largest first: later (smaller) graphs reuse its memory pool
         for bs in reversed(self.sizes):
             self._set_context(bs)
-            self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])  # warm-up, compiles kernels
+            self._forward(bs)  # warm-up, compiles kernels
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, self.pool):
-                self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])
+                self._forward(bs)
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[bs] = graph
@@ -75,27 +93,35 @@ class DecodeGraphs:
         """The captured size that runs a batch of bs, or None when bs is larger than any."""
         return next((s for s in self.sizes if s >= bs), None)
 
-    def run(self, batch, prev_ids: torch.Tensor | None = None, src_index=None) -> torch.Tensor:
+    def run(self, batch, prev_ids: torch.Tensor | None = None, src_index=None, temperatures=None,
+            seeds=None) -> torch.Tensor:
         """One decode Batch (B rows, host numpy) -> hidden states [B, hidden].
 
         prev_ids/src_index: with async scheduling, row i's input token is still on the device when
-        src_index[i] >= 0: it is prev_ids[src_index[i]], the previous step's sample."""
+        src_index[i] >= 0: it is prev_ids[src_index[i]], the previous step's sample.
+        temperatures/seeds: host arrays [B] for the fused sampler, copied with the inputs; the
+        sampler then reads them from sampling_inputs(B)."""
         bs = len(batch.input_ids)
         padded = self.padded_size(bs)
         self.step ^= 1
-        staging = self.staging[self.step]
-        ids, pos, slots, lens, tables = self.hosts[self.step]
+        seed_h, ids, pos, slots, lens, src, temps, tables = self.hosts[self.step]
         ids[:bs], pos[:bs], slots[:bs], lens[:bs] = batch.input_ids, batch.positions, batch.slot_mapping, batch.context_lens
         # padding rows: a valid token at position 0 that stores nothing and attends to nothing
         ids[bs:padded], pos[bs:padded], slots[bs:padded], lens[bs:padded] = 0, 0, -1, 0
+        src[:padded] = -1
+        if src_index is not None:
+            src[:bs] = src_index
+            self.prev_tokens[:len(prev_ids)].copy_(prev_ids)
+        if temperatures is not None:
+            temps[:bs], seed_h[:bs] = temperatures, seeds
         width = batch.block_tables.shape[1]
         tables[:bs, :width] = batch.block_tables
         tables[:bs, width:] = -1
-        used = 4 * self.sizes[-1] + padded * self.max_blocks  # copy only the rows this graph reads
-        self.buffer[:used].copy_(staging[:used], non_blocking=True)
-        if src_index is not None:
-            src = torch.from_numpy(src_index).pin_memory().to(self.buffer.device, non_blocking=True)
-            take = src >= 0
-            self.input_ids[:bs] = torch.where(take, prev_ids[src.clamp_min(0)].to(torch.int32), self.input_ids[:bs])
+        used = HEAD * self.sizes[-1] + padded * self.max_blocks  # copy only the rows this graph reads
+        self.buffer[:used].copy_(self.staging[self.step][:used], non_blocking=True)
         self.graphs[padded].replay()
         return self.outputs[:bs]
+
+    def sampling_inputs(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device copies of the last run's temperatures [bs] fp32 and seeds [bs] int64."""
+        return self.temperatures[:bs], self.seeds[:bs]

@@ -142,17 +142,17 @@ class ModelRunner:
         )
         return dev(b.input_ids), dev(b.positions)
 
-    def prepare_sample(self, seqs: list[Sequence]):
-        """-> keyword arguments of Sampler.forward, as device tensors (no device sync)."""
+    def prepare_sample(self, seqs: list[Sequence], on_device: bool = True):
+        """-> keyword arguments of Sampler.forward; the per-row arrays as device tensors (no device
+        sync), or as host numpy arrays when on_device is False (see to_device_args)."""
         ps = [s.params for s in seqs]
         temps = np.asarray([p.temperature for p in ps], dtype=np.float32)
-        args = dict(temperatures=self._to_device(temps), all_greedy=bool((temps == 0).all()),
-                    any_greedy=bool((temps == 0).any()))
+        args = dict(temperatures=temps, all_greedy=bool((temps == 0).all()), any_greedy=bool((temps == 0).any()))
         if any(p.top_k > 0 for p in ps):
             vocab = self.model_config.vocab_size
-            args["top_k"] = self._to_device(np.asarray([p.top_k if p.top_k > 0 else vocab for p in ps]))
+            args["top_k"] = np.asarray([p.top_k if p.top_k > 0 else vocab for p in ps])
         if any(p.top_p < 1.0 for p in ps):
-            args["top_p"] = self._to_device(np.asarray([p.top_p for p in ps], dtype=np.float32))
+            args["top_p"] = np.asarray([p.top_p for p in ps], dtype=np.float32)
         if self.device.type == "cuda" and "top_k" not in args and "top_p" not in args:
             # the fused sampler: one Philox key per row and step, from the request's seed when it has
             # one (reproducible whatever else is in the batch), else from the engine's own stream
@@ -160,10 +160,14 @@ class ModelRunner:
             for i, (p, seq) in enumerate(zip(ps, seqs)):
                 if p.seed is not None:
                     keys[i] = (p.seed * 1_000_003 + seq.num_tokens) % (2**31 - 1)
-            args["seeds"] = self._to_device(keys.astype(np.int64))
+            args["seeds"] = keys.astype(np.int64)
         elif any(p.seed is not None for p in ps):
             args["generators"] = [self.generator_for(s) for s in seqs]
-        return args
+        return self.to_device_args(args) if on_device else args
+
+    def to_device_args(self, args: dict) -> dict:
+        """prepare_sample's host arrays -> device tensors (the flags and generators stay as they are)."""
+        return {k: self._to_device(v) if isinstance(v, np.ndarray) else v for k, v in args.items()}
 
     def generator_for(self, seq: Sequence):
         if seq.params.seed is None or seq.params.temperature == 0:
@@ -193,9 +197,17 @@ class ModelRunner:
             src = np.asarray([prev.rows.get(s.seq_id, -1) if s.last_token < 0 else -1 for s in seqs])
         elif (batch.input_ids < 0).any():
             raise RuntimeError("a step's input tokens are not known yet; resolve the previous step first")
-        sample_args = self.prepare_sample(seqs)
-        if not is_prefill and self.graphs is not None and self.graphs.padded_size(len(seqs)):
-            logits = self.model.compute_logits(self.graphs.run(batch, prev.token_ids if src is not None else None, src))
+        graphed = not is_prefill and self.graphs is not None and self.graphs.padded_size(len(seqs))
+        sample_args = self.prepare_sample(seqs, on_device=not graphed)
+        if graphed:
+            staged = "seeds" in sample_args  # the fused sampler's inputs travel with the graph's
+            hidden = self.graphs.run(batch, prev.token_ids if src is not None else None, src,
+                                     *((sample_args["temperatures"], sample_args["seeds"]) if staged else ()))
+            if staged:
+                sample_args["temperatures"], sample_args["seeds"] = self.graphs.sampling_inputs(len(seqs))
+            else:
+                sample_args = self.to_device_args(sample_args)
+            logits = self.model.compute_logits(hidden)
         else:
             input_ids, positions = self.load_batch(batch)
             if src is not None:

@@ -33,14 +33,16 @@ LOG2E = 1.4426950408889634
 
 # Hand-picked launch configs (no autotune: it fails under the interpreter, and a CUDA-graph capture
 # must not start benchmarking). BLOCK_N keys per iteration, warps, pipeline stages.
-# Measured on an H200 at head_dim 128 (a sweep of BLOCK_N 32-128, 2-8 warps, 1-4 stages): small
-# tiles pipelined 3 deep win. A [32, 128] bf16 K tile plus its V tile is 16 KB per stage, so many
-# programs fit on one SM and keep enough loads in flight to stream at full bandwidth; the two small
-# dots per tile stay far below the tensor-core limit.
+# Measured on an H200 at head_dim 128 over the bench workload (256 requests, contexts 100-2048, batches
+# 1-256): 64-key tiles in 4 warps, 2 stages deep. A [64, 128] bf16 K tile plus its V tile is 32 KB
+# per stage, so several programs fit on one SM and keep enough loads in flight to stream at full
+# bandwidth; the two small dots per tile stay far below the tensor-core limit.
 DECODE_CONFIGS = {
     # max head_dim: (BLOCK_N, num_warps, num_stages)
     64: (64, 4, 3),
-    128: (32, 2, 3),  # H200 sweep, batch 256 x 1k-4k: 98% of SDPA's time on contiguous K/V (64/4/2: 92%)
+    # 128: the bench workload on an H200 runs 23.3k tok/s with 64/4/2 against 18.6k with 32/2/3, though
+    # 32/2/3 timed 98% of SDPA (64/4/2: 92%) on a contiguous batch-256 cache: tune on the real workload
+    128: (64, 4, 2),
     256: (32, 4, 2),
 }
 # split-K: aim for at least SPLIT_TARGET_WAVES programs per SM, each split at least MIN_SPLIT_KEYS keys.
