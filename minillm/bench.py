@@ -131,7 +131,10 @@ def run_bench(args) -> dict:
               "async_scheduling": engine.async_scheduling,
               "copy_gbps": round(ceil.copy_gbps, 1), "matmul_tflops": round(ceil.matmul_tflops, 1)}
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n) for n in out_lens]
-    llm.generate(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
+    # warm-up, twice: the second run hits the prefix cache, so the paged prefill kernel compiles now too
+    # (Triton compiles each kernel variant on first use; a compile inside the timed run costs ~1 s)
+    for _ in range(2):
+        llm.generate(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     p0, d0 = engine.num_prefill_tokens, engine.num_decode_tokens
     ps0, ds0 = engine.phase_seconds["prefill"], engine.phase_seconds["decode"]
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)

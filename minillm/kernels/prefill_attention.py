@@ -77,7 +77,9 @@ def _attend_keys(acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, table, k_row0, lo, hi, s
     return acc, l_i, m_i
 
 
-@triton.jit
+# stride_bt is the block-table width, which changes from batch to batch: not specialized on, so one
+# compiled kernel serves every batch (a recompile costs ~0.5 s in the middle of serving)
+@triton.jit(do_not_specialize=["stride_bt"])
 def prefill_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, cu_q_ptr, cu_k_ptr, block_tables_ptr, qk_scale,
                              stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
                              stride_bt, stride_ot, stride_oh,
