@@ -20,7 +20,7 @@ from collections import deque
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.sequence import Sequence
 from minillm.engine.sequence import SequenceStatus
-from minillm.kernels.gemv import pdl_supported
+from minillm.kernels.gemv import pdl_args
 from minillm.kernels.paged_attention import LOG2E
 from minillm.kernels.paged_attention import paged_decode_combine_kernel
 from minillm.kernels.paged_attention import paged_decode_config
@@ -245,7 +245,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         paged_decode_combine_kernel[(B, H)](
             part_out, part_lse, out, splits, out.stride(0), out.stride(1),
             HEAD_DIM=D, BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=cfg["BLOCK_D"],
-            USE_PDL=pdl_supported(q.device), **({"launch_pdl": True} if pdl_supported(q.device) else {}))
+            **pdl_args(q.device))
     return out
 
 

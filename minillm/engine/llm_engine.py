@@ -32,7 +32,6 @@ class LLMEngine:
         # wall seconds of step() calls per phase, charged to the batch each call waited for: on a GPU
         # with async scheduling the one it read back (launched the call before), else the one it launched
         self.phase_seconds = {"prefill": 0.0, "decode": 0.0}
-        self.step_log: list | None = None  # set to [] to record (phase, batch size, seconds) per step
 
     def _make_runner(self, model_path: str):
         if self.config.tensor_parallel_size > 1:
@@ -109,10 +108,7 @@ class LLMEngine:
             self._fill_tokens(self.pending, self.model_runner.resolve(self.pending), finished)
         waited = self.pending if self.async_scheduling and self.model_runner.device.type == "cuda" else launched
         if waited is not None:
-            phase, dt = "prefill" if waited.is_prefill else "decode", time.perf_counter() - t0
-            self.phase_seconds[phase] += dt
-            if self.step_log is not None:
-                self.step_log.append((phase, len(waited.seqs), dt))
+            self.phase_seconds["prefill" if waited.is_prefill else "decode"] += time.perf_counter() - t0
         self.pending = launched
         return ran, finished
 

@@ -49,6 +49,12 @@ def pdl_supported(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def pdl_args(device: torch.device) -> dict:
+    """Launch keywords for a kernel with a USE_PDL constexpr: the flag, and launch_pdl where it is on."""
+    on = pdl_supported(device)
+    return {"USE_PDL": on, **({"launch_pdl": True} if on else {})}
+
+
 @triton.jit
 def _gemv_kernel(x_ptr, r_ptr, nw_ptr, r_out_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn, eps,
                  PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -101,13 +107,11 @@ def _launch(x, weight, bias, prologue, k, residual=None, norm_weight=None, eps=0
     r_out = torch.empty(1, k, dtype=x.dtype, device=x.device) if prologue == ADD_RMSNORM else None
     block_n, warps = config or gemv_config(n, k)
     block_k = min(triton.next_power_of_2(k), MAX_ROW)
-    pdl = pdl_supported(x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else x,
         r_out if r_out is not None else y, weight, bias if bias is not None else weight, y, n, k,
         weight.stride(0), eps, PROLOGUE=prologue, HAS_BIAS=bias is not None, BLOCK_N=block_n,
-        BLOCK_K=block_k, USE_PDL=pdl, num_warps=warps, num_stages=1 if block_k >= k else 3,
-        **({"launch_pdl": True} if pdl else {}))
+        BLOCK_K=block_k, num_warps=warps, num_stages=1 if block_k >= k else 3, **pdl_args(x.device))
     return y, r_out
 
 

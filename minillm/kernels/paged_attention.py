@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels.gemv import pdl_supported
+from minillm.kernels.gemv import pdl_args
 
 LOG2E = 1.4426950408889634
 
@@ -249,6 +249,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         paged_decode_combine_kernel[(B, H)](
             part_out, part_lse, out, splits, out.stride(0), out.stride(1),
             HEAD_DIM=D, BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=cfg["BLOCK_D"],
-            USE_PDL=pdl_supported(q.device), **({"launch_pdl": True} if pdl_supported(q.device) else {}))
+            **pdl_args(q.device))
     return out
 # <<< exercise 3.5

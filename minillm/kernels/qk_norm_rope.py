@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels.gemv import pdl_supported
+from minillm.kernels.gemv import pdl_args
 
 
 @triton.jit
@@ -91,6 +91,6 @@ def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tens
             k_cache if store else dummy, v_cache if store else dummy, slot_mapping if store else positions,
             k_cache.stride(0) if store else 0, qkv.stride(0), num_heads, num_kv_heads, eps,
             HEAD_DIM=head_dim, NORM=norm, STORE=store, PAGE=k_cache.shape[1] if store else 1,
-            USE_PDL=pdl_supported(qkv.device), num_warps=1, **({"launch_pdl": True} if pdl_supported(qkv.device) else {}))
+            num_warps=1, **pdl_args(qkv.device))
     v = qkv[:, (num_heads + num_kv_heads) * head_dim:].view(n, num_kv_heads, head_dim)
     return q, k, v
