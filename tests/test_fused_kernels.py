@@ -180,3 +180,72 @@ def test_gpu_greedy_equals_hf_reference_fp32(name):
     assert [o["token_ids"] for o in llm.generate(ref["prompts"], params, use_tqdm=False)] == ref["tokens"][name]
     for p, want in zip(ref["prompts"], ref["tokens"][name]):
         assert llm.generate([p], params, use_tqdm=False)[0]["token_ids"] == want
+
+
+@pytest.mark.parametrize("device, dtype", list(_cases()))
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("L, splits", [(1, 1), (2, 3), (37, 1), (37, 4), (150, 2), (150, 4), (0, 2)])
+def test_decode_b1_matches_qk_norm_rope_then_paged_decode(device, dtype, norm, L, splits):
+    """The batch-1 kernel (QK-norm + RoPE + KV store + attention in one) gives the unfused path's
+    output and leaves the same cache: context lengths of one token, one tile, several tiles per split,
+    more splits than keys, and a padding row (L = 0: zeros, nothing stored)."""
+    from minillm.kernels.decode_b1 import decode_attention_b1
+    from minillm.kernels.paged_attention import paged_decode_attention
+    g = torch.Generator().manual_seed(L * 7 + splits + norm)
+    H, Hkv, D, page, nblocks = 4, 2, 32, 16, 16
+    qkv = torch.randn(1, (H + 2 * Hkv) * D, generator=g).to(device, dtype)
+    cs = rope_cos_sin(D, 256, 1e4).to(device)
+    qw, kw = ((1 + 0.1 * torch.randn(D, generator=g)).to(device, dtype) for _ in range(2))
+    if not norm:
+        qw = kw = None
+    kc = torch.randn(nblocks, page, Hkv, D, generator=g).to(device, dtype)
+    vc = torch.randn(nblocks, page, Hkv, D, generator=g).to(device, dtype)
+    table = torch.randperm(nblocks, generator=g)[:12].to(torch.int32)
+    table[triton_cdiv(max(L, 1), page):] = -1
+    table = table[None].to(device)
+    pos = torch.tensor([max(L - 1, 0)], device=device)
+    slot = (table[0, max(L - 1, 0) // page].long() * page + max(L - 1, 0) % page).reshape(1)
+    if L == 0:
+        slot = torch.tensor([-1], device=device)
+    lens = torch.tensor([L], dtype=torch.int32, device=device)
+    want_k, want_v = kc.clone(), vc.clone()
+    q, k, v = qk_norm_rope(qkv, pos, cs, H, Hkv, D, qw, kw, 1e-6, want_k, want_v, slot)
+    want = paged_decode_attention(q, want_k, want_v, table, lens, D ** -0.5, num_splits=splits)
+    got = decode_attention_b1(qkv, pos, cs, qw, kw, 1e-6, kc, vc, slot, table, lens, D ** -0.5, H, Hkv, D,
+                              num_splits=splits)
+    torch.testing.assert_close(kc, want_k, atol=TOL[dtype], rtol=TOL[dtype])  # the norm sums in another order
+    assert torch.equal(vc, want_v)
+    torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pick_input_ids_takes_async_rows_from_the_last_samples(device):
+    from minillm.engine.cuda_graph import pick_input_ids
+    ids = torch.tensor([5, 6, 7, 8, 9], dtype=torch.int32, device=device)
+    src = torch.tensor([-1, 2, 0, -1, 4], dtype=torch.int32, device=device)
+    tokens = torch.tensor([100, 101, 102, 103, 104, 105], device=device)
+    assert pick_input_ids(ids, src, tokens).tolist() == [5, 102, 100, 8, 104]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("extra", [{}, {"top_k": 5}])  # the graph's own sampler; the sampler outside it
+def test_gpu_graph_sampling_equals_eager(extra):
+    """Seeded sampling at temperature 0.8 gives the same tokens with CUDA graphs (LM head and fused
+    sampler inside the graph; with top-k the logits are sampled outside it) as without."""
+    from helpers import greedy_reference, ref_path, small_engine_args
+    from minillm import LLM, SamplingParams
+    ref = greedy_reference()
+    params = [SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True, seed=i, **extra) for i in range(3)]
+    outs = []
+    for eager in (False, True):
+        with LLM(ref_path("tiny-qwen3"), **small_engine_args(device="cuda", attention_backend="triton",
+                                                             enforce_eager=eager, kv_cache_memory=64 << 20)) as llm:
+            outs.append([o["token_ids"] for o in llm.generate(ref["prompts"][:3], params, use_tqdm=False)])
+            outs.append(llm.generate([ref["prompts"][0]], params[0], use_tqdm=False)[0]["token_ids"])
+    assert outs[0] == outs[2], "batched: CUDA graphs sampled other tokens than eager"
+    assert outs[1] == outs[3], "batch 1: CUDA graphs sampled other tokens than eager"

@@ -1,19 +1,23 @@
-"""CUDA graphs for decode: record the whole decode forward once per batch size, then replay it.
+"""CUDA graphs for decode: record the whole decode step once per batch size, then replay it.
 
-A decode step of a 0.6B model launches ~300 small kernels; launched one by one from Python each
+A decode step of a 0.6B model launches ~200 small kernels; launched one by one from Python each
 costs a few microseconds of CPU, more than the GPU needs to run it at small batch. A CUDA graph
-replays the recorded launches with one call. Everything a graph reads must live at fixed
-addresses, so each step copies its inputs into static buffers, all of them with one copy:
+replays the recorded launches with one call. The graph holds the whole step, from input ids to
+sampled tokens: the forward, the LM head and the fused sampler (minillm.kernels.sampling).
+Everything a graph reads must live at fixed addresses, so each step copies its inputs into static
+buffers, all of them with one copy:
 
-    seeds                                [max_bs] int64   the fused sampler's Philox keys (read after the graph)
+    seeds                                [max_bs] int64   the fused sampler's Philox keys
     input_ids, positions, slot_mapping   [max_bs]
     context_lens                         [max_bs]
-    src                                  [max_bs]         async scheduling: row i's token is prev_tokens[src[i]] when >= 0
-    temperatures                         [max_bs] fp32    (read by the sampler, after the graph)
+    src                                  [max_bs]         async scheduling: row i's token is tokens[src[i]] when >= 0
+    temperatures                         [max_bs] fp32    the fused sampler's temperatures
     block_tables                         [max_bs, max_blocks]   max_blocks = ceil(max_model_len / block_size)
 
-With async scheduling a row's input token may still be on the device (the previous step's sample):
-the graph itself picks it out of prev_tokens, so a step launches no small gather kernels of its own.
+The graph writes its samples to `tokens`; with async scheduling the next step's input token of a
+row may be one of them, still on the device: the next replay picks it out of `tokens` itself (one
+small kernel), so a step copies nothing but its inputs. A batch whose sampling the fused sampler
+cannot do (top-k / top-p, or per-request generators) samples the graph's logits outside it.
 
 A batch of B sequences runs the graph captured for the smallest size >= B; rows past B are padding
 (slot -1: nothing stored; context length 0; their outputs are dropped). The block-table width is
@@ -23,10 +27,31 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import triton
+import triton.language as tl
 
 from minillm.context import reset_context, set_context
+from minillm.kernels.sampling import sample_triton
 
 HEAD = 8  # int32 slots per row before the block table: seeds (2), ids, positions, slots, lens, src, temperatures
+
+
+@triton.jit
+def _pick_input_ids_kernel(ids_ptr, src_ptr, tokens_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    mask = i < n
+    src = tl.load(src_ptr + i, mask=mask, other=-1)
+    prev = tl.load(tokens_ptr + tl.maximum(src, 0), mask=mask & (src >= 0), other=0).to(tl.int32)
+    tl.store(out_ptr + i, tl.where(src >= 0, prev, tl.load(ids_ptr + i, mask=mask, other=0)), mask=mask)
+
+
+def pick_input_ids(input_ids: torch.Tensor, src: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """input_ids, src: [B] int32, tokens: [>= B] int64 -> [B] int32: tokens[src[i]] where src[i] >= 0,
+    else input_ids[i]. One kernel (the torch expression is five)."""
+    out = torch.empty_like(input_ids)
+    n = input_ids.shape[0]
+    _pick_input_ids_kernel[(1,)](input_ids, src, tokens, out, n, BLOCK=max(16, triton.next_power_of_2(n)))
+    return out
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -36,8 +61,7 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model, max_num_seqs: int, max_blocks: int, hidden_size: int, dtype: torch.dtype,
-                 device: torch.device):
+    def __init__(self, model, max_num_seqs: int, max_blocks: int, device: torch.device):
         self.model = model
         self.sizes = graph_batch_sizes(max_num_seqs)
         n, self.max_blocks = self.sizes[-1], max_blocks
@@ -50,8 +74,8 @@ class DecodeGraphs:
         self.buffer = torch.zeros_like(self.staging[0], device=device)
         (self.seeds, self.input_ids, self.positions, self.slot_mapping, self.context_lens, self.src,
          self.temperatures, self.block_tables) = self._views(self.buffer, n)
-        self.prev_tokens = torch.zeros(n, dtype=torch.int64, device=device)
-        self.outputs = torch.zeros(n, hidden_size, dtype=dtype, device=device)
+        self.tokens = torch.zeros(n, dtype=torch.int64, device=device)  # the sampled ids (the graphs write them)
+        self.logits: dict[int, torch.Tensor] = {}  # per graph: its logits [bs, vocab], in the graphs' memory pool
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
         self._capture_all()
@@ -63,9 +87,9 @@ class DecodeGraphs:
         return (flat[:2 * n].view(as_i64), *f[:5], f[5].view(as_f32), flat[HEAD * n:].reshape(n, self.max_blocks))
 
     def _forward(self, bs: int) -> None:
-        ids = torch.where(self.src[:bs] >= 0, self.prev_tokens[self.src[:bs].clamp_min(0)].to(torch.int32),
-                          self.input_ids[:bs])
-        self.outputs[:bs] = self.model(ids, self.positions[:bs])
+        ids = pick_input_ids(self.input_ids[:bs], self.src[:bs], self.tokens)
+        self.logits[bs] = logits = self.model.compute_logits(self.model(ids, self.positions[:bs]))
+        sample_triton(logits, self.temperatures[:bs], self.seeds[:bs], out=self.tokens[:bs])
 
     def _set_context(self, bs: int) -> None:
         set_context(is_prefill=False, slot_mapping=self.slot_mapping[:bs], context_lens=self.context_lens[:bs],
@@ -94,13 +118,14 @@ class DecodeGraphs:
         return next((s for s in self.sizes if s >= bs), None)
 
     def run(self, batch, prev_ids: torch.Tensor | None = None, src_index=None, temperatures=None,
-            seeds=None) -> torch.Tensor:
-        """One decode Batch (B rows, host numpy) -> hidden states [B, hidden].
+            seeds=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode Batch (B rows, host numpy) -> (logits [B, vocab], sampled token ids [B] int64).
 
         prev_ids/src_index: with async scheduling, row i's input token is still on the device when
         src_index[i] >= 0: it is prev_ids[src_index[i]], the previous step's sample.
-        temperatures/seeds: host arrays [B] for the fused sampler, copied with the inputs; the
-        sampler then reads them from sampling_inputs(B)."""
+        temperatures/seeds: host arrays [B] for the fused sampler, copied with the inputs. Without
+        them the sampled ids are meaningless: sample the logits outside the graph. Both outputs are
+        valid until the next replay."""
         bs = len(batch.input_ids)
         padded = self.padded_size(bs)
         self.step ^= 1
@@ -111,7 +136,8 @@ class DecodeGraphs:
         src[:padded] = -1
         if src_index is not None:
             src[:bs] = src_index
-            self.prev_tokens[:len(prev_ids)].copy_(prev_ids)
+            if prev_ids.data_ptr() != self.tokens.data_ptr():  # not the last replay's own samples
+                self.tokens[:len(prev_ids)].copy_(prev_ids)
         if temperatures is not None:
             temps[:bs], seed_h[:bs] = temperatures, seeds
         width = batch.block_tables.shape[1]
@@ -120,8 +146,4 @@ class DecodeGraphs:
         used = HEAD * self.sizes[-1] + padded * self.max_blocks  # copy only the rows this graph reads
         self.buffer[:used].copy_(self.staging[self.step][:used], non_blocking=True)
         self.graphs[padded].replay()
-        return self.outputs[:bs]
-
-    def sampling_inputs(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The device copies of the last run's temperatures [bs] fp32 and seeds [bs] int64."""
-        return self.temperatures[:bs], self.seeds[:bs]
+        return self.logits[padded][:bs], self.tokens[:bs]

@@ -64,8 +64,7 @@ class ModelRunner:
         self.graphs = None
         if self.device.type == "cuda" and not config.enforce_eager and self.backend.name != "torch":
             # the torch reference backend's store selects rows with a boolean mask (a host sync)
-            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.blocks_per_seq(),
-                                       model_config.hidden_size, self.dtype, self.device)
+            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.blocks_per_seq(), self.device)
 
     # ---- KV cache -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -200,21 +199,17 @@ class ModelRunner:
         graphed = not is_prefill and self.graphs is not None and self.graphs.padded_size(len(seqs))
         sample_args = self.prepare_sample(seqs, on_device=not graphed)
         if graphed:
-            staged = "seeds" in sample_args  # the fused sampler's inputs travel with the graph's
-            hidden = self.graphs.run(batch, prev.token_ids if src is not None else None, src,
-                                     *((sample_args["temperatures"], sample_args["seeds"]) if staged else ()))
-            if staged:
-                sample_args["temperatures"], sample_args["seeds"] = self.graphs.sampling_inputs(len(seqs))
-            else:
-                sample_args = self.to_device_args(sample_args)
-            logits = self.model.compute_logits(hidden)
+            fused = "seeds" in sample_args  # the graph's own sampler can do it: its inputs travel with the graph's
+            logits, token_ids = self.graphs.run(batch, prev.token_ids if src is not None else None, src,
+                                                *((sample_args["temperatures"], sample_args["seeds"]) if fused else ()))
+            if not fused:
+                token_ids = self.sampler(logits, **self.to_device_args(sample_args))
         else:
             input_ids, positions = self.load_batch(batch)
             if src is not None:
                 idx = self._to_device(src)
                 input_ids = torch.where(idx >= 0, prev.token_ids[idx.clamp_min(0)], input_ids)
-            logits = self.run_model(input_ids, positions, is_prefill)
-        token_ids = self.sampler(logits, **sample_args)
+            token_ids = self.sampler(self.run_model(input_ids, positions, is_prefill), **sample_args)
         reset_context()
         pending = Pending(seqs, token_ids, {s.seq_id: i for i, s in enumerate(seqs)})
         if self.device.type == "cuda":

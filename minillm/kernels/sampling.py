@@ -41,16 +41,18 @@ def _sample_reduce_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_chunks, BLOCK
     tl.store(out_ptr + row, tl.load(part_idx_ptr + row * num_chunks + best).to(tl.int64))
 
 
-def sample_triton(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, block: int = 4096) -> torch.Tensor:
+def sample_triton(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, block: int = 4096,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """logits: [B, V] (rows contiguous); temperatures: [B] fp32 (0 = greedy); seeds: [B] int32/int64,
-    one Philox key per row (a new one each step). -> [B] int64 token ids."""
+    one Philox key per row (a new one each step). -> [B] int64 token ids (written into `out` if given)."""
     B, V = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     num_chunks = triton.cdiv(V, block)
     part_val = torch.empty(B, num_chunks, dtype=torch.float32, device=logits.device)
     part_idx = torch.empty(B, num_chunks, dtype=torch.int32, device=logits.device)
-    out = torch.empty(B, dtype=torch.int64, device=logits.device)
+    if out is None:
+        out = torch.empty(B, dtype=torch.int64, device=logits.device)
     if B:
         _sample_chunk_kernel[(B, num_chunks)](logits, temperatures, seeds, part_val, part_idx, V, logits.stride(0),
                                              num_chunks, BLOCK=block, num_warps=8)

@@ -20,6 +20,7 @@ from torch import nn
 from minillm.config import ModelConfig
 from minillm.context import get_context
 from minillm.distributed import tp_size
+from minillm.kernels.decode_b1 import decode_attention_b1
 from minillm.kernels.gemv import MAX_ROW, gemv, gemv_rms_norm, gemv_silu_mul
 from minillm.kernels.qk_norm_rope import qk_norm_rope
 from minillm.kernels.silu_mul import silu_and_mul_triton
@@ -131,12 +132,19 @@ def _gemv_fusable(p: DecoderLayerParams, hidden: int) -> bool:
 
 def _decoder_layer_gemv(positions, hidden_states, residual, p: DecoderLayerParams):
     """Batch-1 decode (one token): each RMSNorm runs inside the GEMV after it, SiLU-and-mul inside
-    down_proj's; with PDL each GEMV loads its weights while the kernel before it finishes. Seven
-    kernels per layer instead of ten (minillm.kernels.gemv)."""
+    down_proj's; QK-norm, RoPE, the KV store and attention are one kernel (minillm.kernels.decode_b1);
+    with PDL each kernel loads what it can while the one before it finishes. Six kernels per layer
+    instead of ten (minillm.kernels.gemv)."""
     lin = lambda m: (m.weight, m.bias)  # noqa: E731
     qkv, residual = gemv_rms_norm(hidden_states, p.input_norm, p.eps, *lin(p.qkv_proj), residual)
-    q, k, v = _qk_norm_rope_store(qkv, positions, p)
-    h = gemv(p.attn(q, k, v, kv_stored=True).reshape(1, p.num_heads * p.head_dim), *lin(p.o_proj))
+    ctx, a = get_context(), p.attn
+    if not ctx.is_prefill and ctx.block_tables is not None and a.k_cache.numel() and a.backend.name == "triton":
+        o = decode_attention_b1(qkv, positions, p.cos_sin, p.q_norm, p.k_norm, p.eps, a.k_cache, a.v_cache,
+                                ctx.slot_mapping, ctx.block_tables, ctx.context_lens, a.scale, p.num_heads,
+                                p.num_kv_heads, p.head_dim)
+    else:
+        o = a(*_qk_norm_rope_store(qkv, positions, p), kv_stored=True)
+    h = gemv(o.reshape(1, p.num_heads * p.head_dim), *lin(p.o_proj))
     gate_up, residual = gemv_rms_norm(h, p.post_norm, p.eps, *lin(p.gate_up_proj), residual)
     return gemv_silu_mul(gate_up, *lin(p.down_proj)), residual
 
