@@ -43,6 +43,16 @@ def _attend(q, k, v, mask_n, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, kpos, end, head_offs, stride_cb, stride_ct, PAGE: tl.constexpr):
+    """K and V rows [BLOCK_N, D] of key positions kpos (< end; the rest masked) through the block table."""
+    mask_n = kpos < end
+    block = tl.load(table_ptr + kpos // PAGE, mask=mask_n, other=0).to(tl.int64)
+    offs = block[:, None] * stride_cb + (kpos % PAGE)[:, None] * stride_ct + head_offs
+    return (tl.load(k_cache_ptr + offs, mask=mask_n[:, None], other=0.0),
+            tl.load(v_cache_ptr + offs, mask=mask_n[:, None], other=0.0), mask_n)
+
+
+@triton.jit
 def _norm_rope(row_ptr, w, wp, offs_d, partner, sign, cos, sin, eps, NORM: tl.constexpr, HEAD_DIM: tl.constexpr):
     """QK-norm (weights w[d], wp = w[partner]; optional) then RoPE of head rows [R, D] at
     row_ptr[:, None] + d, in fp32. RoPE pairs d with partner = (d + D/2) % D:
@@ -76,12 +86,8 @@ def _decode_b1_kernel(qkv_ptr, q_w_ptr, k_w_ptr, cos_sin_ptr, pos_ptr, slot_ptr,
     head_offs = g * HEAD_DIM + offs_d[None, :]
 
     # independent of the qkv projection (this step's inputs, earlier steps' cache): loaded while it still runs
-    kpos = start + offs_n
-    mask_n = kpos < end
-    block = tl.load(table_ptr + kpos // PAGE, mask=mask_n, other=0).to(tl.int64)
-    offs = block[:, None] * stride_cb + (kpos % PAGE)[:, None] * stride_ct + head_offs
-    k0 = tl.load(k_cache_ptr + offs, mask=mask_n[:, None], other=0.0)
-    v0 = tl.load(v_cache_ptr + offs, mask=mask_n[:, None], other=0.0)
+    k0, v0, mask_n = _kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, start + offs_n, end, head_offs, stride_cb,
+                              stride_ct, PAGE)
     pos = tl.load(pos_ptr)
     slot = tl.load(slot_ptr).to(tl.int64)
     half = offs_d % (HEAD_DIM // 2)
@@ -115,12 +121,8 @@ def _decode_b1_kernel(qkv_ptr, q_w_ptr, k_w_ptr, cos_sin_ptr, pos_ptr, slot_ptr,
     acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
     m_i, l_i, acc = _attend(q, k0, v0, mask_n, m_i, l_i, acc, qk_scale, PRECISION)
     for n0 in range(start + BLOCK_N, end, BLOCK_N):  # contexts longer than one tile per split
-        kpos = n0 + offs_n
-        mask_n = kpos < end
-        block = tl.load(table_ptr + kpos // PAGE, mask=mask_n, other=0).to(tl.int64)
-        offs = block[:, None] * stride_cb + (kpos % PAGE)[:, None] * stride_ct + head_offs
-        k = tl.load(k_cache_ptr + offs, mask=mask_n[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + offs, mask=mask_n[:, None], other=0.0)
+        k, v, mask_n = _kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, n0 + offs_n, end, head_offs, stride_cb,
+                                stride_ct, PAGE)
         if UPCAST:
             k, v = k.to(tl.float32), v.to(tl.float32)
         m_i, l_i, acc = _attend(q, k, v, mask_n, m_i, l_i, acc, qk_scale, PRECISION)
