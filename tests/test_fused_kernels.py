@@ -224,7 +224,7 @@ def triton_cdiv(a: int, b: int) -> int:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_pick_input_ids_takes_async_rows_from_the_last_samples(device):
-    from minillm.engine.cuda_graph import pick_input_ids
+    from minillm.kernels.sampling import pick_input_ids
     ids = torch.tensor([5, 6, 7, 8, 9], dtype=torch.int32, device=device)
     src = torch.tensor([-1, 2, 0, -1, 4], dtype=torch.int32, device=device)
     tokens = torch.tensor([100, 101, 102, 103, 104, 105], device=device)
@@ -249,3 +249,15 @@ def test_gpu_graph_sampling_equals_eager(extra):
             outs.append(llm.generate([ref["prompts"][0]], params[0], use_tqdm=False)[0]["token_ids"])
     assert outs[0] == outs[2], "batched: CUDA graphs sampled other tokens than eager"
     assert outs[1] == outs[3], "batch 1: CUDA graphs sampled other tokens than eager"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter switch is for machines without CUDA")
+def test_importing_minillm_turns_the_interpreter_on_before_triton_loads():
+    """`import minillm.kernels` (what notebooks do first) must set TRITON_INTERPRET=1 before any module
+    imports triton: a triton loaded earlier keeps compiled-mode tl functions that fail in the interpreter."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = "import minillm.kernels, triton.language as tl; print(type(tl.sum).__name__)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "InterpretedFunction", out.stdout + out.stderr

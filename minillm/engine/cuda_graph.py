@@ -27,31 +27,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
 from minillm.context import reset_context, set_context
-from minillm.kernels.sampling import sample_triton
+from minillm.kernels.sampling import pick_input_ids, sample_triton
 
 HEAD = 8  # int32 slots per row before the block table: seeds (2), ids, positions, slots, lens, src, temperatures
-
-
-@triton.jit
-def _pick_input_ids_kernel(ids_ptr, src_ptr, tokens_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    i = tl.arange(0, BLOCK)
-    mask = i < n
-    src = tl.load(src_ptr + i, mask=mask, other=-1)
-    prev = tl.load(tokens_ptr + tl.maximum(src, 0), mask=mask & (src >= 0), other=0).to(tl.int32)
-    tl.store(out_ptr + i, tl.where(src >= 0, prev, tl.load(ids_ptr + i, mask=mask, other=0)), mask=mask)
-
-
-def pick_input_ids(input_ids: torch.Tensor, src: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """input_ids, src: [B] int32, tokens: [>= B] int64 -> [B] int32: tokens[src[i]] where src[i] >= 0,
-    else input_ids[i]. One kernel (the torch expression is five)."""
-    out = torch.empty_like(input_ids)
-    n = input_ids.shape[0]
-    _pick_input_ids_kernel[(1,)](input_ids, src, tokens, out, n, BLOCK=max(16, triton.next_power_of_2(n)))
-    return out
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:

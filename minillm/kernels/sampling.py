@@ -7,6 +7,9 @@ drawn in registers (Philox, keyed by a per-row seed: no noise tensor), and keeps
 a second kernel picks each row's best chunk. Rows with temperature 0 take the plain argmax.
 
     token = argmax_i ( logits_i / T - log(-log U_i) ),  U_i ~ Uniform(0, 1)   (Gumbel-max)
+
+pick_input_ids feeds the samples back: with async scheduling the next step's input token of a
+sequence may still be on the device, and the decode CUDA graph picks it out of the last samples.
 """
 from __future__ import annotations
 
@@ -58,4 +61,23 @@ def sample_triton(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch
                                              num_chunks, BLOCK=block, num_warps=8)
         _sample_reduce_kernel[(B,)](part_val, part_idx, out, num_chunks,
                                     BLOCK_C=max(2, triton.next_power_of_2(num_chunks)))
+    return out
+
+
+# ---- the samples as the next step's inputs (minillm.engine.cuda_graph) ----------------------------
+@triton.jit
+def _pick_input_ids_kernel(ids_ptr, src_ptr, tokens_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    mask = i < n
+    src = tl.load(src_ptr + i, mask=mask, other=-1)
+    prev = tl.load(tokens_ptr + tl.maximum(src, 0), mask=mask & (src >= 0), other=0).to(tl.int32)
+    tl.store(out_ptr + i, tl.where(src >= 0, prev, tl.load(ids_ptr + i, mask=mask, other=0)), mask=mask)
+
+
+def pick_input_ids(input_ids: torch.Tensor, src: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """input_ids, src: [B] int32, tokens: [>= B] int64 -> [B] int32: tokens[src[i]] where src[i] >= 0,
+    else input_ids[i]. One kernel (the torch expression is five)."""
+    out = torch.empty_like(input_ids)
+    n = input_ids.shape[0]
+    _pick_input_ids_kernel[(1,)](input_ids, src, tokens, out, n, BLOCK=max(16, triton.next_power_of_2(n)))
     return out
