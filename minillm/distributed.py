@@ -18,6 +18,8 @@ import contextlib
 import os
 import pickle
 import signal
+import statistics
+import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -219,16 +221,29 @@ def call_sharded(fn, rank_args: list[tuple]):
     return fn(*rank_args[dist.get_rank()], dist.group.WORLD)
 
 
-def all_reduce_benchmark(sizes_bytes: list[int], timer, device: str = "cpu",
-                         dtype: torch.dtype = torch.float32) -> list[float]:
-    """For run_on_ranks: the median milliseconds of one all-reduce of each message size, timed by
-    `timer` (minillm.course.timing.time_fn). Every rank runs the same number of calls, so none waits
-    for a collective the others never start."""
+def all_reduce_benchmark(sizes_bytes: list[int], device: str = "cpu", dtype: torch.dtype = torch.float32,
+                         inner: int = 10, rep: int = 10) -> list[float]:
+    """For run_on_ranks: the median milliseconds of one all-reduce of each message size (rep timings
+    of inner back-to-back calls, after a warm-up). Every rank makes exactly the same calls: a timer
+    that picks its call count from a measured first call (time_fn on a CUDA machine does) picks a
+    different count on each rank, and the rank with more calls then waits forever in a collective
+    the others never start."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(10):  # line the ranks up and set up the connections before timing anything
         dist.all_reduce(torch.ones(1, device=device))
     dist.barrier()
     out = []
     for size in sizes_bytes:
         x = torch.ones(max(1, size // dtype.itemsize), dtype=dtype, device=device)
-        out.append(timer(lambda: dist.all_reduce(x), warmup=5, rep=30, max_seconds=float("inf")))
+        for _ in range(inner):
+            dist.all_reduce(x)
+        times = []
+        for _ in range(rep):
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                dist.all_reduce(x)
+            sync()
+            times.append((time.perf_counter() - t0) * 1e3 / inner)
+        out.append(statistics.median(times))
     return out

@@ -185,11 +185,37 @@ def test_nccl_tp2_equals_tp1_and_a_killed_worker_raises():
     assert not dist.is_initialized()
 
 
+def _all_reduce_benchmark_with_a_slow_rank(sizes):
+    """Rank 1 is slower between all-reduces, so the ranks measure different times; -> (ms, calls)."""
+    import torch
+    from minillm.distributed import all_reduce_benchmark
+    calls, real = [0], dist.all_reduce
+
+    def counted(*a, **k):
+        calls[0] += 1
+        out = real(*a, **k)
+        if dist.get_rank() == 1:  # rank 0 waits for rank 1 in its next call: their timings differ
+            time.sleep(0.002)
+        return out
+    dist.all_reduce = counted
+    try:
+        return all_reduce_benchmark(sizes, "cpu", torch.float32), calls[0]
+    finally:
+        dist.all_reduce = real
+
+
+def test_all_reduce_benchmark_makes_the_same_calls_on_every_rank():
+    """An adaptive call count (time_fn on a CUDA machine) differs between ranks and hangs the group;
+    the benchmark's count is fixed: both ranks finish, with equal call counts and positive times."""
+    (ms0, n0), (ms1, n1) = run_on_ranks(_all_reduce_benchmark_with_a_slow_rank, 2, [4, 4096], timeout_s=60)
+    assert n0 == n1 > 0
+    assert len(ms0) == len(ms1) == 2 and all(m > 0 for m in ms0 + ms1)
+
+
 @pytest.mark.gpu
 def test_nccl_all_reduce_benchmark_runs():
     _two_gpus()
     import torch
-    from minillm.course.timing import time_fn
     from minillm.distributed import all_reduce_benchmark
-    ms = run_on_ranks(all_reduce_benchmark, 2, [4, 1 << 20], time_fn, "cuda", torch.bfloat16, device="cuda")
+    ms = run_on_ranks(all_reduce_benchmark, 2, [4, 1 << 20], "cuda", torch.bfloat16, device="cuda")
     assert all(0 < m < 1000 for rank in ms for m in rank)
