@@ -27,7 +27,7 @@ demo: setup
 test: setup
 	$(PY) -m minillm.course.exercises --check
 	$(PY) tests/references/make.py --check
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --impl=ref
 	$(PY) -m pytest tests/exercises -q --impl=solutions
 	$(PY) -m pytest tests/exercises -q --impl=exercises --expect-stubs
 	$(PY) -m pytest --nbmake notebooks -q

@@ -1,6 +1,6 @@
 """Chapter 1 exercise stubs. GENERATED from minillm/ by `python -m minillm.course.exercises`:
 do not edit by hand; students: fill in the bodies here, then grade one exercise with
-    pytest tests/exercises --impl=exercises -m ex1_1
+    make grade EX=1.1            (or: pytest tests/exercises -m ex1_1)
 
 Exercise 1.1: bpe_encode  (notebooks/01_vocab_weights_runtime.ipynb, section '3. Byte-level BPE, step by step')
 Exercise 1.2: parse_safetensors_header, read_tensor  (notebooks/01_vocab_weights_runtime.ipynb, section '5. The weights: a safetensors file')
@@ -39,7 +39,7 @@ def bpe_encode(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
     Hints: piece[i:i + 1] is a bytes object of length 1 (piece[i] is an int); when the same pair
     occurs twice, merge the leftmost first.
     """
-    raise NotImplementedError("Exercise 1.1: implement bpe_encode (see notebooks/01_vocab_weights_runtime.ipynb, section '3. Byte-level BPE, step by step')")
+    raise NotImplementedError("Exercise 1.1: implement bpe_encode in exercises/ch1.py (see notebooks/01_vocab_weights_runtime.ipynb, section '3. Byte-level BPE, step by step')")
 
 
 # exercise: given
@@ -73,7 +73,7 @@ def parse_safetensors_header(data: bytes | memoryview, file_size: int | None = N
     Hints: struct.unpack("<Q", ...); json.loads accepts bytes (and the trailing spaces that pad the
     header to a multiple of 8).
     """
-    raise NotImplementedError("Exercise 1.2: implement parse_safetensors_header (see notebooks/01_vocab_weights_runtime.ipynb, section '5. The weights: a safetensors file')")
+    raise NotImplementedError("Exercise 1.2: implement parse_safetensors_header in exercises/ch1.py (see notebooks/01_vocab_weights_runtime.ipynb, section '5. The weights: a safetensors file')")
 
 
 def read_tensor(buf, info: dict, data_start: int, name: str = "") -> torch.Tensor:
@@ -88,7 +88,7 @@ def read_tensor(buf, info: dict, data_start: int, name: str = "") -> torch.Tenso
     Hints: torch.frombuffer(buf, dtype=..., count=..., offset=...) then .view(shape); frombuffer
     refuses count=0.
     """
-    raise NotImplementedError("Exercise 1.2: implement read_tensor (see notebooks/01_vocab_weights_runtime.ipynb, section '5. The weights: a safetensors file')")
+    raise NotImplementedError("Exercise 1.2: implement read_tensor in exercises/ch1.py (see notebooks/01_vocab_weights_runtime.ipynb, section '5. The weights: a safetensors file')")
 
 
 # ---- Exercise 1.3 (notebooks/01_vocab_weights_runtime.ipynb, section '7. Packed parameters'), from minillm.loader ----
@@ -102,7 +102,7 @@ def checkpoint_param_name(ckpt_name: str, packed_modules_mapping: dict) -> tuple
     e.g. "model.layers.3.mlp.up_proj.weight" -> ("model.layers.3.mlp.gate_up_proj.weight", 1).
     Hints: match ".up_proj." with the dots, so "up_proj" never matches inside another word.
     """
-    raise NotImplementedError("Exercise 1.3: implement checkpoint_param_name (see notebooks/01_vocab_weights_runtime.ipynb, section '7. Packed parameters')")
+    raise NotImplementedError("Exercise 1.3: implement checkpoint_param_name in exercises/ch1.py (see notebooks/01_vocab_weights_runtime.ipynb, section '7. Packed parameters')")
 
 
 def load_model(model: nn.Module, path: str) -> None:
@@ -121,7 +121,7 @@ def load_model(model: nn.Module, path: str) -> None:
     tensor, shard None); otherwise -> ValueError saying which are missing.
     Hints: dict(model.named_parameters()); remember the shard ids each parameter received in a set.
     """
-    raise NotImplementedError("Exercise 1.3: implement load_model (see notebooks/01_vocab_weights_runtime.ipynb, section '7. Packed parameters')")
+    raise NotImplementedError("Exercise 1.3: implement load_model in exercises/ch1.py (see notebooks/01_vocab_weights_runtime.ipynb, section '7. Packed parameters')")
 
 
 # ---- Exercise 1.4 (notebooks/01_vocab_weights_runtime.ipynb, section '8. The runtime: the forward pipeline'), from minillm.runtime_v0 ----
@@ -137,7 +137,7 @@ def forward_pipeline(model, input_ids: torch.Tensor, positions: torch.Tensor) ->
     The caller has set the attention context (runner.load_batch) the layers read.
     Hints: four steps, one loop; compare with Qwen3Model.forward and compute_logits.
     """
-    raise NotImplementedError("Exercise 1.4: implement forward_pipeline (see notebooks/01_vocab_weights_runtime.ipynb, section '8. The runtime: the forward pipeline')")
+    raise NotImplementedError("Exercise 1.4: implement forward_pipeline in exercises/ch1.py (see notebooks/01_vocab_weights_runtime.ipynb, section '8. The runtime: the forward pipeline')")
 
 
 # ---- Exercise 1.5 (notebooks/01_vocab_weights_runtime.ipynb, section '9. A generate loop without a cache'), from minillm.runtime_v0 ----
@@ -150,7 +150,7 @@ def greedy_generate_naive(runner: ModelRunner, prompt_ids: list[int], max_new_to
     Hints: prefill_batch(ids) builds one step with no cache (slot_mapping None);
     last_logits(runner, batch) runs it; int(logits.argmax()).
     """
-    raise NotImplementedError("Exercise 1.5: implement greedy_generate_naive (see notebooks/01_vocab_weights_runtime.ipynb, section '9. A generate loop without a cache')")
+    raise NotImplementedError("Exercise 1.5: implement greedy_generate_naive in exercises/ch1.py (see notebooks/01_vocab_weights_runtime.ipynb, section '9. A generate loop without a cache')")
 
 
 # ---- Exercise 1.6 (notebooks/01_vocab_weights_runtime.ipynb, section '10. A KV cache'), from minillm.runtime_v0 ----
@@ -169,4 +169,4 @@ def greedy_generate_cached(runner: ModelRunner, prompt_ids: list[int], max_new_t
     with input_ids, positions, slot_mapping of length 1, context_lens [n] (int32) and
     block_tables [1, num_blocks] (int32); see Batch in minillm/engine/model_runner.py.
     """
-    raise NotImplementedError("Exercise 1.6: implement greedy_generate_cached (see notebooks/01_vocab_weights_runtime.ipynb, section '10. A KV cache')")
+    raise NotImplementedError("Exercise 1.6: implement greedy_generate_cached in exercises/ch1.py (see notebooks/01_vocab_weights_runtime.ipynb, section '10. A KV cache')")

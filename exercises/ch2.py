@@ -1,6 +1,6 @@
 """Chapter 2 exercise stubs. GENERATED from minillm/ by `python -m minillm.course.exercises`:
 do not edit by hand; students: fill in the bodies here, then grade one exercise with
-    pytest tests/exercises --impl=exercises -m ex2_1
+    make grade EX=2.1            (or: pytest tests/exercises -m ex2_1)
 
 Exercise 2.1: rms_norm  (notebooks/02_decoder_layer.ipynb, section '2. RMSNorm')
 Exercise 2.2: add_rms_norm  (notebooks/02_decoder_layer.ipynb, section '3. The residual stream and fused add+RMSNorm')
@@ -33,7 +33,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     Hints: x.float(), pow(2).mean(dim=-1, keepdim=True), torch.rsqrt. No centering (no mean
     subtraction) and no bias: that is the difference from LayerNorm.
     """
-    raise NotImplementedError("Exercise 2.1: implement rms_norm (see notebooks/02_decoder_layer.ipynb, section '2. RMSNorm')")
+    raise NotImplementedError("Exercise 2.1: implement rms_norm in exercises/ch2.py (see notebooks/02_decoder_layer.ipynb, section '2. RMSNorm')")
 
 
 # ---- Exercise 2.2 (notebooks/02_decoder_layer.ipynb, section '3. The residual stream and fused add+RMSNorm'), from minillm.layers.layernorm ----
@@ -50,7 +50,7 @@ def add_rms_norm(
 
     Hints: two lines; reuse rms_norm. Return the new residual too: the next block adds to it.
     """
-    raise NotImplementedError("Exercise 2.2: implement add_rms_norm (see notebooks/02_decoder_layer.ipynb, section '3. The residual stream and fused add+RMSNorm')")
+    raise NotImplementedError("Exercise 2.2: implement add_rms_norm in exercises/ch2.py (see notebooks/02_decoder_layer.ipynb, section '3. The residual stream and fused add+RMSNorm')")
 
 
 # ---- Exercise 2.3 (notebooks/02_decoder_layer.ipynb, section '4. Rotary position embedding'), from minillm.layers.rotary ----
@@ -65,7 +65,7 @@ def rope_cos_sin(head_dim: int, max_position: int, base: float) -> torch.Tensor:
     so the angles agree to the last bit); an outer product of positions and inv_freq gives the
     [P, d/2] angles; torch.cat the cos and sin halves.
     """
-    raise NotImplementedError("Exercise 2.3: implement rope_cos_sin (see notebooks/02_decoder_layer.ipynb, section '4. Rotary position embedding')")
+    raise NotImplementedError("Exercise 2.3: implement rope_cos_sin in exercises/ch2.py (see notebooks/02_decoder_layer.ipynb, section '4. Rotary position embedding')")
 
 
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
@@ -81,7 +81,7 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
     Hints: index the cache with positions (cos_sin[positions]: [N, d]), then unsqueeze a heads axis
     so one row broadcasts over all heads; chunk(2, dim=-1) splits halves.
     """
-    raise NotImplementedError("Exercise 2.3: implement apply_rotary (see notebooks/02_decoder_layer.ipynb, section '4. Rotary position embedding')")
+    raise NotImplementedError("Exercise 2.3: implement apply_rotary in exercises/ch2.py (see notebooks/02_decoder_layer.ipynb, section '4. Rotary position embedding')")
 
 
 # ---- Exercise 2.4 (notebooks/02_decoder_layer.ipynb, section '5. Attention: GQA and the causal mask'), from minillm.layers.attention ----
@@ -98,7 +98,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     g*(H/Hkv) .. (g+1)*(H/Hkv)-1 share KV head g); torch.einsum for the two products; a boolean
     mask from torch.ones(Lq, Lk).tril(diagonal=Lk - Lq); masked_fill with -inf before the softmax.
     """
-    raise NotImplementedError("Exercise 2.4: implement causal_attention (see notebooks/02_decoder_layer.ipynb, section '5. Attention: GQA and the causal mask')")
+    raise NotImplementedError("Exercise 2.4: implement causal_attention in exercises/ch2.py (see notebooks/02_decoder_layer.ipynb, section '5. Attention: GQA and the causal mask')")
 
 
 # ---- Exercise 2.5 (notebooks/02_decoder_layer.ipynb, section '6. The MLP: SwiGLU'), from minillm.layers.activation ----
@@ -110,7 +110,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
     Hints: chunk(2, dim=-1); torch.nn.functional.silu.
     """
-    raise NotImplementedError("Exercise 2.5: implement silu_and_mul (see notebooks/02_decoder_layer.ipynb, section '6. The MLP: SwiGLU')")
+    raise NotImplementedError("Exercise 2.5: implement silu_and_mul in exercises/ch2.py (see notebooks/02_decoder_layer.ipynb, section '6. The MLP: SwiGLU')")
 
 
 # ---- Exercise 2.6 (notebooks/02_decoder_layer.ipynb, section '7. The whole decoder layer'), from minillm.models.qwen3 ----
@@ -136,7 +136,7 @@ def decoder_layer(positions: torch.Tensor, hidden_states: torch.Tensor, residual
     (minillm.layers.layernorm: the torch functions of 2.1/2.2 on CPU, the Triton kernel of 2.7 on
     CUDA); apply_rotary and silu_and_mul are exercises 2.3 and 2.5. QK-norm comes before RoPE.
     """
-    raise NotImplementedError("Exercise 2.6: implement decoder_layer (see notebooks/02_decoder_layer.ipynb, section '7. The whole decoder layer')")
+    raise NotImplementedError("Exercise 2.6: implement decoder_layer in exercises/ch2.py (see notebooks/02_decoder_layer.ipynb, section '7. The whole decoder layer')")
 
 
 # ---- Exercise 2.7 (notebooks/02_decoder_layer.ipynb, section '8. A Triton kernel for add+RMSNorm'), from minillm.kernels.rmsnorm ----
@@ -163,7 +163,7 @@ def add_rms_norm_kernel(
     before the statistics, and round the normalized row before multiplying by the weight.
     tl.sum(v, axis=0), tl.rsqrt. Divide by n_cols, not BLOCK_N.
     """
-    raise NotImplementedError("Exercise 2.7: implement add_rms_norm_kernel (see notebooks/02_decoder_layer.ipynb, section '8. A Triton kernel for add+RMSNorm')")
+    raise NotImplementedError("Exercise 2.7: implement add_rms_norm_kernel in exercises/ch2.py (see notebooks/02_decoder_layer.ipynb, section '8. A Triton kernel for add+RMSNorm')")
 
 
 # exercise: given

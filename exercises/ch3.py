@@ -1,6 +1,6 @@
 """Chapter 3 exercise stubs. GENERATED from minillm/ by `python -m minillm.course.exercises`:
 do not edit by hand; students: fill in the bodies here, then grade one exercise with
-    pytest tests/exercises --impl=exercises -m ex3_1
+    make grade EX=3.1            (or: pytest tests/exercises -m ex3_1)
 
 Exercise 3.1: slot_mapping_for  (notebooks/03_paged_kv_cache.ipynb, section '2. Block tables and slot mapping')
 Exercise 3.2: compute_block_hash, match_prefix  (notebooks/03_paged_kv_cache.ipynb, section '3. Prefix caching: hashing full blocks')
@@ -43,7 +43,7 @@ def slot_mapping_for(block_table: np.ndarray, start: int, end: int, block_size: 
     Hints: vectorize with numpy (np.arange of the positions, integer division and modulo, fancy
     indexing into block_table); cast to int64 before multiplying (block ids may be int32).
     """
-    raise NotImplementedError("Exercise 3.1: implement slot_mapping_for (see notebooks/03_paged_kv_cache.ipynb, section '2. Block tables and slot mapping')")
+    raise NotImplementedError("Exercise 3.1: implement slot_mapping_for in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '2. Block tables and slot mapping')")
 
 
 # ---- Exercise 3.2 (notebooks/03_paged_kv_cache.ipynb, section '3. Prefix caching: hashing full blocks'), from minillm.engine.block_manager ----
@@ -59,7 +59,7 @@ def compute_block_hash(token_ids: list[int], prefix_hash: int) -> int:
     and not meant for this); feed it the prefix hash and the token ids as bytes (int.to_bytes,
     numpy's tobytes), and turn the digest back into an int with int.from_bytes(..., signed=True).
     """
-    raise NotImplementedError("Exercise 3.2: implement compute_block_hash (see notebooks/03_paged_kv_cache.ipynb, section '3. Prefix caching: hashing full blocks')")
+    raise NotImplementedError("Exercise 3.2: implement compute_block_hash in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '3. Prefix caching: hashing full blocks')")
 
 
 def match_prefix(token_ids: list[int], block_size: int, hash_to_block_id: dict[int, int],
@@ -81,7 +81,7 @@ def match_prefix(token_ids: list[int], block_size: int, hash_to_block_id: dict[i
     Hints: the last token sits in block (len(token_ids) - 1) // block_size; hashes of the blocks
     after the first miss are still needed (the block manager registers them).
     """
-    raise NotImplementedError("Exercise 3.2: implement match_prefix (see notebooks/03_paged_kv_cache.ipynb, section '3. Prefix caching: hashing full blocks')")
+    raise NotImplementedError("Exercise 3.2: implement match_prefix in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '3. Prefix caching: hashing full blocks')")
 
 
 # ---- Exercise 3.3 (notebooks/03_paged_kv_cache.ipynb, section '4. Paged decode attention in torch'), from minillm.layers.attention ----
@@ -102,7 +102,7 @@ def paged_decode_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     zero the K/V rows you mask out. torch.nn.functional.scaled_dot_product_attention takes a boolean
     attn_mask (True = attend) and enable_gqa=True for Hkv < H; it wants [B, heads, length, D].
     """
-    raise NotImplementedError("Exercise 3.3: implement paged_decode_torch (see notebooks/03_paged_kv_cache.ipynb, section '4. Paged decode attention in torch')")
+    raise NotImplementedError("Exercise 3.3: implement paged_decode_torch in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '4. Paged decode attention in torch')")
 
 
 # ---- Exercise 3.4 (notebooks/03_paged_kv_cache.ipynb, section '5. The store kernel in Triton'), from minillm.kernels.store_kvcache ----
@@ -124,7 +124,7 @@ def store_kvcache_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     store: nothing outside the kept slots may be written (the grader checks guard bytes around the
     cache). Do offset arithmetic in int64 (a large cache overflows int32).
     """
-    raise NotImplementedError("Exercise 3.4: implement store_kvcache_kernel (see notebooks/03_paged_kv_cache.ipynb, section '5. The store kernel in Triton')")
+    raise NotImplementedError("Exercise 3.4: implement store_kvcache_kernel in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '5. The store kernel in Triton')")
 
 
 # exercise: given
@@ -191,7 +191,7 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
     Mask every load: masked-off rows must not be read, and nothing but the output row may be written.
     Cast the block id to int64 before multiplying by stride_cb (a big cache overflows int32).
     """
-    raise NotImplementedError("Exercise 3.5: implement paged_decode_kernel (see notebooks/03_paged_kv_cache.ipynb, section '6. The paged decode kernel in Triton')")
+    raise NotImplementedError("Exercise 3.5: implement paged_decode_kernel in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '6. The paged decode kernel in Triton')")
 
 
 # exercise: given
@@ -273,4 +273,4 @@ def schedule_step(waiting: deque[Sequence], running: deque[Sequence], block_mana
     Hints: pop sequences off the left of `running` one by one and put the scheduled ones back at the
     end; the victims come off its right.
     """
-    raise NotImplementedError("Exercise 3.6: implement schedule_step (see notebooks/03_paged_kv_cache.ipynb, section '7. The scheduler: admission and preemption')")
+    raise NotImplementedError("Exercise 3.6: implement schedule_step in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '7. The scheduler: admission and preemption')")

@@ -1,6 +1,6 @@
 """Chapter 4 exercise stubs. GENERATED from minillm/ by `python -m minillm.course.exercises`:
 do not edit by hand; students: fill in the bodies here, then grade one exercise with
-    pytest tests/exercises --impl=exercises -m ex4_1
+    make grade EX=4.1            (or: pytest tests/exercises -m ex4_1)
 
 Exercise 4.1: shard_weight, shard_packed  (notebooks/04_tensor_parallel.ipynb, section '3. Sharding the checkpoint')
 Exercise 4.2: row_parallel_linear  (notebooks/04_tensor_parallel.ipynb, section '4. The MLP: column then row, one all-reduce')
@@ -26,7 +26,7 @@ def shard_weight(weight: torch.Tensor, dim: int, rank: int, world_size: int) -> 
 
     Hints: Tensor.narrow(dim, start, length) returns a view without copying.
     """
-    raise NotImplementedError("Exercise 4.1: implement shard_weight (see notebooks/04_tensor_parallel.ipynb, section '3. Sharding the checkpoint')")
+    raise NotImplementedError("Exercise 4.1: implement shard_weight in exercises/ch4.py (see notebooks/04_tensor_parallel.ipynb, section '3. Sharding the checkpoint')")
 
 
 def shard_packed(weight: torch.Tensor, output_sizes: list[int], rank: int, world_size: int) -> torch.Tensor:
@@ -39,7 +39,7 @@ def shard_packed(weight: torch.Tensor, output_sizes: list[int], rank: int, world
 
     Hints: Tensor.split(output_sizes), then shard_weight on each part, then torch.cat.
     """
-    raise NotImplementedError("Exercise 4.1: implement shard_packed (see notebooks/04_tensor_parallel.ipynb, section '3. Sharding the checkpoint')")
+    raise NotImplementedError("Exercise 4.1: implement shard_packed in exercises/ch4.py (see notebooks/04_tensor_parallel.ipynb, section '3. Sharding the checkpoint')")
 
 
 # ---- Exercise 4.2 (notebooks/04_tensor_parallel.ipynb, section '4. The MLP: column then row, one all-reduce'), from minillm.layers.linear ----
@@ -57,7 +57,7 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
     Hints: F.linear(x, w) computes x @ w.T; all_reduce sums a tensor in place across the group.
     """
-    raise NotImplementedError("Exercise 4.2: implement row_parallel_linear (see notebooks/04_tensor_parallel.ipynb, section '4. The MLP: column then row, one all-reduce')")
+    raise NotImplementedError("Exercise 4.2: implement row_parallel_linear in exercises/ch4.py (see notebooks/04_tensor_parallel.ipynb, section '4. The MLP: column then row, one all-reduce')")
 
 
 # ---- Exercise 4.3 (notebooks/04_tensor_parallel.ipynb, section '5. Vocabulary-parallel embedding'), from minillm.layers.embed_head ----
@@ -74,7 +74,7 @@ def vocab_parallel_embed(token_ids: torch.Tensor, weight_shard: torch.Tensor, vo
     Hints: a boolean mask of the owned ids; shift ids by vocab_start and send the others to a valid
     row (e.g. 0) before F.embedding, so nothing indexes out of range; then zero the masked rows.
     """
-    raise NotImplementedError("Exercise 4.3: implement vocab_parallel_embed (see notebooks/04_tensor_parallel.ipynb, section '5. Vocabulary-parallel embedding')")
+    raise NotImplementedError("Exercise 4.3: implement vocab_parallel_embed in exercises/ch4.py (see notebooks/04_tensor_parallel.ipynb, section '5. Vocabulary-parallel embedding')")
 
 
 # ---- Exercise 4.4 (notebooks/04_tensor_parallel.ipynb, section '6. The parallel LM head'), from minillm.layers.embed_head ----
@@ -91,4 +91,4 @@ def parallel_lm_head(hidden: torch.Tensor, weight_shard: torch.Tensor, group) ->
     destination passes a gather_list (p tensors shaped like the local logits), the others None;
     dist.get_rank(group) is this process's rank in the group; torch.cat on the last dim.
     """
-    raise NotImplementedError("Exercise 4.4: implement parallel_lm_head (see notebooks/04_tensor_parallel.ipynb, section '6. The parallel LM head')")
+    raise NotImplementedError("Exercise 4.4: implement parallel_lm_head in exercises/ch4.py (see notebooks/04_tensor_parallel.ipynb, section '6. The parallel LM head')")

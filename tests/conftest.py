@@ -1,7 +1,9 @@
 """Test switches.
 
-  --impl=ref|solutions|exercises  (env MINILLM_IMPL) which code the graded tests in tests/exercises
-                                  run: minillm itself, solutions/, or the student's exercises/
+  --impl=exercises|solutions|ref  (env MINILLM_IMPL) which code the graded tests in tests/exercises
+                                  run: the student's exercises/ (the default: a plain
+                                  `pytest tests/exercises` grades your code), solutions/, or minillm
+                                  itself. CI and the Makefile name `ref`/`solutions` explicitly.
   --expect-stubs                  CI only: every graded test must fail with its stub's
                                   NotImplementedError (proof that the grader can fail)
 
@@ -15,12 +17,15 @@ import torch
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit is defined
 
-from minillm.course.exercises import IMPLS, find_exercises, load_impl  # noqa: E402
+from minillm.course import grading  # noqa: E402
+from minillm.course.exercises import DEFAULT_IMPL, IMPLS, find_exercises, impl_files, load_impl  # noqa: E402
+
+IMPL_WHO = {"exercises": "your code", "solutions": "the reference solutions", "ref": "minillm itself"}
 
 
 def pytest_addoption(parser):
-    parser.addoption("--impl", default=os.environ.get("MINILLM_IMPL", "ref"), choices=IMPLS,
-                     help="implementation the graded tests run (default: ref, i.e. minillm itself)")
+    parser.addoption("--impl", default=os.environ.get("MINILLM_IMPL", DEFAULT_IMPL), choices=IMPLS,
+                     help=f"implementation the graded tests run (default: {DEFAULT_IMPL}, your own code)")
     parser.addoption("--expect-stubs", action="store_true",
                      help="invert graded tests: each must fail with its exercise's NotImplementedError")
 
@@ -28,6 +33,25 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     for e in find_exercises():
         config.addinivalue_line("markers", f"{e.marker}: exercise {e.id} ({e.where()})")
+    impl = config.getoption("--impl")
+    grading.GRADED = f"{IMPL_WHO[impl]}, --impl={impl}"
+
+
+def _graded_banner(config) -> str | None:
+    """One line naming the implementation under test, when the run collects graded tests."""
+    impl = config.getoption("--impl")
+    files = impl_files(impl)
+    shown = ", ".join(files) if len(files) <= 4 else f"{files[0]} ... ({len(files)} files)"
+    return f"minillm grading: --impl={impl} ({IMPL_WHO[impl]}): {shown}"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    # printed even under -q (the report header is not): a student must see whose code was graded
+    if any(os.sep + "exercises" + os.sep in str(item.fspath) for item in session.items):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(_graded_banner(session.config), bold=True)
 
 
 @pytest.fixture(scope="session")

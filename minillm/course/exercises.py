@@ -132,7 +132,7 @@ def _stub(ex: Exercise) -> str:
             and isinstance(body[0].value.value, str)
         keep_until = body[0].end_lineno if has_doc else f.body[0].lineno - 1
         indent = " " * (f.col_offset + 4)
-        msg = f"Exercise {ex.id}: implement {f.name} (see {ex.where()})"
+        msg = f"Exercise {ex.id}: implement {f.name} in exercises/ch{ex.chapter}.py (see {ex.where()})"
         new = [f"{indent}raise NotImplementedError({msg!r})"]
         lines[keep_until:f.end_lineno] = new
     return "\n".join(lines) + "\n"
@@ -187,7 +187,7 @@ def render_chapter(chapter: int, exs: list[Exercise], stubs: bool) -> str:
         "do not edit by hand" + ("; students: fill in the bodies here, then grade one exercise with" if stubs else "."),
     ]
     if stubs:
-        head.append(f"    pytest tests/exercises --impl=exercises -m {exs[0].marker}")
+        head.append(f"    make grade EX={exs[0].id}            (or: pytest tests/exercises -m {exs[0].marker})")
     head.append("")
     for e in exs:
         head.append(f"Exercise {e.id}: {', '.join(e.stubbed)}  ({e.where()})")
@@ -236,6 +236,14 @@ def write(check: bool = False) -> list[str]:
 
 # ---- choosing the implementation under test -------------------------------------------------------
 IMPLS = ("ref", "solutions", "exercises")
+DEFAULT_IMPL = "exercises"  # what a student's plain `pytest tests/exercises` grades: their own code
+
+
+def impl_files(impl: str) -> list[str]:
+    """The files an implementation's exercise functions come from (relative to the repository)."""
+    if impl == "ref":
+        return sorted({e.module.replace(".", "/") + ".py" for e in find_exercises()})
+    return [f"{impl}/ch{ch}.py" for ch in sorted({e.chapter for e in find_exercises()})]
 
 
 def load_impl(impl: str) -> types.SimpleNamespace:
@@ -268,27 +276,126 @@ def _import_generated(impl: str, chapter: int):
     return mod
 
 
-@contextlib.contextmanager
-def use_impl(impl: str, chapters: set[int] | None = None):
-    """Swap every exercise function of `impl` (of `chapters`, default all) into the running engine:
-    every minillm module that holds the reference function under its name. Restored on exit."""
-    chosen = load_impl(impl)
-    patched = []
-    for e in find_exercises():
-        if chapters is not None and e.chapter not in chapters:
-            continue
-        ref_mod = importlib.import_module(e.module)
-        for name in e.functions:
-            ref = getattr(ref_mod, name)
-            for mod in [m for k, m in list(sys.modules.items()) if k.startswith("minillm") and m is not None]:
-                if getattr(mod, name, None) is ref:
-                    patched.append((mod, name, ref))
-                    setattr(mod, name, getattr(chosen, name))
-    try:
-        yield chosen
-    finally:
-        for mod, name, ref in reversed(patched):
+def _is_stub_body(fn: ast.FunctionDef) -> bool:
+    """True when a function's body, after its docstring, is only `raise NotImplementedError(...)`."""
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return False
+    exc = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+
+
+def unsolved(impl: str) -> dict[str, list[str]]:
+    """exercise id -> the functions a student still has to write (their body is still the stub's
+    `raise NotImplementedError`), read from the files without running them. Empty for ref."""
+    if impl == "ref":
+        return {}
+    out: dict[str, list[str]] = {}
+    for ch in sorted({e.chapter for e in find_exercises()}):
+        path = os.path.join(REPO_DIR, impl, f"ch{ch}.py")
+        stubs = {n.name for n in ast.parse(open(path).read()).body
+                 if isinstance(n, ast.FunctionDef) and _is_stub_body(n)}
+        for e in find_exercises():
+            if e.chapter == ch:
+                todo = [f for f in e.stubbed if f in stubs]
+                if todo:
+                    out[e.id] = todo
+    return out
+
+
+def status(impl: str, exercise_id: str) -> str:
+    """'not started' (every function still a stub), 'started' (some written) or 'written' (all)."""
+    todo = unsolved(impl).get(exercise_id, [])
+    if not todo:
+        return "written"
+    return "not started" if len(todo) == len(exercise(exercise_id).stubbed) else "started"
+
+
+@dataclass
+class Swap:
+    """Exercise functions swapped into the running engine (see swap_in); restore() undoes it."""
+
+    impl: str
+    swapped: list[str]  # exercise ids whose written functions now run in the engine
+    fallback: list[str]  # exercise ids left on minillm's reference (not started)
+    patched: list[tuple[object, str, object, object]] = field(default_factory=list, repr=False)  # module, name, ref, new
+
+    def restore(self) -> None:
+        for mod, name, ref, _ in reversed(self.patched):
             setattr(mod, name, ref)
+        # a module imported while the swap was on copied a swapped function: put the reference back there too
+        swapped = {name: (new, ref) for _, name, ref, new in self.patched}
+        for key, mod in list(sys.modules.items()):
+            if key.startswith("minillm") and mod is not None:
+                for name, (new, ref) in swapped.items():
+                    if getattr(mod, name, None) is new:
+                        setattr(mod, name, ref)
+        self.patched.clear()
+
+    def describe(self) -> str:
+        names = lambda ids: ", ".join(f"{i} {'/'.join(exercise(i).stubbed)}" for i in ids) or "none"  # noqa: E731
+        src = {"ref": "minillm itself", "solutions": "solutions/", "exercises": "your exercises/"}[self.impl]
+        return (f"running {src} for: {names(self.swapped)}\n"
+                f"running minillm's reference for (not started): {names(self.fallback)}")
+
+
+def swap_in(impl: str, exercises: set[str] | None = None, chapters: set[int] | None = None) -> Swap:
+    """Put `impl`'s exercise functions into every minillm module that holds the reference
+    function under its name, so the running engine calls them. Only the functions a student has
+    written are swapped: a stub still raising NotImplementedError leaves minillm's own function in
+    place, so one solved exercise runs in the engine while the rest are not started.
+    exercises: ids to swap (default all); chapters: restrict to these chapters."""
+    chosen, todo = load_impl(impl), unsolved(impl)
+    swap = Swap(impl, [], [])
+    modules = [m for k, m in list(sys.modules.items()) if k.startswith("minillm") and m is not None]
+    for e in find_exercises():
+        if (chapters is not None and e.chapter not in chapters) or (exercises is not None and e.id not in exercises):
+            continue
+        written = [n for n in e.stubbed if n not in todo.get(e.id, [])]
+        (swap.swapped if written else swap.fallback).append(e.id)
+        ref_mod = importlib.import_module(e.module)
+        if ref_mod not in modules:
+            modules.append(ref_mod)
+        for name in written:
+            ref = getattr(ref_mod, name)
+            for mod in modules:
+                if getattr(mod, name, None) is ref:
+                    swap.patched.append((mod, name, ref, getattr(chosen, name)))
+                    setattr(mod, name, getattr(chosen, name))
+    return swap
+
+
+@contextlib.contextmanager
+def use_impl(impl: str, chapters: set[int] | None = None, exercises: set[str] | None = None):
+    """swap_in(...) for the duration of a with-block. -> the Swap."""
+    swap = swap_in(impl, exercises=exercises, chapters=chapters)
+    try:
+        yield swap
+    finally:
+        swap.restore()
+
+
+_NOTEBOOK_SWAP: Swap | None = None
+
+
+def use_my_code(chapter: int, enabled: bool, impl: str = DEFAULT_IMPL) -> Swap | None:
+    """A notebook's switch (`USE_MY_CODE = True`): from now on the engine runs the chapter's exercises
+    that are written in exercises/chN.py, and minillm's reference for the others; False restores
+    the reference. Safe to re-run. Prints which code runs."""
+    global _NOTEBOOK_SWAP
+    if _NOTEBOOK_SWAP is not None:
+        _NOTEBOOK_SWAP.restore()
+        _NOTEBOOK_SWAP = None
+    if not enabled:
+        print(f"USE_MY_CODE = False: chapter {chapter} runs minillm's reference code "
+              f"(set it to True to run your exercises/ch{chapter}.py in the engine)")
+        return None
+    _NOTEBOOK_SWAP = swap_in(impl, chapters={chapter})
+    print(f"USE_MY_CODE = True: chapter {chapter}, " + _NOTEBOOK_SWAP.describe())
+    return _NOTEBOOK_SWAP
 
 
 def exercise(exercise_id: str) -> Exercise:

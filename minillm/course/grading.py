@@ -1,47 +1,106 @@
-"""Assertions for graded tests: failures say what is wrong and which notebook section explains it."""
+"""Assertions for graded tests: failures say what is wrong, which bug it looks like, and which
+notebook section explains it.
+
+A graded test compares the student's output with a reference. When they differ, it can name the
+bug: `suspects` maps a diagnosis (what the bug is and how to fix it) to what a function with that
+bug returns on the same input (a value, or a zero-argument callable computed only on failure).
+If the student's output equals one of them, the failure message leads with that diagnosis.
+
+    check_close(got, want, "2.3", "apply_rotary(q)",
+                suspects={"the rotation's sign is flipped: ...": lambda: buggy_rotary(q, pos, cs)})
+
+The wrong versions themselves live in the tests (tests/exercises/mistakes.py), never in exercises/.
+"""
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import torch
 
-from minillm.course.exercises import exercise
+from minillm.course.exercises import exercise, unsolved
+
+GRADED = ""  # which implementation is under test ("your code, --impl=exercises"); set by tests/conftest.py
+Suspects = dict[str, Any]  # diagnosis -> what the buggy version returns (or a callable producing it)
 
 
 def check_close(actual, expected, exercise_id: str, what: str = "output", atol: float = 1e-5,
-                rtol: float = 1e-5) -> None:
+                rtol: float = 1e-5, suspects: Suspects | None = None) -> None:
     """Assert two tensors match (shape, dtype, values within atol + rtol * |expected|)."""
+    problem = _close_problem(actual, expected, atol, rtol)
+    if problem is not None:
+        diagnosis = _diagnose(actual, suspects, lambda a, s: _close_problem(a, s, atol, rtol) is None)
+        _fail(exercise_id, what, problem, diagnosis)
+
+
+def check_equal(actual, expected, exercise_id: str, what: str = "output", suspects: Suspects | None = None) -> None:
+    """Assert exact equality (token ids, slot numbers, block tables, ...)."""
+    if not _equal(actual, expected):
+        problem = f"is wrong.\n  got:      {_short(actual)}\n  expected: {_short(expected)}"
+        _fail(exercise_id, what, problem, _diagnose(actual, suspects, _equal))
+
+
+def require_written(impl: str, exercise_id: str) -> None:
+    """For a test that swaps one exercise into the engine: while its functions are still stubs the
+    swap would silently run minillm's own code, so fail the way the stub does."""
+    todo = unsolved(impl).get(exercise_id)
+    if todo:
+        ex = exercise(exercise_id)
+        raise NotImplementedError(f"Exercise {ex.id}: implement {', '.join(todo)} in {impl}/ch{ex.chapter}.py "
+                                  f"(see {ex.where()})")
+
+
+def _fail(exercise_id: str, what: str, problem: str, diagnosis: str | None) -> None:
     ex = exercise(exercise_id)
-    where = f"Exercise {ex.id} ({', '.join(ex.stubbed)}): {what}"
-    hint = f" -- see {ex.where()}"
+    head = f"Exercise {ex.id} ({', '.join(ex.stubbed)}): {what}"
+    graded = f" [graded: {GRADED}]" if GRADED else ""
+    lines = [f"{head} {problem}"]
+    if diagnosis:
+        lines.insert(0, f"Exercise {ex.id}: looks like a known bug: {diagnosis}")
+    lines.append(f"  -- see {ex.where()}{graded}")
+    raise AssertionError("\n".join(lines))
+
+
+def _close_problem(actual, expected, atol: float, rtol: float) -> str | None:
+    """None when actual matches expected, else what differs (shape, dtype, or the values)."""
     if not isinstance(actual, torch.Tensor):
-        raise AssertionError(f"{where} should be a torch.Tensor, got {type(actual).__name__}{hint}")
+        return f"should be a torch.Tensor, got {type(actual).__name__}"
     if actual.shape != expected.shape:
-        raise AssertionError(f"{where} has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}{hint}")
+        return f"has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
     if actual.dtype != expected.dtype:
-        raise AssertionError(f"{where} has dtype {actual.dtype}, expected {expected.dtype}{hint}")
+        return f"has dtype {actual.dtype}, expected {expected.dtype}"
     a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
     if torch.isnan(a).any() and not torch.isnan(e).any():
-        raise AssertionError(f"{where} contains NaN{hint}")
+        return "contains NaN"
     err = (a - e).abs()
     bad = err > atol + rtol * e.abs()
-    if bad.any():
-        idx = tuple(int(i) for i in bad.nonzero()[0])
-        raise AssertionError(
-            f"{where} differs from the reference at {int(bad.sum())} of {bad.numel()} elements; "
-            f"max abs error {err.max().item():.3g} (atol {atol:g}, rtol {rtol:g}); first at index {idx}: "
-            f"got {a[idx].item():.6g}, expected {e[idx].item():.6g}{hint}")
+    if not bad.any():
+        return None
+    idx = tuple(int(i) for i in bad.nonzero()[0])
+    return (f"differs from the reference at {int(bad.sum())} of {bad.numel()} elements; max abs error "
+            f"{err.max().item():.3g} (atol {atol:g}, rtol {rtol:g}); first at index {idx}: "
+            f"got {a[idx].item():.6g}, expected {e[idx].item():.6g}")
 
 
-def check_equal(actual, expected, exercise_id: str, what: str = "output") -> None:
-    """Assert exact equality (token ids, slot numbers, block tables, ...)."""
-    ex = exercise(exercise_id)
+def _equal(actual, expected) -> bool:
     if isinstance(actual, torch.Tensor) or isinstance(expected, torch.Tensor):
-        same = (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)
+        return (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)
                 and actual.shape == expected.shape and bool((actual.cpu() == expected.cpu()).all()))
-    else:
-        same = actual == expected
-    if not same:
-        raise AssertionError(f"Exercise {ex.id} ({', '.join(ex.stubbed)}): {what} is wrong.\n  got:      "
-                             f"{_short(actual)}\n  expected: {_short(expected)}\n  -- see {ex.where()}")
+    try:
+        return bool(actual == expected)
+    except Exception:  # e.g. numpy arrays of different shapes
+        return False
+
+
+def _diagnose(actual, suspects: Suspects | None, same: Callable[[Any, Any], bool]) -> str | None:
+    """The first diagnosis whose buggy output equals the student's, if any."""
+    for diagnosis, produced in (suspects or {}).items():
+        try:
+            value = produced() if callable(produced) else produced
+            if same(actual, value):
+                return diagnosis
+        except Exception:  # a suspect that cannot run on this input simply does not match
+            continue
+    return None
 
 
 def _short(x) -> str:

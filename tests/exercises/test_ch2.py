@@ -18,7 +18,7 @@ from transformers.models.qwen3.modeling_qwen3 import (Qwen3Attention, Qwen3Decod
 from helpers import greedy_reference, ref_path, small_engine_args
 from minillm import LLM, SamplingParams
 from minillm.course.exercises import use_impl
-from minillm.course.grading import check_close, check_equal
+from minillm.course.grading import check_close, check_equal, require_written
 from minillm.layers.attention import varlen_attention
 from minillm.layers.layernorm import rms_norm as rms_norm_ref
 from minillm.layers.rotary import apply_rotary as apply_rotary_ref, rope_cos_sin as rope_cos_sin_ref
@@ -281,7 +281,8 @@ def test_your_layer_in_the_engine_gives_the_same_greedy_tokens(impl_name):
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
     want = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
-    with use_impl(impl_name, chapters={2}):
+    require_written(impl_name, "2.6")
+    with use_impl(impl_name, exercises={"2.6"}):
         got = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
     check_equal(got, want, "2.6", "greedy tokens of the engine running your functions")
 

@@ -1,0 +1,161 @@
+"""`make grade` / `python -m minillm.course.grade`: grade your exercises and print a scoreboard.
+
+    make grade                 # every exercise: passed / failed / not started, and the first failure
+    make grade EX=2.3          # one exercise
+    python -m minillm.course.grade --json results.json     # + a Gradescope-style report for instructors
+
+It runs the graded tests in tests/exercises against your `exercises/` (or `--impl solutions|ref`).
+An exercise whose functions all still raise the stub's NotImplementedError is "not started" and is
+not run. Exit status 0 only when every exercise graded passes.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+
+from minillm.course.exercises import DEFAULT_IMPL, IMPLS, REPO_DIR, exercise, find_exercises, impl_files, unsolved
+
+TESTS_DIR = os.path.join(REPO_DIR, "tests", "exercises")
+MESSAGE_LINES = 4  # lines of the first failure shown on the scoreboard (the JSON keeps all of it)
+
+
+@dataclass
+class Result:
+    """One exercise's grade."""
+
+    id: str
+    title: str
+    status: str = "not started"  # passed | failed | not started
+    passed: int = 0
+    total: int = 0
+    message: str = ""  # the first failure, or why it was not run
+    outputs: list[str] = field(default_factory=list)
+
+
+class _Collector:
+    """A pytest plugin that records each graded test's outcome under its exercise id."""
+
+    def __init__(self, results: dict[str, Result]):
+        self.results = results
+
+    def pytest_runtest_logreport(self, report):
+        # one outcome per test: its call, or its setup when that failed or skipped
+        if not (report.when == "call" or (report.when == "setup" and not report.passed)):
+            return
+        for key in report.keywords:
+            r = self.results.get(key[2:].replace("_", ".")) if key.startswith("ex") else None
+            if r is None:
+                continue
+            r.total += 1
+            if report.passed:
+                r.passed += 1
+            elif not r.message:
+                r.message = _failure_text(report)
+
+
+def _failure_text(report) -> str:
+    """The assertion message of a failed test (what grading.check_* wrote), without the traceback."""
+    if report.skipped:  # a graded test that did not run is not a pass
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        return f"{report.nodeid.split('::')[-1]}: skipped ({reason})"
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    for prefix in ("AssertionError: ", "NotImplementedError: "):
+        text = text.removeprefix(prefix)
+    return f"{report.nodeid.split('::')[-1]}: {text}"
+
+
+def grade(impl: str = DEFAULT_IMPL, only: str | None = None, verbose: bool = False) -> list[Result]:
+    """Run the graded tests of every written exercise (or of `only`). -> one Result per exercise."""
+    import pytest
+
+    exercises = [e for e in find_exercises() if only is None or e.id == only]
+    if not exercises:
+        raise ValueError(f"no exercise {only!r}; exercises are {', '.join(e.id for e in find_exercises())}")
+    todo = unsolved(impl)
+    results = {e.id: Result(e.id, f"{', '.join(e.stubbed)}") for e in exercises}
+    to_run = []
+    for e in exercises:
+        missing = todo.get(e.id, [])
+        if len(missing) == len(e.stubbed):
+            results[e.id].message = f"{', '.join(missing)} in {impl}/ch{e.chapter}.py still raise NotImplementedError"
+        else:
+            to_run.append(e)
+    if to_run:
+        args = [TESTS_DIR, f"--impl={impl}", "-p", "no:cacheprovider", "-q", "--tb=short",
+                "-m", " or ".join(e.marker for e in to_run)]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(sys.stdout if verbose else out):
+            code = pytest.main(args, plugins=[_Collector(results)])
+        if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            sys.stdout.write(out.getvalue())
+            raise RuntimeError(f"pytest could not run the graded tests (exit code {int(code)}); its output is above")
+    for e in to_run:
+        r = results[e.id]
+        r.status = "passed" if r.total and r.passed == r.total else "failed"
+        if r.status == "failed" and not r.message:
+            r.message = "no graded test ran"
+    return [results[e.id] for e in exercises]
+
+
+def scoreboard(results: list[Result], impl: str) -> str:
+    """The table a student reads."""
+    files = ", ".join(impl_files(impl)) if impl != DEFAULT_IMPL else "exercises/ch*.py (your code)"
+    lines = [f"Grading {files}", ""]
+    width = max(len(r.title) for r in results)
+    lines.append(f"{'exercise':<9} {'functions':<{width}}  {'status':<12} tests")
+    for r in results:
+        tests = f"{r.passed}/{r.total}" if r.total else "-"
+        lines.append(f"{r.id:<9} {r.title:<{width}}  {r.status:<12} {tests}")
+    failed = [r for r in results if r.status == "failed"]
+    for r in failed:
+        msg = r.message.splitlines()
+        lines += ["", f"{r.id} {r.title}: first failure", *("    " + m for m in msg[:MESSAGE_LINES])]
+        if len(msg) > MESSAGE_LINES:
+            lines.append(f"    ... (make grade EX={r.id} VERBOSE=1, or pytest tests/exercises -m ex{r.id.replace('.', '_')})")
+    counts = {s: sum(r.status == s for r in results) for s in ("passed", "failed", "not started")}
+    lines += ["", f"{counts['passed']} passed, {counts['failed']} failed, {counts['not started']} not started "
+                  f"(of {len(results)})"]
+    return "\n".join(lines)
+
+
+def gradescope_json(results: list[Result]) -> dict:
+    """Gradescope's autograder results.json shape: one test per exercise, partial credit by tests passed."""
+    tests = []
+    for r in results:
+        ex = exercise(r.id)
+        score = round(r.passed / r.total, 3) if r.total else 0.0
+        tests.append({"name": f"Exercise {r.id}: {r.title}", "number": r.id, "score": score, "max_score": 1.0,
+                      "status": "passed" if r.status == "passed" else "failed",
+                      "output": f"{r.status} ({r.passed}/{r.total} tests). {r.message}".strip()
+                                + f"\nSee {ex.where()}."})
+    return {"score": round(sum(t["score"] for t in tests), 3), "max_score": float(len(tests)), "tests": tests}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m minillm.course.grade", description=__doc__.split("\n")[0])
+    p.add_argument("--exercise", "-e", default=None, help="grade one exercise, e.g. 2.3")
+    p.add_argument("--impl", default=os.environ.get("MINILLM_IMPL", DEFAULT_IMPL), choices=IMPLS)
+    p.add_argument("--json", default=None, metavar="PATH", help="also write a Gradescope-style results.json")
+    p.add_argument("--verbose", "-v", action="store_true", help="show pytest's own output")
+    args = p.parse_args(argv)
+    try:
+        results = grade(args.impl, args.exercise, args.verbose)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(scoreboard(results, args.impl))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(gradescope_json(results), f, indent=2)
+        print(f"wrote {args.json}")
+    sys.exit(0 if all(r.status == "passed" for r in results) else 1)
+
+
+if __name__ == "__main__":
+    main()
