@@ -1,0 +1,55 @@
+"""Known wrong versions of the exercises, so the grader can name a bug instead of a symptom.
+
+Each chapter lists its mistakes in mistakes_chN.py. A mistake is a function written the way
+students get it wrong (rotation sign flipped, data offset forgotten, ...) and the diagnosis the
+grader prints when a student's output equals that function's output on the graded input.
+
+Graders use `suspects(function, *args)`: diagnosis -> the lazily computed output of every known
+wrong version of `function` on the same arguments, for grading.check_close / check_equal.
+tests/test_diagnosis.py feeds every mistake to the graded test named in it and requires the
+failure message to carry the mistake's own diagnosis.
+
+These wrong versions live here, in the tests, never in exercises/.
+"""
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Mistake:
+    name: str  # short id, e.g. "rope_sign_flipped"
+    exercise: str  # "2.3"
+    replaces: dict[str, Callable]  # exercise function name -> the wrong version
+    hint: str  # the diagnosis: what the bug is and how to fix it (appears verbatim in the failure)
+    test: str  # the graded test that must catch it: "test_ch2.py::test_apply_rotary_matches_transformers"
+    test_args: dict = field(default_factory=dict)  # arguments for that test besides `impl` (parametrized ones)
+
+
+def all_mistakes() -> dict[str, Mistake]:
+    """Every chapter's mistakes by name."""
+    import mistakes_ch1
+    import mistakes_ch2
+    import mistakes_ch3
+    import mistakes_ch4
+    found: dict[str, Mistake] = {}
+    for mod in (mistakes_ch1, mistakes_ch2, mistakes_ch3, mistakes_ch4):
+        for m in mod.MISTAKES:
+            if m.name in found:
+                raise ValueError(f"mistake name {m.name!r} is used twice")
+            found[m.name] = m
+    return found
+
+
+def suspects(function: str, *args, **kwargs) -> dict[str, Callable]:
+    """diagnosis -> a zero-argument callable giving each known wrong version's output of `function`
+    on these arguments (computed only if the student's output is wrong)."""
+    return {m.hint: (lambda fn=m.replaces[function]: fn(*args, **kwargs))
+            for m in all_mistakes().values() if function in m.replaces}
+
+
+def with_mistake(impl: types.SimpleNamespace, mistake: Mistake) -> types.SimpleNamespace:
+    """A copy of an implementation namespace with the mistake's wrong functions in it."""
+    return types.SimpleNamespace(**{**vars(impl), **mistake.replaces})

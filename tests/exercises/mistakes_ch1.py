@@ -1,0 +1,6 @@
+"""Chapter 1's known wrong versions (see mistakes.py)."""
+from __future__ import annotations
+
+from mistakes import Mistake
+
+MISTAKES: list[Mistake] = []
