@@ -26,14 +26,15 @@ def test_every_exercise_has_named_mistakes():
 
 
 @pytest.mark.parametrize("name", sorted(MISTAKES))
-def test_grader_names_the_mistake(name, monkeypatch):
+def test_grader_names_the_mistake(name, request):
     mistake = MISTAKES[name]
     module_name, test_name = mistake.test.split("::")
     test_fn = getattr(importlib.import_module(module_name.removesuffix(".py")), test_name)
     impl = with_mistake(load_impl("ref"), mistake)
     args = dict(mistake.test_args)
-    if "monkeypatch" in test_fn.__code__.co_varnames[:test_fn.__code__.co_argcount]:
-        args["monkeypatch"] = monkeypatch
+    for arg in test_fn.__code__.co_varnames[:test_fn.__code__.co_argcount]:
+        if arg != "impl" and arg not in args:  # pytest's own fixtures the test asks for: monkeypatch, tmp_path, ...
+            args[arg] = request.getfixturevalue(arg)
     with pytest.raises(AssertionError) as failure:
         test_fn(impl=impl, **args)
     assert mistake.hint in str(failure.value), (

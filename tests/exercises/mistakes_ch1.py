@@ -1,6 +1,313 @@
-"""Chapter 1's known wrong versions (see mistakes.py)."""
+"""Chapter 1's known wrong versions (see mistakes.py).
+
+Each function below is an exercise written the way students get it wrong; its docstring says the
+one thing that differs from the right version. The hints are what the grader prints.
+"""
 from __future__ import annotations
 
+import json
+import struct
+
+import numpy as np
+import torch
+
+from minillm.engine.model_runner import Batch
+from minillm.loader import (IGNORED_SUFFIXES, SAFETENSORS_DTYPES, checkpoint_param_name, expected_shards,
+                            iterate_safetensors)
+from minillm.runtime_v0 import last_logits, prefill_batch
 from mistakes import Mistake
 
-MISTAKES: list[Mistake] = []
+
+# ---- 1.1 byte-level BPE --------------------------------------------------------------------------
+def bpe_first_pair(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
+    """Merges the leftmost adjacent pair that is a token, instead of the pair of lowest rank."""
+    parts = [piece[i:i + 1] for i in range(len(piece))]
+    while True:
+        mergeable = [i for i in range(len(parts) - 1) if parts[i] + parts[i + 1] in ranks]
+        if not mergeable:
+            return [ranks[p] for p in parts]
+        i = mergeable[0]
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+
+def bpe_highest_rank(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
+    """Merges the pair of HIGHEST rank first (max instead of min)."""
+    parts = [piece[i:i + 1] for i in range(len(piece))]
+    while True:
+        candidates = [(ranks[parts[i] + parts[i + 1]], i) for i in range(len(parts) - 1)
+                      if parts[i] + parts[i + 1] in ranks]
+        if not candidates:
+            return [ranks[p] for p in parts]
+        _, i = max(candidates, key=lambda c: (c[0], -c[1]))
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+
+def bpe_returns_bytes(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]:
+    """Merges correctly but returns the merged byte strings, not their token ids."""
+    parts = [piece[i:i + 1] for i in range(len(piece))]
+    while True:
+        candidates = [(ranks[parts[i] + parts[i + 1]], i) for i in range(len(parts) - 1)
+                      if parts[i] + parts[i + 1] in ranks]
+        if not candidates:
+            return parts
+        _, i = min(candidates)
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+
+# ---- 1.2 safetensors -----------------------------------------------------------------------------
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def header_keeps_metadata(data, file_size=None) -> tuple[dict, int]:
+    """Returns the JSON header as it is, "__metadata__" entry included."""
+    (n,) = struct.unpack("<Q", bytes(data[:8]))
+    return json.loads(bytes(data[8:8 + n])), 8 + n
+
+
+def header_start_without_length(data, file_size=None) -> tuple[dict, int]:
+    """data_start = N: forgets the 8 bytes of the length field before the header."""
+    (n,) = struct.unpack("<Q", bytes(data[:8]))
+    header = json.loads(bytes(data[8:8 + n]))
+    header.pop("__metadata__", None)
+    return header, n
+
+
+def read_tensor_without_data_start(buf, info: dict, data_start: int, name: str = "") -> torch.Tensor:
+    """Reads at data_offsets[0] from the start of the FILE: forgets to add data_start (8 + N)."""
+    dtype = SAFETENSORS_DTYPES[info["dtype"]]
+    shape, (begin, _) = info["shape"], info["data_offsets"]
+    if _numel(shape) == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buf, dtype=dtype, count=_numel(shape), offset=begin).view(shape)
+
+
+def read_tensor_copies(buf, info: dict, data_start: int, name: str = "") -> torch.Tensor:
+    """Slices the buffer first (buf[a:b] copies a bytearray or an mmap), then wraps the copy."""
+    dtype = SAFETENSORS_DTYPES[info["dtype"]]
+    shape, (begin, end) = info["shape"], info["data_offsets"]
+    if _numel(shape) == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buf[data_start + begin:data_start + end], dtype=dtype).view(shape)
+
+
+# ---- 1.3 packed parameters -----------------------------------------------------------------------
+def param_name_without_shard(ckpt_name: str, packed_modules_mapping: dict) -> tuple[str, None]:
+    """Renames to the packed parameter but returns shard id None."""
+    for frag, (packed_frag, _) in packed_modules_mapping.items():
+        if f".{frag}." in ckpt_name:
+            return ckpt_name.replace(f".{frag}.", f".{packed_frag}."), None
+    return ckpt_name, None
+
+
+def param_name_not_renamed(ckpt_name: str, packed_modules_mapping: dict) -> tuple[str, str | int | None]:
+    """Finds the shard id but keeps the checkpoint's name (q_proj instead of qkv_proj)."""
+    for frag, (_, shard_id) in packed_modules_mapping.items():
+        if f".{frag}." in ckpt_name:
+            return ckpt_name, shard_id
+    return ckpt_name, None
+
+
+def _load(model, path: str, check_names: bool = True, check_shapes: bool = True, check_complete: bool = True):
+    """The right load_model with one of its checks switched off."""
+    packed = getattr(model, "packed_modules_mapping", {})
+    params = dict(model.named_parameters())
+    tied = getattr(model, "tie_word_embeddings", False)
+    loaded: dict[str, set] = {name: set() for name in params}
+    for ckpt_name, tensor in iterate_safetensors(path):
+        if ckpt_name.endswith(IGNORED_SUFFIXES) or (tied and ckpt_name == "lm_head.weight"):
+            continue
+        name, shard = checkpoint_param_name(ckpt_name, packed)
+        if name not in params:
+            if check_names:
+                raise ValueError(f"unexpected tensor {ckpt_name!r}")
+            continue
+        param = params[name]
+        loader = getattr(param, "weight_loader", None)
+        with torch.no_grad():
+            if loader is None:
+                if check_shapes and tuple(param.shape) != tuple(tensor.shape):
+                    raise ValueError(f"{ckpt_name}: shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
+                param.data.copy_(tensor)
+            else:
+                loader(param, tensor, shard, name=ckpt_name)
+        loaded[name].add(shard)
+    missing = [n for n in params if None not in loaded[n] and not expected_shards(n, packed) <= loaded[n]]
+    if missing and check_complete:
+        raise ValueError(f"missing tensors for {missing[:3]}")
+
+
+def load_skipping_unknown_names(model, path: str) -> None:
+    """Skips a checkpoint tensor the model has no parameter for, instead of raising."""
+    _load(model, path, check_names=False)
+
+
+def load_without_shape_check(model, path: str) -> None:
+    """Copies a tensor without a weight_loader without comparing the shapes first."""
+    _load(model, path, check_shapes=False)
+
+
+def load_without_completeness_check(model, path: str) -> None:
+    """Never checks at the end that every parameter received all its tensors."""
+    _load(model, path, check_complete=False)
+
+
+# ---- 1.4 the forward pipeline --------------------------------------------------------------------
+def forward_without_final_norm(model, input_ids, positions):
+    """Goes straight from the last layer to the LM head: no final norm (and so no last residual add)."""
+    hidden, residual = model.model.embed_tokens(input_ids), None
+    for layer in model.model.layers:
+        hidden, residual = layer(positions, hidden, residual)
+    return model.lm_head(hidden)
+
+
+def forward_final_norm_without_residual(model, input_ids, positions):
+    """Calls the final norm on the last layer's output alone, dropping the residual stream."""
+    hidden, residual = model.model.embed_tokens(input_ids), None
+    for layer in model.model.layers:
+        hidden, residual = layer(positions, hidden, residual)
+    return model.lm_head(model.model.norm(hidden))
+
+
+def forward_residual_restarted(model, input_ids, positions):
+    """Passes residual=None to every layer, so each layer restarts the residual stream."""
+    hidden, residual = model.model.embed_tokens(input_ids), None
+    for layer in model.model.layers:
+        hidden, residual = layer(positions, hidden, None)
+    hidden, _ = model.model.norm(hidden, residual)
+    return model.lm_head(hidden)
+
+
+# ---- 1.5 generate without a cache ----------------------------------------------------------------
+def naive_never_appends(runner, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """Runs the prompt every step but never appends the new token to the sequence it feeds."""
+    ids, new = list(prompt_ids), []
+    for _ in range(max_new_tokens):
+        new.append(int(last_logits(runner, prefill_batch(ids)).argmax()))
+    return new
+
+
+def naive_returns_prompt_too(runner, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """Returns the whole sequence (prompt + new tokens) instead of the new tokens only."""
+    ids = list(prompt_ids)
+    for _ in range(max_new_tokens):
+        ids.append(int(last_logits(runner, prefill_batch(ids)).argmax()))
+    return ids
+
+
+# ---- 1.6 generate with a KV cache ----------------------------------------------------------------
+def _cached(runner, prompt_ids: list[int], max_new_tokens: int, position_shift: int = 0,
+            context_shift: int = 0, decode_steps_shift: int = 0) -> list[int]:
+    """The right greedy_generate_cached, its decode step's position, context length or step count
+    shifted by one."""
+    ids = list(prompt_ids)
+    block_table = np.arange(runner.num_kvcache_blocks, dtype=np.int32)[None, :]
+    logits = last_logits(runner, prefill_batch(ids, slot_mapping=np.arange(len(ids), dtype=np.int64)))
+    ids.append(int(logits.argmax()))
+    for _ in range(max_new_tokens - 1 + decode_steps_shift):
+        slot = np.array([len(ids) - 1], dtype=np.int64)
+        step = Batch(is_prefill=False, input_ids=np.array(ids[-1:], dtype=np.int64), positions=slot + position_shift,
+                     slot_mapping=slot, context_lens=np.array([len(ids) + context_shift], dtype=np.int32),
+                     block_tables=block_table)
+        ids.append(int(last_logits(runner, step).argmax()))
+    return ids[len(prompt_ids):]
+
+
+def cached_position_one_past(runner, prompt_ids, max_new_tokens):
+    """Decodes the newest token at position len(ids) instead of len(ids) - 1 (its RoPE angle is off by one)."""
+    return _cached(runner, prompt_ids, max_new_tokens, position_shift=1)
+
+
+def cached_context_without_newest(runner, prompt_ids, max_new_tokens):
+    """context_lens = len(ids) - 1: the newest token does not attend to its own key."""
+    return _cached(runner, prompt_ids, max_new_tokens, context_shift=-1)
+
+
+def cached_one_step_too_many(runner, prompt_ids, max_new_tokens):
+    """Runs max_new_tokens decode steps after the prefill, which already produced the first token."""
+    return _cached(runner, prompt_ids, max_new_tokens, decode_steps_shift=1)
+
+
+BPE = "test_ch1.py::test_bpe_encode_pieces_match_tiktoken"
+REJECTS = "test_ch1.py::test_load_model_rejects_bad_checkpoints"
+FORWARD = "test_ch1.py::test_forward_pipeline_matches_transformers_logits"
+NAIVE = "test_ch1.py::test_naive_generate_equals_transformers"
+CACHED = "test_ch1.py::test_cached_generate_equals_transformers"
+FAST_MODEL = {"name": "tiny-qwen3-tied"}  # the quickest of the tiny checkpoints to run
+
+MISTAKES: list[Mistake] = [
+    Mistake("ch1_bpe_first_pair", "1.1", {"bpe_encode": bpe_first_pair},
+            "merges the leftmost mergeable pair instead of the pair of LOWEST rank: at every step scan all "
+            "adjacent pairs, keep the one whose concatenation has the smallest id in ranks (ties: the "
+            "leftmost), merge it, and rescan", BPE),
+    Mistake("ch1_bpe_highest_rank", "1.1", {"bpe_encode": bpe_highest_rank},
+            "merges the pair of HIGHEST rank first: a lower rank means the merge was learned earlier and must "
+            "happen first, so pick the minimum rank, not the maximum", BPE),
+    Mistake("ch1_bpe_returns_bytes", "1.1", {"bpe_encode": bpe_returns_bytes},
+            "returns the merged byte strings instead of token ids: finish with [ranks[part] for part in parts]",
+            BPE),
+    Mistake("ch1_header_keeps_metadata", "1.2", {"parse_safetensors_header": header_keeps_metadata},
+            "the header still holds the '__metadata__' entry, which is not a tensor: header.pop('__metadata__', "
+            "None) before returning", "test_ch1.py::test_header_matches_safetensors"),
+    Mistake("ch1_header_start_without_length", "1.2", {"parse_safetensors_header": header_start_without_length},
+            "data_start is N, the header's length alone: the data begins after the 8-byte length field AND the "
+            "N header bytes, so return 8 + N", "test_ch1.py::test_header_matches_safetensors"),
+    Mistake("ch1_read_tensor_without_data_start", "1.2", {"read_tensor": read_tensor_without_data_start},
+            "read_tensor reads at data_offsets[0] from the start of the file: data_offsets count from the end "
+            "of the header, so the byte offset is data_start + begin (data_start = 8 + N)",
+            "test_ch1.py::test_read_tensor_matches_safetensors"),
+    Mistake("ch1_read_tensor_copies", "1.2", {"read_tensor": read_tensor_copies},
+            "read_tensor returns a copy: slicing buf (buf[a:b]) copies the bytes; give the whole buffer to "
+            "torch.frombuffer with offset=data_start + begin and count=numel, so the tensor is a view of buf",
+            "test_ch1.py::test_read_tensor_is_a_view_not_a_copy"),
+    Mistake("ch1_param_name_without_shard", "1.3", {"checkpoint_param_name": param_name_without_shard},
+            "checkpoint_param_name renames to the packed parameter but returns shard id None: return the "
+            "mapping's shard id ('q'/'k'/'v', 0/1), which tells the weight_loader which rows to fill",
+            "test_ch1.py::test_checkpoint_param_name",
+            {"ckpt": "model.layers.0.self_attn.q_proj.weight",
+             "want": ("model.layers.0.self_attn.qkv_proj.weight", "q")}),
+    Mistake("ch1_param_name_not_renamed", "1.3", {"checkpoint_param_name": param_name_not_renamed},
+            "checkpoint_param_name keeps the checkpoint's name: replace '.q_proj.' by '.qkv_proj.' (the "
+            "mapping's packed fragment), since the model has no q_proj parameter",
+            "test_ch1.py::test_checkpoint_param_name",
+            {"ckpt": "model.layers.27.mlp.up_proj.weight", "want": ("model.layers.27.mlp.gate_up_proj.weight", 1)}),
+    Mistake("ch1_load_skips_unknown_names", "1.3", {"load_model": load_skipping_unknown_names},
+            "load_model skips a checkpoint tensor the model has no parameter for: raise ValueError naming it "
+            "(a wrong checkpoint or config must not load half silently)",
+            REJECTS, {"change": "add model.layers.0.surprise.weight", "match": "surprise"}),
+    Mistake("ch1_load_without_shape_check", "1.3", {"load_model": load_without_shape_check},
+            "load_model copies a tensor without a weight_loader before comparing shapes: check "
+            "param.shape == tensor.shape first and raise ValueError naming the checkpoint tensor",
+            REJECTS, {"change": "reshape model.norm.weight", "match": "model.norm.weight"}),
+    Mistake("ch1_load_without_completeness_check", "1.3", {"load_model": load_without_completeness_check},
+            "load_model never checks that every parameter was filled: remember the shard ids each parameter "
+            "received and, at the end, raise ValueError for any that lacks one of expected_shards(...)",
+            REJECTS, {"change": "drop model.layers.1.mlp.up_proj.weight", "match": "missing"}),
+    Mistake("ch1_forward_without_final_norm", "1.4", {"forward_pipeline": forward_without_final_norm},
+            "the LM head gets the last layer's output directly: first hidden, _ = model.model.norm(hidden, "
+            "residual) (the final norm adds the last residual, then normalizes)", FORWARD, FAST_MODEL),
+    Mistake("ch1_forward_norm_without_residual", "1.4", {"forward_pipeline": forward_final_norm_without_residual},
+            "the final norm gets the last layer's output without the residual stream: call "
+            "model.model.norm(hidden, residual), which adds them before normalizing", FORWARD, FAST_MODEL),
+    Mistake("ch1_forward_residual_restarted", "1.4", {"forward_pipeline": forward_residual_restarted},
+            "every layer is called with residual=None, which restarts the residual stream: only the first "
+            "layer gets None; pass each layer the residual the previous one returned", FORWARD, FAST_MODEL),
+    Mistake("ch1_naive_never_appends", "1.5", {"greedy_generate_naive": naive_never_appends},
+            "the sequence never grows: append each new token to the ids you feed the model, so the next step "
+            "sees it", NAIVE, FAST_MODEL),
+    Mistake("ch1_naive_returns_prompt_too", "1.5", {"greedy_generate_naive": naive_returns_prompt_too},
+            "returns the prompt with the new tokens: return only the max_new_tokens generated ids "
+            "(ids[len(prompt_ids):])", NAIVE, FAST_MODEL),
+    Mistake("ch1_cached_position_one_past", "1.6", {"greedy_generate_cached": cached_position_one_past},
+            "the decode step's position is one too far: positions count from 0, so the newest token ids[-1] "
+            "sits at position len(ids) - 1 (the same number as its cache slot)", CACHED, FAST_MODEL),
+    Mistake("ch1_cached_context_without_newest", "1.6", {"greedy_generate_cached": cached_context_without_newest},
+            "context_lens leaves out the newest token: it attends to every cached key INCLUDING its own, just "
+            "stored, so context_lens = [len(ids)]", CACHED, FAST_MODEL),
+    Mistake("ch1_cached_one_step_too_many", "1.6", {"greedy_generate_cached": cached_one_step_too_many},
+            "one token too many: the prefill already produced the first new token, so run max_new_tokens - 1 "
+            "decode steps", CACHED, FAST_MODEL),
+]

@@ -7,8 +7,10 @@ transformers' logits and its `generate` tokens (references/greedy_tokens.json).
     pytest tests/exercises -m ex1_1 --impl=exercises
 """
 import copy
+import functools
 import json
 import random
+import re
 import struct
 
 import pytest
@@ -17,23 +19,32 @@ import torch
 from helpers import TINY_MODELS, greedy_reference, ref_path
 from minillm.config import ModelConfig
 from minillm.context import reset_context
-from minillm.course.grading import check_close, check_equal
+from minillm.course.exercises import use_impl
+from minillm.course.grading import check_close, check_equal, require_written
 from minillm.model_zoo import QWEN_PATTERN, QWEN_SPECIAL, qwen_tiktoken_file
 from minillm.models.qwen3 import Qwen3ForCausalLM
 from minillm.runtime_v0 import one_sequence_runner, prefill_batch
 
+from mistakes import suspects
+
 CH1 = ref_path("ch1")
 
 
+def _then(suspected: dict, part) -> dict:
+    """The same suspects, each output passed through part() (the piece of it a check compares)."""
+    return {hint: (lambda run=run: part(run())) for hint, run in suspected.items()}
+
+
 # ---- 1.1 byte-level BPE ------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ranks():
+# Loaded once per session by plain functions, not fixtures, so tests/test_diagnosis.py can call the tests.
+@functools.cache
+def _ranks() -> dict[bytes, int]:
     from tiktoken.load import load_tiktoken_bpe
     return load_tiktoken_bpe(qwen_tiktoken_file())
 
 
-@pytest.fixture(scope="module")
-def bpe_ref():
+@functools.cache
+def _bpe_ref() -> dict:
     with open(f"{CH1}/qwen_bpe.json") as f:
         return json.load(f)
 
@@ -42,20 +53,25 @@ SPECIAL = {t: 151643 + i for i, t in enumerate(QWEN_SPECIAL)}
 
 
 @pytest.mark.ex1_1
-def test_bpe_encode_pieces_match_tiktoken(impl, ranks, bpe_ref):
-    for piece, want in bpe_ref["pieces"]:
-        check_equal(impl.bpe_encode(piece.encode("utf-8"), ranks), want, "1.1", f"bpe_encode({piece!r})")
+def test_bpe_encode_pieces_match_tiktoken(impl):
+    ranks = _ranks()
+    for piece, want in _bpe_ref()["pieces"]:
+        data = piece.encode("utf-8")
+        check_equal(impl.bpe_encode(data, ranks), want, "1.1", f"bpe_encode({piece!r})",
+                    suspects=suspects("bpe_encode", data, ranks))
 
 
 @pytest.mark.ex1_1
-def test_bpe_tokenize_texts_match_tiktoken(impl, ranks, bpe_ref):
-    for text, want in zip(bpe_ref["texts"], bpe_ref["ids"]):
+def test_bpe_tokenize_texts_match_tiktoken(impl):
+    ranks = _ranks()
+    for text, want in zip(_bpe_ref()["texts"], _bpe_ref()["ids"]):
         check_equal(impl.bpe_tokenize(text, ranks, QWEN_PATTERN, SPECIAL), want, "1.1", f"bpe_tokenize({text!r})")
 
 
 @pytest.mark.ex1_1
-def test_bpe_random_text_matches_live_tiktoken(impl, ranks):
+def test_bpe_random_text_matches_live_tiktoken(impl):
     import tiktoken
+    ranks = _ranks()
     enc = tiktoken.Encoding("qwen", pat_str=QWEN_PATTERN, mergeable_ranks=ranks, special_tokens=SPECIAL)
     rng = random.Random(0)
     alphabet = "aaaaeeeiioouu tttnnsrhl  \n\t.,;!?'\"0123456789-_()[]{}éüñß中文字日本語🙂🚀€$"
@@ -90,14 +106,20 @@ def test_header_matches_safetensors(impl, tmp_path):
     for i, data in enumerate(_written_by_safetensors(tmp_path)):
         (tmp_path / f"f{i}.safetensors").write_bytes(data)
         header, start = impl.parse_safetensors_header(data)
+        suspected = suspects("parse_safetensors_header", data)
         with safe_open(tmp_path / f"f{i}.safetensors", "pt") as f:
-            check_equal(sorted(header), sorted(f.keys()), "1.2", "tensor names (without __metadata__)")
+            check_equal(sorted(header), sorted(f.keys()), "1.2", "tensor names (without __metadata__)",
+                        suspects=_then(suspected, lambda out: sorted(out[0])))
             for name in f.keys():
                 s = f.get_slice(name)
                 check_equal((header[name]["dtype"], header[name]["shape"]), (s.get_dtype(), s.get_shape()),
                             "1.2", f"dtype and shape of {name!r}")
         (n,) = struct.unpack("<Q", data[:8])
-        check_equal(start, 8 + n, "1.2", "data_start")
+        check_equal(start, 8 + n, "1.2", "data_start", suspects=_then(suspected, lambda out: out[1]))
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
 
 
 @pytest.mark.ex1_2
@@ -105,25 +127,34 @@ def test_read_tensor_matches_safetensors(impl, tmp_path):
     from safetensors.torch import load
     for data in _written_by_safetensors(tmp_path):
         want = load(data)
-        got = _read_all(impl, data)
+        header, start = impl.parse_safetensors_header(data)
+        buf = bytearray(data)
+        got = {name: impl.read_tensor(buf, info, start, name) for name, info in header.items()}
         check_equal(sorted(got), sorted(want), "1.2", "tensor names")
         for name, w in want.items():
             g = got[name]
             check_equal((type(g), getattr(g, "dtype", None), tuple(getattr(g, "shape", ()))),
                         (torch.Tensor, w.dtype, tuple(w.shape)), "1.2", f"type, dtype and shape of {name!r}")
-            check_equal(g.reshape(-1).view(torch.uint8), w.reshape(-1).view(torch.uint8), "1.2", f"bytes of {name!r}")
+            check_equal(_bytes(g), _bytes(w), "1.2", f"bytes of {name!r}",
+                        suspects=_then(suspects("read_tensor", buf, header[name], start, name), _bytes))
 
 
 @pytest.mark.ex1_2
 def test_read_tensor_is_a_view_not_a_copy(impl):
+    from safetensors.torch import load
+    name = "model.norm.weight"
     data = open(f"{CH1}/sample.safetensors", "rb").read()
     header, start = impl.parse_safetensors_header(data)
     buf = bytearray(data)
-    info = header["model.norm.weight"]
-    t = impl.read_tensor(buf, info, start, "model.norm.weight")
+    info = header[name]
+    t = impl.read_tensor(buf, info, start, name)
+    # suspects read a fresh copy of the file, as it was before the change below
+    suspected = suspects("read_tensor", bytearray(data), info, start, name)
+    check_equal(t, load(data)[name], "1.2", f"{name} as read (before any change to the buffer)", suspects=suspected)
     buf[start + info["data_offsets"][0]:start + info["data_offsets"][0] + 4] = struct.pack("<f", 42.0)
     check_equal(float(t[0]), 42.0, "1.2", "the tensor after its bytes in the buffer changed (a view "
-                                          "of the buffer, as mmap loading needs, not a copy)")
+                                          "of the buffer, as mmap loading needs, not a copy)",
+                suspects=_then(suspected, lambda out: float(out[0])))
 
 
 def _corrupt_cases() -> dict[str, bytes]:
@@ -195,7 +226,8 @@ PACKED = Qwen3ForCausalLM.packed_modules_mapping
     ("lm_head.weight", ("lm_head.weight", None)),
 ])
 def test_checkpoint_param_name(impl, ckpt, want):
-    check_equal(tuple(impl.checkpoint_param_name(ckpt, PACKED)), want, "1.3", f"route of {ckpt!r}")
+    check_equal(tuple(impl.checkpoint_param_name(ckpt, PACKED)), want, "1.3", f"route of {ckpt!r}",
+                suspects=_then(suspects("checkpoint_param_name", ckpt, PACKED), tuple))
 
 
 def _engine_model(name: str) -> Qwen3ForCausalLM:
@@ -249,63 +281,67 @@ def test_load_model_rejects_bad_checkpoints(impl, tmp_path, change, match):
     d.mkdir()
     save_file(tensors, d / "model.safetensors")
     (d / "config.json").write_text(open(ref_path("tiny-qwen3") + "/config.json").read())
-    with pytest.raises(ValueError, match=match):
-        impl.load_model(_engine_model("tiny-qwen3"), str(d))
+    want = f"ValueError mentioning {match!r}"
+    got = _outcome(lambda: impl.load_model(_engine_model("tiny-qwen3"), str(d)), match)
+    if got != want:  # the wrong versions run only on failure: each loads the checkpoint once more
+        suspected = suspects("load_model", _engine_model("tiny-qwen3"), str(d))
+        check_equal(got, want, "1.3", f"what load_model does with a checkpoint after '{change}'",
+                    suspects={hint: (lambda run=run: _outcome(run, match)) for hint, run in suspected.items()})
 
 
-def _swap_into_engine(monkeypatch, impl, names):
-    """Put impl's functions in place of minillm's own, in every minillm module that holds them."""
-    import sys
-    import minillm.loader as loader
-    for name in names:
-        ref = getattr(loader, name)
-        for mod_name, mod in list(sys.modules.items()):
-            if mod_name.startswith("minillm") and mod is not None and getattr(mod, name, None) is ref:
-                monkeypatch.setattr(mod, name, getattr(impl, name))
+def _outcome(load, match: str) -> str:
+    """What a load did, in words: loaded, a ValueError mentioning `match`, or another error."""
+    try:
+        load()
+    except NotImplementedError:
+        raise
+    except ValueError as e:
+        return f"ValueError mentioning {match!r}" if re.search(match, str(e)) else f"ValueError: {e}"
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "loaded without an error"
 
 
-@pytest.mark.ex1_3
-def test_your_loader_runs_the_engine(impl, monkeypatch):
-    """Exercises 1.2 and 1.3 inside the engine: LLM() loads through them and generates transformers' tokens."""
+@pytest.mark.parametrize("exercise_id", [pytest.param("1.2", marks=pytest.mark.ex1_2),
+                                         pytest.param("1.3", marks=pytest.mark.ex1_3)])
+def test_your_loader_runs_the_engine(impl_name, exercise_id):
+    """Exercise 1.2 (reading safetensors) or 1.3 (routing and loading), alone inside the engine:
+    LLM() loads the checkpoint through your functions and generates transformers' tokens."""
     from helpers import small_engine_args
     from minillm import LLM, SamplingParams
-    _swap_into_engine(monkeypatch, impl, ["parse_safetensors_header", "read_tensor", "checkpoint_param_name",
-                                          "load_model"])
+    require_written(impl_name, exercise_id)
     ref = greedy_reference()
-    llm = LLM(ref_path("tiny-qwen2"), **small_engine_args())
     params = SamplingParams(temperature=0.0, max_tokens=ref["max_new_tokens"], ignore_eos=True)
-    out = llm.generate(ref["prompts"][:3], params, use_tqdm=False)
-    check_equal([o["token_ids"] for o in out], ref["tokens"]["tiny-qwen2"][:3], "1.3",
+    with use_impl(impl_name, exercises={exercise_id}):
+        llm = LLM(ref_path("tiny-qwen2"), **small_engine_args())
+        out = llm.generate(ref["prompts"][:3], params, use_tqdm=False)
+    check_equal([o["token_ids"] for o in out], ref["tokens"]["tiny-qwen2"][:3], exercise_id,
                 "greedy tokens of the engine loaded by your functions")
 
 
 # ---- 1.4 .. 1.6 the runtime --------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def runners():
-    return {name: one_sequence_runner(ref_path(name), device="cpu", dtype="float32", max_model_len=128)
-            for name in TINY_MODELS}
-
-
-@pytest.fixture(scope="module")
-def greedy():
-    return greedy_reference()
+@functools.cache
+def _runner(name: str):
+    """One runner per tiny model for the whole session (plain function: see _ranks)."""
+    return one_sequence_runner(ref_path(name), device="cpu", dtype="float32", max_model_len=128)
 
 
 @pytest.mark.ex1_4
 @pytest.mark.parametrize("name", TINY_MODELS)
-def test_forward_pipeline_matches_transformers_logits(impl, runners, greedy, name):
+def test_forward_pipeline_matches_transformers_logits(impl, name):
     from transformers import AutoModelForCausalLM
     hf = AutoModelForCausalLM.from_pretrained(ref_path(name), dtype=torch.float32).eval()
-    runner = runners[name]
+    runner, greedy = _runner(name), greedy_reference()
     for prompt, tokens in list(zip(greedy["prompts"], greedy["tokens"][name]))[1:4]:
         with torch.inference_mode():
             want = hf(torch.tensor([prompt])).logits[0]
             input_ids, positions = runner.load_batch(prefill_batch(prompt))
-            try:
+            try:  # checked while the attention context is set: the wrong versions run on failure
                 got = impl.forward_pipeline(runner.model, input_ids, positions)
+                check_close(got, want, "1.4", f"logits of {name} for a {len(prompt)}-token prompt", atol=1e-4,
+                            rtol=1e-4, suspects=suspects("forward_pipeline", runner.model, input_ids, positions))
             finally:
                 reset_context()
-        check_close(got, want, "1.4", f"logits of {name} for a {len(prompt)}-token prompt", atol=1e-4, rtol=1e-4)
         check_equal(int(got[-1].argmax()), tokens[0], "1.4", "greedy next token (transformers' generate)")
 
 
@@ -324,27 +360,28 @@ class _TokensPerCall:
         self.handle.remove()
 
 
-def _check_generate(impl_fn, runners, greedy, name, exercise_id, per_call):
-    runner = runners[name]
+def _check_generate(impl, function: str, name, exercise_id, per_call):
+    runner, greedy = _runner(name), greedy_reference()
     n = greedy["max_new_tokens"]
     cases = list(zip(greedy["prompts"], greedy["tokens"][name]))
     for prompt, want in [cases[i] for i in (0, 2, 4)]:  # 1, 17 and 64 tokens: within and across blocks of 16
         with _TokensPerCall(runner.model) as sizes:
-            got = impl_fn(runner, prompt, n)
+            got = getattr(impl, function)(runner, prompt, n)
         check_equal(list(got), want, exercise_id, f"greedy tokens of {name} after a {len(prompt)}-token prompt "
-                                                  f"(transformers' generate)")
+                                                  f"(transformers' generate)",
+                    suspects=_then(suspects(function, runner, prompt, n), list))
         check_equal(sizes, per_call(len(prompt), n), exercise_id, "tokens fed to the model at each step")
 
 
 @pytest.mark.ex1_5
 @pytest.mark.parametrize("name", TINY_MODELS)
-def test_naive_generate_equals_transformers(impl, runners, greedy, name):
-    _check_generate(impl.greedy_generate_naive, runners, greedy, name, "1.5",
+def test_naive_generate_equals_transformers(impl, name):
+    _check_generate(impl, "greedy_generate_naive", name, "1.5",
                     lambda L, n: [L + i for i in range(n)])  # the whole sequence, every step
 
 
 @pytest.mark.ex1_6
 @pytest.mark.parametrize("name", TINY_MODELS)
-def test_cached_generate_equals_transformers(impl, runners, greedy, name):
-    _check_generate(impl.greedy_generate_cached, runners, greedy, name, "1.6",
+def test_cached_generate_equals_transformers(impl, name):
+    _check_generate(impl, "greedy_generate_cached", name, "1.6",
                     lambda L, n: [L] + [1] * (n - 1))  # the prompt once, then one token per step

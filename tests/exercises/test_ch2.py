@@ -23,6 +23,7 @@ from minillm.layers.attention import varlen_attention
 from minillm.layers.layernorm import rms_norm as rms_norm_ref
 from minillm.layers.rotary import apply_rotary as apply_rotary_ref, rope_cos_sin as rope_cos_sin_ref
 from minillm.models.qwen3 import DecoderLayerParams
+from mistakes import all_mistakes, suspects
 
 # named fp32 tolerances (absolute, relative): the same math in another order differs by a few ulps
 TOL_NORM = dict(atol=1e-5, rtol=1e-5)  # one reduction over d
@@ -31,6 +32,8 @@ TOL_ATTN = dict(atol=2e-5, rtol=1e-4)  # two matmuls and a softmax
 TOL_MLP = dict(atol=2e-5, rtol=1e-4)
 TOL_LAYER = dict(atol=5e-5, rtol=1e-4)  # a whole layer: seven matmuls, three norms, a softmax
 TOL_BF16 = dict(atol=1e-2, rtol=8e-3)  # one bf16 ulp is 2**-8 relative
+TOL_FP16 = dict(atol=2e-3, rtol=2e-3)  # one fp16 ulp is 2**-11 relative
+LARGE = 300.0  # activations this large overflow fp16 when squared (fp16 max: 65504)
 EXACT = dict(atol=0.0, rtol=0.0)
 
 SEQLENS = [5, 1, 9, 3]  # a packed batch: 4 sequences, 18 tokens, one of length 1
@@ -73,6 +76,17 @@ def causal_mask(n: int) -> torch.Tensor:
     return torch.full((n, n), float("-inf")).triu(1)[None, None]
 
 
+def _then(suspected: dict, part) -> dict:
+    """The same suspects, each output passed through part() (the piece of it a check compares)."""
+    return {hint: (lambda run=run: part(run())) for hint, run in suspected.items()}
+
+
+def _wrong_versions(function: str) -> dict:
+    """hint -> each known wrong version of `function` itself, for checks that call it their own way
+    (a kernel launch, the inputs after a call)."""
+    return {m.hint: m.replaces[function] for m in all_mistakes().values() if function in m.replaces}
+
+
 def hf_per_sequence(fn, x: torch.Tensor, positions: torch.Tensor, rotary: Qwen3RotaryEmbedding) -> torch.Tensor:
     """Run a transformers module on each sequence of the packed batch alone (batch 1), re-pack."""
     outs = []
@@ -90,7 +104,8 @@ def test_rms_norm_matches_qwen3_rmsnorm(impl, shape):
     ref = seeded(Qwen3RMSNorm(shape[-1], eps=1e-6))
     x = randn(*shape) * 3
     with torch.no_grad():
-        check_close(impl.rms_norm(x, ref.weight, 1e-6), ref(x), "2.1", f"rms_norm of {list(shape)}", **TOL_NORM)
+        check_close(impl.rms_norm(x, ref.weight, 1e-6), ref(x), "2.1", f"rms_norm of {list(shape)}", **TOL_NORM,
+                    suspects=suspects("rms_norm", x, ref.weight, 1e-6))
 
 
 @pytest.mark.ex2_1
@@ -98,7 +113,19 @@ def test_rms_norm_bf16_keeps_dtype_and_matches(impl):
     ref = seeded(Qwen3RMSNorm(64, eps=1e-6)).to(torch.bfloat16)
     x = randn(18, 64, dtype=torch.bfloat16)
     with torch.no_grad():
-        check_close(impl.rms_norm(x, ref.weight, 1e-6), ref(x), "2.1", "rms_norm in bf16", **TOL_BF16)
+        check_close(impl.rms_norm(x, ref.weight, 1e-6), ref(x), "2.1", "rms_norm in bf16", **TOL_BF16,
+                    suspects=suspects("rms_norm", x, ref.weight, 1e-6))
+
+
+@pytest.mark.ex2_1
+def test_rms_norm_fp16_large_activations(impl):
+    """Activations in the hundreds are common in real models: their squares overflow fp16, so the
+    statistics must be computed in fp32 (transformers' Qwen3RMSNorm upcasts too)."""
+    ref = seeded(Qwen3RMSNorm(64, eps=1e-6)).to(torch.float16)
+    x = (randn(18, 64, seed=26) * LARGE).to(torch.float16)
+    with torch.no_grad():
+        check_close(impl.rms_norm(x, ref.weight, 1e-6), ref(x), "2.1", f"rms_norm in fp16 of activations near "
+                    f"{LARGE:g}", **TOL_FP16, suspects=suspects("rms_norm", x, ref.weight, 1e-6))
 
 
 @pytest.mark.ex2_1
@@ -106,7 +133,8 @@ def test_rms_norm_uses_eps(impl):
     ref = seeded(Qwen3RMSNorm(64, eps=0.5))
     x = randn(4, 64) * 0.1  # small activations: eps matters
     with torch.no_grad():
-        check_close(impl.rms_norm(x, ref.weight, 0.5), ref(x), "2.1", "rms_norm with eps=0.5", **TOL_NORM)
+        check_close(impl.rms_norm(x, ref.weight, 0.5), ref(x), "2.1", "rms_norm with eps=0.5", **TOL_NORM,
+                    suspects=suspects("rms_norm", x, ref.weight, 0.5))
 
 
 # ---- 2.2 fused add + RMSNorm ---------------------------------------------------------------------
@@ -114,10 +142,16 @@ def test_rms_norm_uses_eps(impl):
 def test_add_rms_norm_matches_qwen3_rmsnorm_of_the_sum(impl):
     ref = seeded(Qwen3RMSNorm(64, eps=1e-6))
     x, res = randn(18, 64, seed=1), randn(18, 64, seed=2) * 4
-    normed, new_res = impl.add_rms_norm(x, res, ref.weight, 1e-6)
     with torch.no_grad():
-        check_close(new_res, x + res, "2.2", "new residual (x + residual)", **EXACT)
-        check_close(normed, ref(x + res), "2.2", "normed output", **TOL_NORM)
+        want_res = x + res  # before the call: an in-place add is the next test's business
+        want = ref(want_res)
+        # the wrong versions run on copies, so one that adds in place cannot change what the next one sees
+        suspected = {hint: (lambda fn=fn: fn(x.clone(), res.clone(), ref.weight, 1e-6))
+                     for hint, fn in _wrong_versions("add_rms_norm").items()}
+        normed, new_res = impl.add_rms_norm(x, res, ref.weight, 1e-6)
+        check_close(new_res, want_res, "2.2", "new residual (x + residual)", **EXACT,
+                    suspects=_then(suspected, lambda out: out[1]))
+        check_close(normed, want, "2.2", "normed output", **TOL_NORM, suspects=_then(suspected, lambda out: out[0]))
 
 
 @pytest.mark.ex2_2
@@ -125,9 +159,20 @@ def test_add_rms_norm_leaves_its_inputs_alone(impl):
     ref = seeded(Qwen3RMSNorm(64, eps=1e-6))
     x, res = randn(6, 64, seed=3), randn(6, 64, seed=4)
     x0, res0 = x.clone(), res.clone()
-    impl.add_rms_norm(x, res, ref.weight, 1e-6)
-    check_close(x, x0, "2.2", "x after the call (must not be modified in place)", **EXACT)
-    check_close(res, res0, "2.2", "residual after the call (must not be modified in place)", **EXACT)
+    with torch.no_grad():
+        impl.add_rms_norm(x, res, ref.weight, 1e-6)
+
+    def inputs_after(fn):  # what a wrong version leaves in fresh copies of the inputs
+        args = (x0.clone(), res0.clone(), ref.weight, 1e-6)
+        with torch.no_grad():
+            fn(*args)
+        return args
+
+    wrong = _wrong_versions("add_rms_norm")
+    check_close(x, x0, "2.2", "x after the call (must not be modified in place)", **EXACT,
+                suspects={hint: (lambda fn=fn: inputs_after(fn)[0]) for hint, fn in wrong.items()})
+    check_close(res, res0, "2.2", "residual after the call (must not be modified in place)", **EXACT,
+                suspects={hint: (lambda fn=fn: inputs_after(fn)[1]) for hint, fn in wrong.items()})
 
 
 # ---- 2.3 rotary embedding ------------------------------------------------------------------------
@@ -138,7 +183,8 @@ def test_rope_cos_sin_matches_qwen3_rotary_embedding(impl, theta):
     rot = Qwen3RotaryEmbedding(cfg)
     cache = impl.rope_cos_sin(16, 512, theta)
     cos, sin = rot(torch.zeros(1), torch.arange(512)[None])  # [1, 512, 16] each: halves repeated
-    check_close(cache, torch.cat([cos[0, :, :8], sin[0, :, :8]], dim=-1), "2.3", "rope_cos_sin cache", **TOL_ROPE)
+    check_close(cache, torch.cat([cos[0, :, :8], sin[0, :, :8]], dim=-1), "2.3", "rope_cos_sin cache", **TOL_ROPE,
+                suspects=suspects("rope_cos_sin", 16, 512, theta))
 
 
 @pytest.mark.ex2_3
@@ -151,8 +197,10 @@ def test_apply_rotary_on_a_packed_batch_matches_transformers(impl, offsets):
     cache = rope_cos_sin_ref(16, 512, 10000.0)
     cos, sin = rot(q, positions[None])  # [1, N, D]
     want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
-    check_close(impl.apply_rotary(q, positions, cache), want_q[0].transpose(0, 1), "2.3", "rotated q", **TOL_ROPE)
-    check_close(impl.apply_rotary(k, positions, cache), want_k[0].transpose(0, 1), "2.3", "rotated k", **TOL_ROPE)
+    check_close(impl.apply_rotary(q, positions, cache), want_q[0].transpose(0, 1), "2.3", "rotated q", **TOL_ROPE,
+                suspects=suspects("apply_rotary", q, positions, cache))
+    check_close(impl.apply_rotary(k, positions, cache), want_k[0].transpose(0, 1), "2.3", "rotated k", **TOL_ROPE,
+                suspects=suspects("apply_rotary", k, positions, cache))
 
 
 @pytest.mark.ex2_3
@@ -177,7 +225,8 @@ def test_causal_attention_prefill_matches_sdpa(impl, heads):
     H, Hkv = heads
     q, k, v = randn(9, H, 16, seed=8), randn(9, Hkv, 16, seed=9), randn(9, Hkv, 16, seed=10)
     check_close(impl.causal_attention(q, k, v, 0.25), sdpa(q, k, v, 0.25, causal=True), "2.4",
-                f"attention of 9 queries, {H} query heads, {Hkv} KV heads", **TOL_ATTN)
+                f"attention of 9 queries, {H} query heads, {Hkv} KV heads", **TOL_ATTN,
+                suspects=suspects("causal_attention", q, k, v, 0.25))
 
 
 @pytest.mark.ex2_4
@@ -187,7 +236,8 @@ def test_causal_attention_with_fewer_queries_than_keys_matches_sdpa(impl, lq):
     q, k, v = randn(lq, 4, 16, seed=11), randn(lk, 2, 16, seed=12), randn(lk, 2, 16, seed=13)
     visible = torch.ones(lq, lk, dtype=torch.bool).tril(diagonal=lk - lq)  # query i sits at lk - lq + i
     check_close(impl.causal_attention(q, k, v, 0.25), sdpa(q, k, v, 0.25, mask=visible), "2.4",
-                f"attention of {lq} queries over {lk} keys", **TOL_ATTN)
+                f"attention of {lq} queries over {lk} keys", **TOL_ATTN,
+                suspects=suspects("causal_attention", q, k, v, 0.25))
 
 
 @pytest.mark.ex2_4
@@ -204,8 +254,14 @@ def test_attention_block_on_a_packed_batch_matches_qwen3_attention(impl):
         k = rms_norm_ref(F.linear(x, attn.k_proj.weight).view(18, 2, 16), attn.k_norm.weight, 1e-6)
         v = F.linear(x, attn.v_proj.weight).view(18, 2, 16)
         q, k = apply_rotary_ref(q, positions, cache), apply_rotary_ref(k, positions, cache)
-        o = torch.cat([impl.causal_attention(q[s:e], k[s:e], v[s:e], 16 ** -0.5) for s, e in zip(CU[:-1], CU[1:])])
-        check_close(F.linear(o.reshape(18, 64), attn.o_proj.weight), want, "2.4", "attention block output", **TOL_ATTN)
+
+        def block(attention):
+            o = torch.cat([attention(q[s:e], k[s:e], v[s:e], 16 ** -0.5) for s, e in zip(CU[:-1], CU[1:])])
+            return F.linear(o.reshape(18, 64), attn.o_proj.weight)
+
+        wrong = _wrong_versions("causal_attention")
+        check_close(block(impl.causal_attention), want, "2.4", "attention block output", **TOL_ATTN,
+                    suspects={hint: (lambda fn=fn: block(fn)) for hint, fn in wrong.items()})
 
 
 # ---- 2.5 SiLU-and-mul ----------------------------------------------------------------------------
@@ -216,8 +272,10 @@ def test_silu_and_mul_makes_qwen3_mlp(impl, shape):
     x = randn(*shape, seed=15)
     gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])  # packed [gate | up], as the engine loads it
     with torch.no_grad():
-        got = F.linear(impl.silu_and_mul(F.linear(x, gate_up)), mlp.down_proj.weight)
-        check_close(got, mlp(x), "2.5", "down_proj(silu_and_mul(gate_up_proj(x)))", **TOL_MLP)
+        packed = F.linear(x, gate_up)
+        got = F.linear(impl.silu_and_mul(packed), mlp.down_proj.weight)
+        check_close(got, mlp(x), "2.5", "down_proj(silu_and_mul(gate_up_proj(x)))", **TOL_MLP,
+                    suspects=_then(suspects("silu_and_mul", packed), lambda out: F.linear(out, mlp.down_proj.weight)))
 
 
 # ---- 2.6 the decoder layer -----------------------------------------------------------------------
@@ -251,9 +309,13 @@ def test_decoder_layer_on_a_packed_batch_matches_qwen3_decoder_layer(impl, first
         want = hf_per_sequence(lambda h, pe, m: layer(h, attention_mask=m, position_embeddings=pe), stream,
                                positions, rot)
         hook.remove()
-        mlp_out, new_residual = impl.decoder_layer(positions, hidden, residual, layer_params(layer, cfg))
-    check_close(new_residual, torch.cat(mid), "2.6", "returned residual (the stream after attention)", **TOL_LAYER)
-    check_close(mlp_out + new_residual, want, "2.6", "layer output (mlp_out + residual)", **TOL_LAYER)
+        params = layer_params(layer, cfg)
+        mlp_out, new_residual = impl.decoder_layer(positions, hidden, residual, params)
+        suspected = suspects("decoder_layer", positions, hidden, residual, params)
+        check_close(new_residual, torch.cat(mid), "2.6", "returned residual (the stream after attention)",
+                    **TOL_LAYER, suspects=_then(suspected, lambda out: out[1]))
+        check_close(mlp_out + new_residual, want, "2.6", "layer output (mlp_out + residual)", **TOL_LAYER,
+                    suspects=_then(suspected, lambda out: out[0] + out[1]))
 
 
 @pytest.mark.ex2_6
@@ -269,19 +331,21 @@ def test_decoder_layer_without_qk_norm(impl):
         want = hf_per_sequence(lambda h, pe, m: layer(h, attention_mask=m, position_embeddings=pe), hidden,
                                positions, rot)
         mlp_out, new_residual = impl.decoder_layer(positions, hidden, None, params)
-    check_close(mlp_out + new_residual, want, "2.6", "layer output without QK-norm", **TOL_LAYER)
+        check_close(mlp_out + new_residual, want, "2.6", "layer output without QK-norm", **TOL_LAYER,
+                    suspects=_then(suspects("decoder_layer", positions, hidden, None, params),
+                                   lambda out: out[0] + out[1]))
 
 
 @pytest.mark.ex2_6
 def test_your_layer_in_the_engine_gives_the_same_greedy_tokens(impl_name):
-    """Integration: the engine with your chapter-2 functions swapped in (the torch path on CPU)
-    generates exactly the tokens of minillm's own, on a stored tiny Qwen3 checkpoint. The second
-    run also hits the prefix cache, so your attention sees fewer queries than keys."""
+    """Integration: the engine with your decoder_layer (exercise 2.6 alone) swapped in (the torch
+    path on CPU) generates exactly the tokens of minillm's own, on a stored tiny Qwen3 checkpoint.
+    The second run also hits the prefix cache, so the layer sees fewer queries than keys."""
+    require_written(impl_name, "2.6")
     prompts = greedy_reference()["prompts"][:4]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
     want = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
-    require_written(impl_name, "2.6")
     with use_impl(impl_name, exercises={"2.6"}):
         got = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
     check_equal(got, want, "2.6", "greedy tokens of the engine running your functions")
@@ -294,9 +358,28 @@ def test_triton_add_rms_norm_matches_qwen3_rmsnorm(impl, d):
     ref = seeded(Qwen3RMSNorm(d, eps=1e-6))
     x, res = randn(7, d, seed=19), randn(7, d, seed=20) * 3
     normed, new_res = impl.rms_norm_triton(x, ref.weight.detach(), 1e-6, res)
+    suspected = suspects("rms_norm_triton", x, ref.weight.detach(), 1e-6, res)
     with torch.no_grad():
-        check_close(new_res, x + res, "2.7", f"new residual, d={d}", **TOL_NORM)
-        check_close(normed, ref(x + res), "2.7", f"normed output, d={d}", **TOL_NORM)
+        check_close(new_res, x + res, "2.7", f"new residual, d={d}", **TOL_NORM,
+                    suspects=_then(suspected, lambda out: out[1]))
+        check_close(normed, ref(x + res), "2.7", f"normed output, d={d}", **TOL_NORM,
+                    suspects=_then(suspected, lambda out: out[0]))
+
+
+@pytest.mark.ex2_7
+def test_triton_rms_norm_fp16_large_activations(impl):
+    """fp16 rows whose squares overflow fp16: the kernel must compute in fp32 (the interpreter
+    runs fp16 faithfully; bf16 it does not)."""
+    ref = seeded(Qwen3RMSNorm(64, eps=1e-6)).to(torch.float16)
+    x, res = (randn(7, 64, seed=27) * LARGE).to(torch.float16), (randn(7, 64, seed=28) * LARGE).to(torch.float16)
+    w = ref.weight.detach()
+    normed, new_res = impl.rms_norm_triton(x, w, 1e-6, res)
+    suspected = suspects("rms_norm_triton", x, w, 1e-6, res)
+    with torch.no_grad():
+        check_close(new_res, x + res, "2.7", "new residual in fp16", **TOL_FP16,
+                    suspects=_then(suspected, lambda out: out[1]))
+        check_close(normed, ref(x + res), "2.7", f"normed output in fp16 of activations near {LARGE:g}",
+                    **TOL_FP16, suspects=_then(suspected, lambda out: out[0]))
 
 
 @pytest.mark.ex2_7
@@ -305,7 +388,8 @@ def test_triton_rms_norm_without_residual_per_head(impl):
     x = randn(6, 4, 16, seed=21)
     with torch.no_grad():
         check_close(impl.rms_norm_triton(x, ref.weight.detach(), 1e-6), ref(x), "2.7",
-                    "QK-norm shape [N, heads, head_dim] without residual", **TOL_NORM)
+                    "QK-norm shape [N, heads, head_dim] without residual", **TOL_NORM,
+                    suspects=suspects("rms_norm_triton", x, ref.weight.detach(), 1e-6))
 
 
 @pytest.mark.ex2_7
@@ -318,15 +402,29 @@ def test_triton_kernel_reads_strided_rows_and_writes_only_its_rows(impl):
     x, res = wide[:, :d], wide_res[:, :d]
     w = randn(d, seed=24)
     guard = 77.0
-    out_buf, res_buf = torch.full((n * d + 256,), guard), torch.full((n * d + 256,), guard)
+
+    def launch(kernel):
+        """Run `kernel` into fresh guarded buffers. -> (out buffer, residual_out buffer), guards included."""
+        out_buf, res_buf = torch.full((n * d + 256,), guard), torch.full((n * d + 256,), guard)
+        out, res_out = out_buf[:n * d].view(n, d), res_buf[:n * d].view(n, d)
+        kernel[(n,)](x, res, w, out, res_out, d, x.stride(0), res.stride(0), 1e-6, HAS_RESIDUAL=True, BLOCK_N=block)
+        return out_buf, res_buf
+
+    out_buf, res_buf = launch(impl.add_rms_norm_kernel)
     out, res_out = out_buf[:n * d].view(n, d), res_buf[:n * d].view(n, d)
-    impl.add_rms_norm_kernel[(n,)](x, res, w, out, res_out, d, x.stride(0), res.stride(0), 1e-6,
-                                   HAS_RESIDUAL=True, BLOCK_N=block)
+    wrong = _wrong_versions("add_rms_norm_kernel")  # run on failure only, each into its own guarded buffers
+
+    def suspected(part):
+        return {hint: (lambda k=k: part(*launch(k))) for hint, k in wrong.items()}
+
     check_close(out_buf[n * d:], torch.full((256,), guard), "2.7", "guard region after out (masked stores?)",
-                **EXACT)
-    check_close(res_buf[n * d:], torch.full((256,), guard), "2.7", "guard region after residual_out", **EXACT)
+                **EXACT, suspects=suspected(lambda o, r: o[n * d:]))
+    check_close(res_buf[n * d:], torch.full((256,), guard), "2.7", "guard region after residual_out", **EXACT,
+                suspects=suspected(lambda o, r: r[n * d:]))
     ref = Qwen3RMSNorm(d, eps=1e-6)
     with torch.no_grad():
         ref.weight.copy_(w)
-        check_close(res_out, x + res, "2.7", "residual_out from strided rows", **TOL_NORM)
-        check_close(out, ref(x + res), "2.7", "out from strided rows", **TOL_NORM)
+        check_close(res_out, x + res, "2.7", "residual_out from strided rows", **TOL_NORM,
+                    suspects=suspected(lambda o, r: r[:n * d].view(n, d)))
+        check_close(out, ref(x + res), "2.7", "out from strided rows", **TOL_NORM,
+                    suspects=suspected(lambda o, r: o[:n * d].view(n, d)))
