@@ -105,8 +105,10 @@ def greedy_generate_naive(runner: ModelRunner, prompt_ids: list[int], max_new_to
 
 # >>> exercise 1.6 | notebooks/01_vocab_weights_runtime.ipynb | 10. A KV cache
 def greedy_generate_cached(runner: ModelRunner, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """Greedy decoding with a contiguous KV cache: the same tokens as greedy_generate_naive, but each
-    token's keys and values are computed once.
+    """Greedy decoding with a contiguous KV cache: the same computation as greedy_generate_naive (in
+    fp32, the same tokens), but each token's keys and values are computed once. In bf16 on a GPU the
+    two loops run different kernels, which round differently, so a near-tie between the two best
+    candidates can go either way and the texts part there (notebook 01, section 11 shows where).
 
     Prefill: run the L prompt tokens once, storing their K/V in cache slots 0..L-1; its last logits
     give the first new token. Decode: run ONLY the newest token, at position n - 1 (n = tokens so
