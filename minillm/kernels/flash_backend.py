@@ -1,32 +1,46 @@
-"""The `flash_attn` attention backend (used only where the flash-attn package imports).
+"""The `flash_attn` attention backend (used only where flash-attn 2 imports).
 
 flash-attn 2 reads a paged cache of the layout minillm uses, [num_blocks, block_size, Hkv, D], with
-block tables of int32 block ids (-1 padding is never read):
+block tables of int32 block ids (-1 padding is never read: a sequence's table is read only up to
+its own key count):
 
     prefill: flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
              causal=True[, block_table])  -- on a prefix hit k/v are the caches and block_table the tables
     decode:  flash_attn_with_kvcache(q[:, None], k_cache, v_cache, cache_seqlens=context_lens,
              block_table=block_tables, causal=True)
 
-Its paged path needs block_size to be a multiple of 256 and fp16/bf16 tensors; the K/V store
-stays our Triton kernel (flash_attn_with_kvcache could append k/v itself, but prefill could not).
+Checked against flash-attn 2.8.3's source (flash_attn_interface.py, csrc/flash_attn/flash_api.cpp):
+both paged paths refuse a block_size that is not a multiple of 256 and anything but fp16/bf16;
+cu_seqlens, cache_seqlens and block tables must be int32 (the model runner's are); only the last
+dimension of q/k/v must be contiguous. Causal masks align to the end of the keys, as minillm's do.
+A paged prefill always runs the split-KV kernel; a decode row with cache_seqlens 0 (a CUDA-graph
+padding row) writes zeros. The K/V store stays our Triton kernel (flash_attn_with_kvcache could
+append k/v itself, but prefill could not).
 """
 from __future__ import annotations
 
 import torch
-from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+
+try:
+    from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+except ImportError as e:  # e.g. flash-attn-4 alone: it installs flash_attn.cute, not these two
+    raise ImportError(f"attention_backend='flash_attn' needs flash-attn 2 (flash_attn_varlen_func and "
+                      f"flash_attn_with_kvcache); importing them failed: {e}") from e
 
 from minillm.context import Context
 from minillm.kernels.store_kvcache import store_kvcache
+
+FLASH_PAGE_MULTIPLE = 256  # flash-attn 2's paged KV: block_size % 256 == 0
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor) -> None:
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"attention_backend='flash_attn' computes in float16/bfloat16, not {q.dtype}; "
                          f"use dtype='bfloat16' or attention_backend='triton'")
-    if k_cache.numel() and k_cache.shape[1] % 256:
-        raise ValueError(f"flash-attn's paged KV cache needs kvcache_block_size to be a multiple of 256, got "
-                         f"{k_cache.shape[1]}; use kvcache_block_size=256 or attention_backend='triton'")
+    if k_cache.numel() and k_cache.shape[1] % FLASH_PAGE_MULTIPLE:
+        raise ValueError(f"flash-attn's paged KV cache needs kvcache_block_size to be a multiple of "
+                         f"{FLASH_PAGE_MULTIPLE}, got {k_cache.shape[1]}; use kvcache_block_size=256 or "
+                         f"attention_backend='triton'")
 
 
 class FlashAttnBackend:
@@ -38,6 +52,7 @@ class FlashAttnBackend:
 
     @staticmethod
     def prefill(q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+        """q: [N, H, D] packed queries -> [N, H, D]."""
         _check(q, k_cache)
         if ctx.block_tables is None or k_cache.numel() == 0:  # no prefix-cache hit: keys are this step's
             return flash_attn_varlen_func(q, k, v, cu_seqlens_q=ctx.cu_seqlens_q, cu_seqlens_k=ctx.cu_seqlens_q,
@@ -49,6 +64,7 @@ class FlashAttnBackend:
 
     @staticmethod
     def decode(q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+        """q: [B, H, D], one query per sequence -> [B, H, D]."""
         _check(q, k_cache)
         out = flash_attn_with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=ctx.context_lens,
                                       block_table=ctx.block_tables, softmax_scale=scale, causal=True)
