@@ -270,8 +270,9 @@ MISTAKES: list[Mistake] = [
             {"ckpt": "model.layers.0.self_attn.q_proj.weight",
              "want": ("model.layers.0.self_attn.qkv_proj.weight", "q")}),
     Mistake("ch1_param_name_not_renamed", "1.3", {"checkpoint_param_name": param_name_not_renamed},
-            "checkpoint_param_name keeps the checkpoint's name: replace '.q_proj.' by '.qkv_proj.' (the "
-            "mapping's packed fragment), since the model has no q_proj parameter",
+            "checkpoint_param_name keeps the checkpoint's name: the model only has the packed parameters, so "
+            "replace the fragment by the mapping's packed one ('.q_proj.' -> '.qkv_proj.', '.up_proj.' -> "
+            "'.gate_up_proj.')",
             "test_ch1.py::test_checkpoint_param_name",
             {"ckpt": "model.layers.27.mlp.up_proj.weight", "want": ("model.layers.27.mlp.gate_up_proj.weight", 1)}),
     Mistake("ch1_load_skips_unknown_names", "1.3", {"load_model": load_skipping_unknown_names},

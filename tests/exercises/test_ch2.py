@@ -351,7 +351,46 @@ def test_your_layer_in_the_engine_gives_the_same_greedy_tokens(impl_name):
     check_equal(got, want, "2.6", "greedy tokens of the engine running your functions")
 
 
-# ---- 2.7 the Triton kernel (interpreter on CPU, fp32) --------------------------------------------
+# ---- 2.7 the Triton kernel (interpreter on CPU: fp32 and fp16) -----------------------------------
+# the guard test first: a kernel that stores out of bounds is named before the launcher tests run it
+@pytest.mark.ex2_7
+def test_triton_kernel_reads_strided_rows_and_writes_only_its_rows(impl):
+    """Rows of x are 128 elements apart (a slice of a wider tensor); the outputs sit in buffers
+    with a guard region after them that the kernel must not touch (the interpreter does not
+    catch out-of-bounds stores)."""
+    n, d, block = 5, 100, 128
+    wide, wide_res = randn(n, 128, seed=22), randn(n, 160, seed=23)
+    x, res = wide[:, :d], wide_res[:, :d]
+    w = randn(d, seed=24)
+    guard = 77.0
+
+    def launch(kernel):
+        """Run `kernel` into fresh guarded buffers. -> (out buffer, residual_out buffer), guards included."""
+        out_buf, res_buf = torch.full((n * d + 256,), guard), torch.full((n * d + 256,), guard)
+        out, res_out = out_buf[:n * d].view(n, d), res_buf[:n * d].view(n, d)
+        kernel[(n,)](x, res, w, out, res_out, d, x.stride(0), res.stride(0), 1e-6, HAS_RESIDUAL=True, BLOCK_N=block)
+        return out_buf, res_buf
+
+    out_buf, res_buf = launch(impl.add_rms_norm_kernel)
+    out, res_out = out_buf[:n * d].view(n, d), res_buf[:n * d].view(n, d)
+    wrong = _wrong_versions("add_rms_norm_kernel")  # run on failure only, each into its own guarded buffers
+
+    def suspected(part):
+        return {hint: (lambda k=k: part(*launch(k))) for hint, k in wrong.items()}
+
+    check_close(out_buf[n * d:], torch.full((256,), guard), "2.7", "guard region after out (masked stores?)",
+                **EXACT, suspects=suspected(lambda o, r: o[n * d:]))
+    check_close(res_buf[n * d:], torch.full((256,), guard), "2.7", "guard region after residual_out", **EXACT,
+                suspects=suspected(lambda o, r: r[n * d:]))
+    ref = Qwen3RMSNorm(d, eps=1e-6)
+    with torch.no_grad():
+        ref.weight.copy_(w)
+        check_close(res_out, x + res, "2.7", "residual_out from strided rows", **TOL_NORM,
+                    suspects=suspected(lambda o, r: r[:n * d].view(n, d)))
+        check_close(out, ref(x + res), "2.7", "out from strided rows", **TOL_NORM,
+                    suspects=suspected(lambda o, r: o[:n * d].view(n, d)))
+
+
 @pytest.mark.ex2_7
 @pytest.mark.parametrize("d", [64, 576, 100], ids=["pow2", "smollm2-576", "odd-100"])
 def test_triton_add_rms_norm_matches_qwen3_rmsnorm(impl, d):
@@ -390,41 +429,3 @@ def test_triton_rms_norm_without_residual_per_head(impl):
         check_close(impl.rms_norm_triton(x, ref.weight.detach(), 1e-6), ref(x), "2.7",
                     "QK-norm shape [N, heads, head_dim] without residual", **TOL_NORM,
                     suspects=suspects("rms_norm_triton", x, ref.weight.detach(), 1e-6))
-
-
-@pytest.mark.ex2_7
-def test_triton_kernel_reads_strided_rows_and_writes_only_its_rows(impl):
-    """Rows of x are 128 elements apart (a slice of a wider tensor); the outputs sit in buffers
-    with a guard region after them that the kernel must not touch (the interpreter does not
-    catch out-of-bounds stores)."""
-    n, d, block = 5, 100, 128
-    wide, wide_res = randn(n, 128, seed=22), randn(n, 160, seed=23)
-    x, res = wide[:, :d], wide_res[:, :d]
-    w = randn(d, seed=24)
-    guard = 77.0
-
-    def launch(kernel):
-        """Run `kernel` into fresh guarded buffers. -> (out buffer, residual_out buffer), guards included."""
-        out_buf, res_buf = torch.full((n * d + 256,), guard), torch.full((n * d + 256,), guard)
-        out, res_out = out_buf[:n * d].view(n, d), res_buf[:n * d].view(n, d)
-        kernel[(n,)](x, res, w, out, res_out, d, x.stride(0), res.stride(0), 1e-6, HAS_RESIDUAL=True, BLOCK_N=block)
-        return out_buf, res_buf
-
-    out_buf, res_buf = launch(impl.add_rms_norm_kernel)
-    out, res_out = out_buf[:n * d].view(n, d), res_buf[:n * d].view(n, d)
-    wrong = _wrong_versions("add_rms_norm_kernel")  # run on failure only, each into its own guarded buffers
-
-    def suspected(part):
-        return {hint: (lambda k=k: part(*launch(k))) for hint, k in wrong.items()}
-
-    check_close(out_buf[n * d:], torch.full((256,), guard), "2.7", "guard region after out (masked stores?)",
-                **EXACT, suspects=suspected(lambda o, r: o[n * d:]))
-    check_close(res_buf[n * d:], torch.full((256,), guard), "2.7", "guard region after residual_out", **EXACT,
-                suspects=suspected(lambda o, r: r[n * d:]))
-    ref = Qwen3RMSNorm(d, eps=1e-6)
-    with torch.no_grad():
-        ref.weight.copy_(w)
-        check_close(res_out, x + res, "2.7", "residual_out from strided rows", **TOL_NORM,
-                    suspects=suspected(lambda o, r: r[:n * d].view(n, d)))
-        check_close(out, ref(x + res), "2.7", "out from strided rows", **TOL_NORM,
-                    suspects=suspected(lambda o, r: o[:n * d].view(n, d)))
