@@ -555,6 +555,11 @@ def _prepare(args) -> dict:
                 raise
             plan["skipped"][f"minillm-{backend}"] = str(e)
             continue
+        if backend == "auto":  # name the run after what 'auto' picks here
+            from minillm.layers.attention import get_backend
+            backend = get_backend("auto", cfg.device, cfg.kvcache_block_size).name
+        if backend in plan["backends"]:
+            continue
         plan["backends"].append(backend)
         plan["device"], plan["dtype"] = cfg.device, cfg.torch_dtype
     if not plan["backends"]:

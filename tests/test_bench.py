@@ -298,24 +298,24 @@ def test_bench_run_prints_every_engine_and_like_for_like_json(tmp_path, isolated
     assert "x nanovllm" in printed.err and "nano-vLLM 0.2.0 commit " + COMMIT in printed.err
 
     engines = result["engines"]
-    assert list(engines) == ["minillm-auto", "nanovllm", "hf"]
-    mini, nano, hf = engines["minillm-auto"], engines["nanovllm"], engines["hf"]
+    assert list(engines) == ["minillm-torch", "nanovllm", "hf"]  # 'auto' named after what it picks on CPU
+    mini, nano, hf = engines["minillm-torch"], engines["nanovllm"], engines["hf"]
     assert mini["attention_backend"] == "torch" and mini["complete"] and mini["num_seqs"] == 4
     assert set(mini["throughput"]) == set(nano["throughput"]) == {"4", "2"} and set(hf["throughput"]) == {"2"}
     assert nano["commit"] == COMMIT and nano["version"] == "0.2.0"
     assert hf["num_seqs"] == 2 and hf["output_tokens"] == sum(bench.make_workload(4, 16, 40, 24)[1][:2])
     r = result["ratios"]
-    assert r["minillm-auto/hf"]["num_seqs"] == r["nanovllm/hf"]["num_seqs"] == 2
-    assert r["minillm-auto/nanovllm"]["num_seqs"] == 4
-    assert r["minillm-auto/hf"]["ratio"] == round(mini["throughput"]["2"] / hf["output_tok_s"], 2)
+    assert r["minillm-torch/hf"]["num_seqs"] == r["nanovllm/hf"]["num_seqs"] == 2
+    assert r["minillm-torch/nanovllm"]["num_seqs"] == 4
+    assert r["minillm-torch/hf"]["ratio"] == round(mini["throughput"]["2"] / hf["output_tok_s"], 2)
     for e in engines.values():  # batch-1 times on a shared CPU (and the stand-ins') are noise: present, not judged
         assert e["fraction_of_floor"] > 0 and isinstance(e["batch1_ms_per_token"], float)
     # the keys earlier versions printed (notebook 05 reads them), like for like now
     assert result["output_tok_s"] == mini["output_tok_s"] and result["hf_tok_s"] == hf["output_tok_s"]
     assert result["hf_subset"] == "first 2 of 4 requests"
     assert result["minillm_subset_tok_s"] == mini["throughput"]["2"]
-    assert result["speedup_vs_hf"] == result["speedup_vs_hf_same_subset"] == r["minillm-auto/hf"]["ratio"]
-    assert result["speedup_vs_nanovllm"] == r["minillm-auto/nanovllm"]["ratio"]
+    assert result["speedup_vs_hf"] == result["speedup_vs_hf_same_subset"] == r["minillm-torch/hf"]["ratio"]
+    assert result["speedup_vs_nanovllm"] == r["minillm-torch/nanovllm"]["ratio"]
     assert result["workload"]["num_seqs"] == 4 and result["hf_num_seqs"] == 2 and "floor_tok_s_subset" in result
 
 
