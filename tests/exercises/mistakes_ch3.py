@@ -1,6 +1,419 @@
-"""Chapter 3's known wrong versions (see mistakes.py)."""
+"""Chapter 3's known wrong versions (see mistakes.py): the paged KV cache.
+
+Each function below is an exercise function written the way students get it wrong. The two Triton
+exercises (3.4, 3.5) are kernels launched by a given wrapper; their wrong versions are one copy of
+the kernel with each bug behind a `BUG` switch, run through minillm's own wrapper.
+"""
 from __future__ import annotations
 
+import functools
+import hashlib
+from collections import deque
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+import minillm.kernels.paged_attention as paged_attention_module
+import minillm.kernels.store_kvcache as store_module
+from minillm.engine.block_manager import compute_block_hash as right_block_hash
+from minillm.engine.sequence import SequenceStatus
 from mistakes import Mistake
 
-MISTAKES: list[Mistake] = []
+
+# ---- 3.1 slot mapping ------------------------------------------------------------------------------
+def slot_mapping_one_ahead(block_table, start, end, block_size):
+    pos = np.arange(start, end, dtype=np.int64) + 1  # the bug: positions counted from 1
+    return block_table[pos // block_size].astype(np.int64) * block_size + pos % block_size
+
+
+def slot_mapping_from_zero(block_table, start, end, block_size):
+    pos = np.arange(end - start, dtype=np.int64)  # the bug: start ignored, positions from 0
+    return block_table[pos // block_size].astype(np.int64) * block_size + pos % block_size
+
+
+def slot_mapping_block_id_as_row(block_table, start, end, block_size):
+    pos = np.arange(start, end, dtype=np.int64)
+    return block_table[pos // block_size].astype(np.int64) + pos % block_size  # the bug: no * block_size
+
+
+# ---- 3.2 prefix caching ----------------------------------------------------------------------------
+def block_hash_unchained(token_ids, prefix_hash):
+    h = hashlib.blake2b(digest_size=8)  # the bug: prefix_hash never fed in
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def block_hash_unsigned(token_ids, prefix_hash):
+    h = hashlib.blake2b(digest_size=8)
+    h.update(prefix_hash.to_bytes(8, "little", signed=True))
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return int.from_bytes(h.digest(), "little")  # the bug: unsigned, in [0, 2**64)
+
+
+def _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, *, last_block_counts=False,
+                  check_tokens=True):
+    """match_prefix with one rule switched off."""
+    hashes, num_hits, h = [], 0, -1
+    last = len(token_ids) // block_size if last_block_counts else (len(token_ids) - 1) // block_size
+    for i in range(-(-len(token_ids) // block_size)):
+        block = token_ids[i * block_size:(i + 1) * block_size]
+        h = right_block_hash(block, h) if len(block) == block_size else -1
+        hashes.append(h)
+        block_id = hash_to_block_id.get(h, -1) if h != -1 else -1
+        same = not check_tokens or (block_id != -1 and block_tokens(block_id) == block)
+        if num_hits == i and i < last and block_id != -1 and same:
+            num_hits += 1
+    return hashes, num_hits
+
+
+def match_prefix_last_block_hits(token_ids, block_size, hash_to_block_id, block_tokens):
+    return _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, last_block_counts=True)
+
+
+def match_prefix_trusts_the_hash(token_ids, block_size, hash_to_block_id, block_tokens):
+    return _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, check_tokens=False)
+
+
+# ---- 3.3 paged decode attention in torch -------------------------------------------------------------
+def _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, *, heads_tiled=False, zero_hidden=True,
+                  key_count_error=0):
+    """paged_decode_torch with one bug switched on."""
+    blocks = block_tables.long().clamp_min(0)
+    visible = torch.arange(blocks.shape[1] * k_cache.shape[1]) < context_lens[:, None] + key_count_error
+    k = k_cache[blocks].flatten(1, 2)  # [B, L, Hkv, D]
+    v = v_cache[blocks].flatten(1, 2)
+    if zero_hidden:
+        k = k.masked_fill(~visible[:, :, None, None], 0)
+        v = v.masked_fill(~visible[:, :, None, None], 0)
+    k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, L, D]
+    group = q.shape[1] // k.shape[1]
+    if heads_tiled:  # the bug: repeat tiles the KV heads, so query head h reads KV head h % Hkv
+        k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+    else:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    out = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=visible[:, None, None, :],
+                                                           scale=scale)
+    return out.squeeze(2)
+
+
+def paged_decode_heads_tiled(q, k_cache, v_cache, block_tables, context_lens, scale):
+    return _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, heads_tiled=True)
+
+
+def paged_decode_masks_without_zeroing(q, k_cache, v_cache, block_tables, context_lens, scale):
+    return _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, zero_hidden=False)
+
+
+def paged_decode_one_key_too_few(q, k_cache, v_cache, block_tables, context_lens, scale):
+    return _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, key_count_error=-1)
+
+
+# ---- running a buggy kernel through minillm's own launch wrapper -------------------------------------
+class _BuggyKernel:
+    """Stands in for a @triton.jit kernel inside a launch wrapper: kernel[grid](...) runs `kernel`
+    with its BUG switch set."""
+
+    def __init__(self, kernel, bug: int):
+        self.kernel, self.bug = kernel, bug
+
+    def __getitem__(self, grid):
+        return functools.partial(self.kernel[grid], BUG=self.bug)
+
+
+def _launched_by(wrapper, module, kernel_name: str, kernel, bug: int):
+    """`wrapper` (a given launch function of `module`) running `kernel` with bug `bug` in place of
+    the module's `kernel_name`."""
+    @functools.wraps(wrapper)
+    def run(*args, **kwargs):
+        right = getattr(module, kernel_name)
+        setattr(module, kernel_name, _BuggyKernel(kernel, bug))
+        try:
+            return wrapper(*args, **kwargs)
+        finally:
+            setattr(module, kernel_name, right)
+    return run
+
+
+# ---- 3.4 the store kernel ------------------------------------------------------------------------------
+STORE_STORES_SKIPPED_SLOTS, STORE_ASSUMES_CONTIGUOUS_ROWS, STORE_WRITES_THE_PADDED_COLUMNS = 1, 2, 3
+
+
+@triton.jit
+def buggy_store_kvcache_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, num_tokens,
+                               key_stride, value_stride, cache_block_stride,
+                               ROW: tl.constexpr, PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
+                               BUG: tl.constexpr):
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    col = tl.arange(0, BLOCK_R)
+    slot = tl.load(slot_ptr + tok, mask=tok < num_tokens, other=-1).to(tl.int64)
+    if BUG == STORE_STORES_SKIPPED_SLOTS:  # slot -1 passes the mask (and lands before the cache)
+        mask = (tok < num_tokens)[:, None] & (col < ROW)[None, :]
+    elif BUG == STORE_WRITES_THE_PADDED_COLUMNS:  # columns ROW..BLOCK_R-1 are written too
+        mask = (slot >= 0)[:, None] & (col < BLOCK_R)[None, :]
+    else:
+        mask = (slot >= 0)[:, None] & (col < ROW)[None, :]
+    dst = (slot // PAGE) * cache_block_stride + (slot % PAGE) * ROW
+    tok = tok.to(tl.int64)
+    if BUG == STORE_ASSUMES_CONTIGUOUS_ROWS:  # token t's row taken at t * ROW, not t * key_stride
+        k = tl.load(key_ptr + tok[:, None] * ROW + col[None, :], mask=mask)
+        v = tl.load(value_ptr + tok[:, None] * ROW + col[None, :], mask=mask)
+    else:
+        k = tl.load(key_ptr + tok[:, None] * key_stride + col[None, :], mask=mask)
+        v = tl.load(value_ptr + tok[:, None] * value_stride + col[None, :], mask=mask)
+    tl.store(k_cache_ptr + dst[:, None] + col[None, :], k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst[:, None] + col[None, :], v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def _store_with(bug: int):
+    return _launched_by(store_module.store_kvcache, store_module, "store_kvcache_kernel",
+                        buggy_store_kvcache_kernel, bug)
+
+
+store_kvcache_stores_skipped_slots = _store_with(STORE_STORES_SKIPPED_SLOTS)
+store_kvcache_assumes_contiguous_rows = _store_with(STORE_ASSUMES_CONTIGUOUS_ROWS)
+store_kvcache_writes_the_padded_columns = _store_with(STORE_WRITES_THE_PADDED_COLUMNS)
+
+
+# ---- 3.5 the paged decode kernel -----------------------------------------------------------------------
+DECODE_HEADS_MODULO, DECODE_NO_RESCALE, DECODE_LSE_NATURAL_LOG = 1, 2, 3
+
+
+@triton.jit
+def buggy_paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+                              out_ptr, part_out_ptr, part_lse_ptr, qk_scale, num_splits,
+                              stride_qb, stride_qh, stride_cb, stride_ct, stride_ch, stride_bt, stride_ob, stride_oh,
+                              GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                              BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                              UPCAST: tl.constexpr, PRECISION: tl.constexpr, DIRECT: tl.constexpr,
+                              BUG: tl.constexpr):
+    b, g, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq_len = tl.load(context_lens_ptr + b)
+    per_split = (seq_len + num_splits - 1) // num_splits
+    chunk = (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    start = s * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    if BUG == DECODE_HEADS_MODULO:  # KV head g serves the query heads h with h % Hkv == g
+        heads = g + offs_h * tl.num_programs(1)
+    else:
+        heads = g * GROUP + offs_h
+    mask_h = offs_h < GROUP
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    table = block_tables_ptr + b * stride_bt
+    head_offs = g * stride_ch + offs_d[None, :]
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        mask_n = pos < end
+        block = tl.load(table + pos // PAGE, mask=mask_n, other=0).to(tl.int64)
+        offs = block[:, None] * stride_cb + (pos % PAGE)[:, None] * stride_ct + head_offs
+        mask_kv = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_cache_ptr + offs, mask=mask_kv, other=0.0)
+        v = tl.load(v_cache_ptr + offs, mask=mask_kv, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        scores = tl.where(mask_n[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        if BUG == DECODE_NO_RESCALE:  # the sums so far stay scaled to the old maximum
+            l_i = l_i + tl.sum(p, 1)
+            acc = acc + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        else:
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    mask_o = mask_h[:, None] & mask_d[None, :]
+    if DIRECT:
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=mask_o)
+    else:
+        rows_out = (b * (GROUP * tl.num_programs(1)) + heads) * num_splits + s
+        tl.store(part_out_ptr + rows_out[:, None] * HEAD_DIM + offs_d[None, :], o, mask=mask_o)
+        if BUG == DECODE_LSE_NATURAL_LOG:  # m is in log2 units (exp2 of scores * log2(e)); tl.log is ln
+            tl.store(part_lse_ptr + rows_out, m_i + tl.log(l_safe), mask=mask_h)
+        else:
+            tl.store(part_lse_ptr + rows_out, m_i + tl.log2(l_safe), mask=mask_h)
+
+
+def _decode_with(bug: int):
+    return _launched_by(paged_attention_module.paged_decode_attention, paged_attention_module, "paged_decode_kernel",
+                        buggy_paged_decode_kernel, bug)
+
+
+paged_decode_attention_heads_modulo = _decode_with(DECODE_HEADS_MODULO)
+paged_decode_attention_no_rescale = _decode_with(DECODE_NO_RESCALE)
+paged_decode_attention_lse_natural_log = _decode_with(DECODE_LSE_NATURAL_LOG)
+
+
+# ---- 3.6 one scheduler step -----------------------------------------------------------------------------
+def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, *,
+                   skip_ahead=False, preempt_oldest=False, may_append=True):
+    """schedule_step with one bug switched on."""
+    scheduled, preempted, num_tokens = [], [], 0
+    for seq in list(waiting):
+        if len(running) + len(scheduled) >= max_num_seqs:
+            break
+        if num_tokens + len(seq) > max_num_batched_tokens or not block_manager.can_allocate(seq):
+            if skip_ahead:  # the bug: try the next one instead of stopping
+                continue
+            break
+        block_manager.allocate(seq)
+        num_tokens += len(seq) - seq.num_cached_tokens
+        seq.status = SequenceStatus.RUNNING
+        waiting.remove(seq)
+        scheduled.append(seq)
+    if scheduled:
+        running.extend(scheduled)
+        return scheduled, True, preempted
+
+    while running:
+        seq = running.popleft()
+        while not block_manager.can_append(seq):
+            if running:  # the bug (preempt_oldest): the victim comes off the left, the oldest
+                victim = running.popleft() if preempt_oldest else running.pop()
+            else:
+                victim = seq
+            victim.status = SequenceStatus.WAITING
+            block_manager.deallocate(victim)
+            waiting.appendleft(victim)
+            preempted.append(victim)
+            if victim is seq:
+                break
+        else:
+            if may_append:
+                block_manager.may_append(seq)
+            scheduled.append(seq)
+    running.extend(scheduled)
+    return scheduled, False, preempted
+
+
+def schedule_step_skips_ahead(waiting: deque, running: deque, block_manager, max_num_seqs, max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, skip_ahead=True)
+
+
+def schedule_step_preempts_the_oldest(waiting: deque, running: deque, block_manager, max_num_seqs,
+                                      max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, preempt_oldest=True)
+
+
+def schedule_step_without_may_append(waiting: deque, running: deque, block_manager, max_num_seqs,
+                                     max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, may_append=False)
+
+
+# ---- the list ------------------------------------------------------------------------------------------
+MISTAKES: list[Mistake] = [
+    # 3.1
+    Mistake("ch3_slot_mapping_one_ahead", "3.1", {"slot_mapping_for": slot_mapping_one_ahead},
+            "every slot is the NEXT position's slot (off by one): position pos lives in logical block "
+            "pos // block_size at row pos % block_size, with pos running from start to end - 1 "
+            "(np.arange(start, end)), not from start + 1",
+            "test_ch3.py::test_slot_mapping_for_positions", {"block_size": 16}),
+    Mistake("ch3_slot_mapping_ignores_start", "3.1", {"slot_mapping_for": slot_mapping_from_zero},
+            "the slots are those of positions 0 .. end - start - 1: `start` is ignored. The positions are "
+            "start .. end - 1 (np.arange(start, end)); start > 0 when the first tokens came from the prefix "
+            "cache or an earlier step, and their slots must not be overwritten",
+            "test_ch3.py::test_slot_mapping_for_positions", {"block_size": 16}),
+    Mistake("ch3_slot_mapping_block_id_as_row", "3.1", {"slot_mapping_for": slot_mapping_block_id_as_row},
+            "the slot is block_table[pos // block_size] + pos % block_size: the physical block id must be "
+            "multiplied by block_size (a block holds block_size rows), "
+            "slot = block_table[pos // block_size] * block_size + pos % block_size",
+            "test_ch3.py::test_slot_mapping_for_positions", {"block_size": 16}),
+    # 3.2
+    Mistake("ch3_block_hash_unchained", "3.2", {"compute_block_hash": block_hash_unchained},
+            "compute_block_hash ignores prefix_hash: the same block after different prefixes gets the same hash, "
+            "so a cache hit could hand a sequence K/V computed after another prefix. Feed prefix_hash into the "
+            "hash first (prefix_hash.to_bytes(8, 'little', signed=True)), then the tokens",
+            "test_ch3.py::test_block_hash_is_chained_and_deterministic"),
+    Mistake("ch3_block_hash_unsigned", "3.2", {"compute_block_hash": block_hash_unsigned},
+            "the hash is unsigned, in [0, 2**64): half of them do not fit a signed 64-bit integer. Turn the "
+            "digest back into an int with int.from_bytes(digest, 'little', signed=True)",
+            "test_ch3.py::test_block_hash_is_chained_and_deterministic"),
+    Mistake("ch3_match_prefix_last_block_hits", "3.2", {"match_prefix": match_prefix_last_block_hits},
+            "match_prefix counts the block holding the sequence's last token as a hit (a prompt of exactly "
+            "k full cached blocks gets k hits): that token's K/V must be computed now to get the next "
+            "token's logits. Only blocks before block (len(token_ids) - 1) // block_size can be hits",
+            "test_ch3.py::test_match_prefix_rules"),
+    Mistake("ch3_match_prefix_trusts_the_hash", "3.2", {"match_prefix": match_prefix_trusts_the_hash},
+            "match_prefix trusts an equal hash without comparing tokens: after a hash collision a sequence would "
+            "read another prompt's K/V. A block is a hit only if block_tokens(block_id) == the block's tokens",
+            "test_ch3.py::test_match_prefix_rules"),
+    # 3.3
+    Mistake("ch3_paged_decode_heads_tiled", "3.3", {"paged_decode_torch": paged_decode_heads_tiled},
+            "query head h reads KV head h % Hkv (the KV heads were tiled, as Tensor.repeat does): with "
+            "grouped-query attention query head h reads KV head h // (H // Hkv). Use "
+            "repeat_interleave(H // Hkv, dim=<heads>) or scaled_dot_product_attention(..., enable_gqa=True)",
+            "test_ch3.py::test_paged_decode_torch_matches_sdpa", {"dtype": torch.float32, "case": 0}),
+    Mistake("ch3_paged_decode_masks_without_zeroing", "3.3", {"paged_decode_torch": paged_decode_masks_without_zeroing},
+            "NaN leaks out of cache rows nobody wrote: masking their scores is not enough, because their softmax "
+            "weight 0 times a NaN value is NaN. Zero the K and V rows at key positions >= context_lens[b] "
+            "(masked_fill) as well as masking them",
+            "test_ch3.py::test_paged_decode_torch_matches_sdpa", {"dtype": torch.float32, "case": 0}),
+    Mistake("ch3_paged_decode_one_key_too_few", "3.3", {"paged_decode_torch": paged_decode_one_key_too_few},
+            "each sequence attends to context_lens[b] - 1 keys, leaving out the newest: its K/V was stored "
+            "before attention runs and context_lens[b] counts it. Key position p is visible iff p < context_lens[b]",
+            "test_ch3.py::test_paged_decode_torch_matches_sdpa", {"dtype": torch.float32, "case": 0}),
+    # 3.4
+    Mistake("ch3_store_stores_skipped_slots", "3.4", {"store_kvcache": store_kvcache_stores_skipped_slots},
+            "tokens whose slot is -1 are stored too (at slot -1, just before the cache): -1 means 'do not "
+            "store'. Put slot >= 0 into the mask that every load and store uses",
+            "test_ch3.py::test_store_kernel_writes_exactly_the_slots", {"dtype": torch.float32, "block_size": 16}),
+    Mistake("ch3_store_assumes_contiguous_rows", "3.4", {"store_kvcache": store_kvcache_assumes_contiguous_rows},
+            "token t's key row is read at t * ROW, as if key were contiguous: key and value are strided views "
+            "(slices of the fused QKV output), so token t's row starts at t * key_stride (t * value_stride)",
+            "test_ch3.py::test_store_kernel_writes_exactly_the_slots", {"dtype": torch.float32, "block_size": 16}),
+    Mistake("ch3_store_writes_the_padded_columns", "3.4", {"store_kvcache": store_kvcache_writes_the_padded_columns},
+            "the tile's columns ROW .. BLOCK_R - 1 are written too (BLOCK_R is ROW rounded up to a power of "
+            "two), into the next cache row: mask the columns with col < ROW in every load and store",
+            "test_ch3.py::test_store_kernel_writes_exactly_the_slots", {"dtype": torch.float32, "block_size": 16}),
+    # 3.5
+    Mistake("ch3_decode_kernel_heads_modulo", "3.5", {"paged_decode_attention": paged_decode_attention_heads_modulo},
+            "the program of KV head g serves query heads g, g + Hkv, g + 2*Hkv, ... (h % Hkv == g): with "
+            "grouped-query attention KV head g serves the GROUP consecutive query heads g*GROUP .. g*GROUP + "
+            "GROUP - 1 (h // GROUP == g)",
+            "test_ch3.py::test_paged_decode_kernel_matches_sdpa", {"dtype": torch.float32, "case": 0, "num_splits": 1}),
+    Mistake("ch3_decode_kernel_no_rescale", "3.5", {"paged_decode_attention": paged_decode_attention_no_rescale},
+            "the online softmax does not rescale: when a tile raises the running maximum m, the sums so far "
+            "(acc and l) are still relative to the old maximum. Multiply both by alpha = exp2(m_old - m_new) "
+            "before adding the new tile's terms",
+            "test_ch3.py::test_paged_decode_kernel_matches_sdpa", {"dtype": torch.float32, "case": 0, "num_splits": 1}),
+    Mistake("ch3_decode_kernel_lse_natural_log", "3.5",
+            {"paged_decode_attention": paged_decode_attention_lse_natural_log},
+            "with split-K the splits are combined with the wrong weights: part_lse is m + ln(l), but m is in "
+            "log2 units (the scores were scaled by log2(e) for exp2). Store m + log2(l) (tl.log2): the "
+            "combine kernel weights split s by 2^(lse_s - max lse)",
+            "test_ch3.py::test_paged_decode_kernel_matches_sdpa", {"dtype": torch.float32, "case": 0, "num_splits": 3}),
+    # 3.6
+    Mistake("ch3_schedule_skips_ahead", "3.6", {"schedule_step": schedule_step_skips_ahead},
+            "admission skips a waiting sequence that does not fit and admits later ones: stop at the first "
+            "sequence that does not fit (token budget or free blocks), so the queue stays fair and a long "
+            "prompt is not starved by short ones",
+            "test_ch3.py::test_schedule_step_stops_at_the_first_that_does_not_fit"),
+    Mistake("ch3_schedule_preempts_the_oldest", "3.6", {"schedule_step": schedule_step_preempts_the_oldest},
+            "the oldest running sequence is preempted (off the left of `running`): preempt the one admitted "
+            "last, running.pop() (the right end), and only the sequence itself when no other is left",
+            "test_ch3.py::test_schedule_step_preempts_the_newest"),
+    Mistake("ch3_schedule_without_may_append", "3.6", {"schedule_step": schedule_step_without_may_append},
+            "a decoding sequence is scheduled without block_manager.may_append(seq): when its new token starts a "
+            "block, no block is added to its table and the token's K/V has no slot. Call may_append for every "
+            "sequence that stays in the decode batch",
+            "test_ch3.py::test_schedule_step_admits_in_order_within_budgets"),
+]

@@ -1,6 +1,164 @@
-"""Chapter 4's known wrong versions (see mistakes.py)."""
+"""Chapter 4's known wrong versions (see mistakes.py): tensor parallelism.
+
+The collective ones (4.2-4.4) are graded in-process on two thread ranks (test_ch4.py), so they run
+with real torch.distributed calls, wrong where a student's half-understanding makes them wrong.
+"""
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from minillm.layers.linear import shard_weight as right_shard_weight
 from mistakes import Mistake
 
-MISTAKES: list[Mistake] = []
+
+# ---- 4.1 sharding the checkpoint ---------------------------------------------------------------------
+def shard_weight_always_rows(weight, dim, rank, world_size):
+    size = weight.shape[dim]
+    if size % world_size:
+        raise ValueError(f"cannot split dim {dim} of size {size} into {world_size} equal shards")
+    part = size // world_size
+    return weight[rank * part:(rank + 1) * part]  # the bug: slices dim 0 whatever `dim` says
+
+
+def shard_weight_starts_at_rank(weight, dim, rank, world_size):
+    size = weight.shape[dim]
+    if size % world_size:
+        raise ValueError(f"cannot split dim {dim} of size {size} into {world_size} equal shards")
+    part = size // world_size
+    return weight.narrow(dim, rank, part)  # the bug: the shard starts at element `rank`, not rank * part
+
+
+def shard_packed_as_one_tensor(weight, output_sizes, rank, world_size):
+    return right_shard_weight(weight, 0, rank, world_size)  # the bug: the rank-th slice of [q | k | v] itself
+
+
+def shard_packed_on_columns(weight, output_sizes, rank, world_size):
+    # the bug: "column-parallel" read as "split the columns", dim 1 (the input features)
+    return torch.cat([right_shard_weight(part, 1, rank, world_size) for part in weight.split(output_sizes)])
+
+
+# ---- 4.2 the row-parallel linear ---------------------------------------------------------------------
+def row_parallel_bias_on_every_rank(x, weight, bias, group):
+    y = F.linear(x, weight, bias)  # the bug: every rank adds the bias, so the sum holds it p times
+    dist.all_reduce(y, group=group)
+    return y
+
+
+def row_parallel_without_all_reduce(x, weight, bias, group):
+    y = F.linear(x, weight)  # the bug: this rank's partial sum is returned as the result
+    return y if bias is None else y + bias
+
+
+def row_parallel_concatenates(x, weight, bias, group):
+    y = F.linear(x, weight)
+    parts = [torch.empty_like(y) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, y, group=group)  # the bug: partial sums concatenated like column-parallel outputs
+    y = torch.cat(parts, dim=-1)
+    return y if bias is None else y + bias
+
+
+# ---- 4.3 the vocabulary-parallel embedding -----------------------------------------------------------------
+def vocab_embed_without_offset(token_ids, weight_shard, vocab_start, group):
+    mask = (token_ids >= vocab_start) & (token_ids < vocab_start + weight_shard.shape[0])
+    y = F.embedding(torch.where(mask, token_ids, 0), weight_shard)  # the bug: global ids index the shard
+    y = y.masked_fill(~mask.unsqueeze(-1), 0)
+    dist.all_reduce(y, group=group)
+    return y
+
+
+def vocab_embed_without_zeroing(token_ids, weight_shard, vocab_start, group):
+    local = (token_ids - vocab_start).clamp(0, weight_shard.shape[0] - 1)
+    y = F.embedding(local, weight_shard)  # the bug: ids of other ranks keep a (clamped) row of this shard
+    dist.all_reduce(y, group=group)
+    return y
+
+
+def vocab_embed_without_all_reduce(token_ids, weight_shard, vocab_start, group):
+    local = token_ids - vocab_start
+    mask = (local >= 0) & (local < weight_shard.shape[0])
+    y = F.embedding(torch.where(mask, local, 0), weight_shard)
+    return y.masked_fill(~mask.unsqueeze(-1), 0)  # the bug: other ranks' rows stay zero here
+
+
+# ---- 4.4 the parallel LM head ------------------------------------------------------------------------
+def lm_head_concatenates_rows(hidden, weight_shard, group):
+    logits = F.linear(hidden, weight_shard)
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    parts = [torch.empty_like(logits) for _ in range(size)] if rank == 0 else None
+    dist.gather(logits, parts, group_dst=0, group=group)
+    return torch.cat(parts, dim=0) if rank == 0 else None  # the bug: vocabulary slices stacked as more tokens
+
+
+def lm_head_without_gather(hidden, weight_shard, group):
+    return F.linear(hidden, weight_shard)  # the bug: every rank returns its own vocabulary slice
+
+
+def lm_head_on_every_rank(hidden, weight_shard, group):
+    logits = F.linear(hidden, weight_shard)
+    parts = [torch.empty_like(logits) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, logits, group=group)  # the bug: every rank gets (and returns) the full logits
+    return torch.cat(parts, dim=-1)
+
+
+MISTAKES: list[Mistake] = [
+    # 4.1
+    Mistake("ch4_shard_weight_always_rows", "4.1", {"shard_weight": shard_weight_always_rows},
+            "shard_weight cut dim 0 whatever `dim` said: row-parallel layers (o_proj, down_proj) split dim 1, "
+            "their input features. Cut along `dim`: weight.narrow(dim, rank * part, part)",
+            "test_ch4.py::test_shard_weight_and_packed_match_torch_chunk"),
+    Mistake("ch4_shard_weight_starts_at_rank", "4.1", {"shard_weight": shard_weight_starts_at_rank},
+            "rank r's shard starts at element r: the shards are consecutive chunks of part = size // world_size "
+            "elements, so rank r's starts at r * part (weight.narrow(dim, rank * part, part))",
+            "test_ch4.py::test_shard_weight_and_packed_match_torch_chunk"),
+    Mistake("ch4_shard_packed_as_one_tensor", "4.1", {"shard_packed": shard_packed_as_one_tensor},
+            "shard_packed took the rank-th slice of the packed tensor as a whole: with 2 ranks rank 0 then holds "
+            "all of q and none of k and v. Split it into its parts first (weight.split(output_sizes)), shard "
+            "each part on dim 0, and concatenate the shards",
+            "test_ch4.py::test_shard_weight_and_packed_match_torch_chunk"),
+    Mistake("ch4_shard_packed_on_columns", "4.1", {"shard_packed": shard_packed_on_columns},
+            "shard_packed split the parts on dim 1 (the input features): q, k, v, gate and up are column-parallel, "
+            "which splits their OUTPUT features, dim 0 of an nn.Linear weight [out, in]",
+            "test_ch4.py::test_shard_weight_and_packed_match_torch_chunk"),
+    # 4.2
+    Mistake("ch4_row_parallel_bias_on_every_rank", "4.2", {"row_parallel_linear": row_parallel_bias_on_every_rank},
+            "the bias was added on every rank before the all-reduce, so the sum holds it p times: all-reduce the "
+            "partial products x @ weight.T first, then add the bias once",
+            "test_ch4.py::test_row_parallel_linear_on_two_thread_ranks"),
+    Mistake("ch4_row_parallel_without_all_reduce", "4.2", {"row_parallel_linear": row_parallel_without_all_reduce},
+            "each rank returned its own partial product: with the input features split, x_r @ W_r.T is one term "
+            "of the sum over ranks. torch.distributed.all_reduce(y, group=group) sums them (before the bias)",
+            "test_ch4.py::test_row_parallel_linear_on_two_thread_ranks"),
+    Mistake("ch4_row_parallel_concatenates", "4.2", {"row_parallel_linear": row_parallel_concatenates},
+            "the ranks' outputs were gathered and concatenated, as column-parallel outputs are: a row-parallel "
+            "layer's ranks each hold a partial sum of the SAME [N, out] output, so add them with one all_reduce",
+            "test_ch4.py::test_row_parallel_linear_on_two_thread_ranks"),
+    # 4.3
+    Mistake("ch4_vocab_embed_without_offset", "4.3", {"vocab_parallel_embed": vocab_embed_without_offset},
+            "the shard is indexed with the global token ids: this rank's row of token t is t - vocab_start (rank "
+            "1's ids start at V/p, past the end of its shard). Shift the ids by vocab_start before F.embedding",
+            "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
+    Mistake("ch4_vocab_embed_without_zeroing", "4.3", {"vocab_parallel_embed": vocab_embed_without_zeroing},
+            "the rows of ids this rank does not own were not zeroed before the all-reduce, so every embedding gets "
+            "another rank's (clamped) row added: mask the ids outside [vocab_start, vocab_start + V/p) and "
+            "zero their rows (masked_fill) before all_reduce",
+            "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
+    Mistake("ch4_vocab_embed_without_all_reduce", "4.3", {"vocab_parallel_embed": vocab_embed_without_all_reduce},
+            "no all-reduce: each rank holds only the rows of the ids it owns (zeros for the others). "
+            "torch.distributed.all_reduce(y, group=group) sums the ranks, so every row comes from its one owner",
+            "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
+    # 4.4
+    Mistake("ch4_lm_head_concatenates_rows", "4.4", {"parallel_lm_head": lm_head_concatenates_rows},
+            "the gathered logits were concatenated on dim 0, stacking each rank's vocabulary slice as more "
+            "tokens: rank r's logits are columns r*V/p .. (r+1)*V/p - 1 of the same rows, torch.cat(parts, dim=-1)",
+            "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
+    Mistake("ch4_lm_head_without_gather", "4.4", {"parallel_lm_head": lm_head_without_gather},
+            "every rank returned the logits of its own vocabulary slice only: gather the ranks' slices to rank 0 "
+            "(torch.distributed.gather(logits, parts, group_dst=0, group=group)) and concatenate them there",
+            "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
+    Mistake("ch4_lm_head_on_every_rank", "4.4", {"parallel_lm_head": lm_head_on_every_rank},
+            "the full logits were all-gathered to every rank: only rank 0 samples, so gather them to rank 0 "
+            "alone (an all-gather sends p times more) and return None on the other ranks",
+            "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
+]

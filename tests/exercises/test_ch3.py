@@ -5,11 +5,14 @@ contiguous K/V, plain torch indexing, and transformers' `generate` tokens stored
 references/greedy_tokens.json (each exercise is also swapped alone into the running engine, which
 must reproduce them). The block manager and the scheduler are graded on behaviour: scripted
 requests against the block tables, hits and preemptions they must produce. Triton kernels run in
-the interpreter on CPU, in fp32 and fp16, with guard regions that must stay untouched.
+the interpreter on CPU, in fp32 and fp16, with guard regions that must stay untouched. When a
+result is wrong, the known wrong versions in mistakes_ch3.py are run on the same input, and a
+failure that matches one of them names the bug.
 
     pytest tests/exercises -m ex3_1 --impl=exercises
 """
 from collections import deque
+from itertools import islice
 
 import numpy as np
 import pytest
@@ -21,15 +24,27 @@ from minillm import LLM, SamplingParams
 from minillm.course.grading import check_close, check_equal
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.sequence import Sequence, SequenceStatus
+from mistakes import all_mistakes, suspects
 
 SENTINEL = 77.0
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=2e-3, rtol=2e-3)}
 GREEDY_TOKENS = 8
+SHARED_PREFIX = list(range(10, 80))  # 70 tokens: 4 full blocks of 16, shared by every prompt below
+PREFIX_PROMPTS = [SHARED_PREFIX + [100 + i, 200 + i] for i in range(3)]
+PREFIX_HIT_TOKENS = 3 * 64  # prefix-cache hits of PREFIX_PROMPTS: 3 prompts x 4 shared full blocks of 16
+PREFIX_PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 
-def engine_tokens(monkeypatch, patches: dict, **engine_args) -> None:
-    """Swap one exercise's functions into the engine (module -> {name: function}) and check that
-    greedy generation still reproduces transformers' tokens for the stored prompts."""
+def suspects_of(function: str, run) -> dict:
+    """diagnosis -> run(wrong version) for every known wrong version of `function` (computed only
+    if the student's result is wrong): for results that are not simply function(*args)."""
+    return {m.hint: (lambda fn=m.replaces[function]: run(fn))
+            for m in all_mistakes().values() if function in m.replaces}
+
+
+def engine_tokens(monkeypatch, patches: dict, **engine_args) -> tuple[list, list]:
+    """Swap one exercise's functions into the engine (module -> {name: function}) and generate
+    greedy tokens for the stored prompts. -> (the engine's tokens, transformers' tokens)."""
     for module, names in patches.items():
         for name, fn in names.items():
             monkeypatch.setattr(module, name, fn)
@@ -39,6 +54,22 @@ def engine_tokens(monkeypatch, patches: dict, **engine_args) -> None:
     out = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS, ignore_eos=True),
                        use_tqdm=False)
     return [o["token_ids"] for o in out], [t[:GREEDY_TOKENS] for t in ref["tokens"]["tiny-qwen3"][1:4]]
+
+
+def prefix_prompts_without_cache() -> list[list[int]]:
+    """Greedy tokens of PREFIX_PROMPTS from an engine without prefix caching (every prefill starts at 0)."""
+    plain = LLM(ref_path("tiny-qwen3"), **small_engine_args(enable_prefix_caching=False))
+    return [o["token_ids"] for o in plain.generate(PREFIX_PROMPTS, PREFIX_PARAMS, use_tqdm=False)]
+
+
+def prefix_prompts_from_the_cache() -> tuple[list[list[int]], int]:
+    """Greedy tokens of PREFIX_PROMPTS from an engine that served the first of them before, so all
+    three find the shared blocks in the prefix cache and their prefill starts at position 64.
+    -> (tokens, prefix-cache hits in tokens)."""
+    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
+    llm.generate(PREFIX_PROMPTS[:1], PREFIX_PARAMS, use_tqdm=False)
+    tokens = [o["token_ids"] for o in llm.generate(PREFIX_PROMPTS, PREFIX_PARAMS, use_tqdm=False)]
+    return tokens, llm.engine.scheduler.block_manager.num_cached_tokens_total
 
 
 # ---- 3.1 slot mapping --------------------------------------------------------------------------
@@ -51,7 +82,9 @@ def test_slot_mapping_for_positions(impl, block_size):
         got = impl.slot_mapping_for(table, start, end, block_size)
         want = [int(table[p // block_size]) * block_size + p % block_size for p in range(start, end)]
         check_equal(str(np.asarray(got).dtype), "int64", "3.1", f"dtype of slot_mapping_for(.., {start}, {end}, ..)")
-        check_equal(np.asarray(got).tolist(), want, "3.1", f"slot_mapping_for(table, {start}, {end}, {block_size})")
+        check_equal(np.asarray(got).tolist(), want, "3.1", f"slot_mapping_for(table, {start}, {end}, {block_size})",
+                    suspects=suspects_of("slot_mapping_for",
+                                         lambda fn: np.asarray(fn(table, start, end, block_size)).tolist()))
 
 
 @pytest.mark.ex3_1
@@ -70,9 +103,17 @@ def test_slot_mapping_round_trip_through_the_cache(impl):
 
 @pytest.mark.ex3_1
 def test_slot_mapping_in_the_engine(impl, monkeypatch):
+    """Your slot_mapping_for alone in the engine: prefills from position 0 against transformers'
+    tokens, then prefills that start after a prefix-cache hit (start = 64) against the engine
+    without prefix caching."""
     import minillm.engine.model_runner as mr
+    want_prefix = prefix_prompts_without_cache()  # minillm's own slot mapping: nothing swapped yet
     got, want = engine_tokens(monkeypatch, {mr: {"slot_mapping_for": impl.slot_mapping_for}})
     check_equal(got, want, "3.1", "greedy tokens of the engine using your slot_mapping_for (vs transformers)")
+    got_prefix, hits = prefix_prompts_from_the_cache()
+    check_equal(hits, PREFIX_HIT_TOKENS, "3.1", "prefix-cache hits in tokens (the case below needs them)")
+    check_equal(got_prefix, want_prefix, "3.1", "greedy tokens of prompts whose first 64 tokens' K/V came from the "
+                "prefix cache, so their prefill starts at position 64 (vs the engine without prefix caching)")
 
 
 # ---- 3.2 prefix caching ------------------------------------------------------------------------
@@ -80,16 +121,21 @@ def test_slot_mapping_in_the_engine(impl, monkeypatch):
 def test_block_hash_is_chained_and_deterministic(impl):
     rng = np.random.default_rng(1)
     blocks = [rng.integers(0, 150000, 16).tolist() for _ in range(300)]
-    hashes = [impl.compute_block_hash(b, -1) for b in blocks]
-    check_equal(all(isinstance(h, int) and -2 ** 63 <= h < 2 ** 63 for h in hashes), True, "3.2",
-                "every hash is a Python int in the signed 64-bit range")
-    check_equal(len(set(hashes)), len(blocks), "3.2", "number of distinct hashes of 300 random blocks")
-    check_equal(impl.compute_block_hash(list(blocks[0]), -1), hashes[0], "3.2", "hash of the same block twice")
-    a, b = impl.compute_block_hash(blocks[1], hashes[0]), impl.compute_block_hash(blocks[1], hashes[2])
-    check_equal(a != b, True, "3.2", "same block after different prefixes hashes differently (chaining)")
-    check_equal(a != hashes[1], True, "3.2", "a chained hash differs from the block hashed alone")
     swapped = blocks[3][1::-1] + blocks[3][2:]
-    check_equal(impl.compute_block_hash(swapped, -1) != hashes[3], True, "3.2", "token order matters")
+    properties = [  # (what, property of a hash function, expected)
+        ("every hash is a Python int in the signed 64-bit range",
+         lambda h: all(isinstance(x, int) and -2 ** 63 <= x < 2 ** 63 for x in (h(b, -1) for b in blocks)), True),
+        ("number of distinct hashes of 300 random blocks", lambda h: len({h(b, -1) for b in blocks}), len(blocks)),
+        ("hash of the same block twice", lambda h: h(list(blocks[0]), -1) == h(blocks[0], -1), True),
+        ("same block after different prefixes hashes differently (chaining)",
+         lambda h: h(blocks[1], h(blocks[0], -1)) != h(blocks[1], h(blocks[2], -1)), True),
+        ("a chained hash differs from the block hashed alone",
+         lambda h: h(blocks[1], h(blocks[0], -1)) != h(blocks[1], -1), True),
+        ("token order matters", lambda h: h(swapped, -1) != h(blocks[3], -1), True),
+    ]
+    for what, prop, expected in properties:
+        check_equal(prop(impl.compute_block_hash), expected, "3.2", what,
+                    suspects=suspects_of("compute_block_hash", prop))
 
 
 def _cache_of(impl, tokens: list[int], block_size: int, first_id: int = 0):
@@ -103,30 +149,34 @@ def _cache_of(impl, tokens: list[int], block_size: int, first_id: int = 0):
 
 
 @pytest.mark.ex3_2
-def test_match_prefix_rules(impl):
+def test_match_prefix_rules(impl, monkeypatch):
+    import minillm.engine.block_manager as bm_mod
+    monkeypatch.setattr(bm_mod, "compute_block_hash", impl.compute_block_hash)  # the known wrong versions hash with it
     bs = 4
     stored = list(range(100, 112))  # three full blocks in the cache
     table, contents = _cache_of(impl, stored, bs, first_id=10)
     lookup = contents.__getitem__
-
-    hashes, hits = impl.match_prefix(stored[:8] + [7, 7, 7], bs, table, lookup)
+    # a hash collision: the table says block 10 (11) but it holds other tokens now
+    lying = lambda block_id: [0, 0, 0, 0] if block_id == 10 else contents[block_id]  # noqa: E731
+    lying1 = lambda block_id: [0, 0, 0, 0] if block_id == 11 else contents[block_id]  # noqa: E731
     h0 = impl.compute_block_hash(stored[:4], -1)
     h1 = impl.compute_block_hash(stored[4:8], h0)
-    check_equal(hashes, [h0, h1, -1], "3.2", "hashes of 2 full blocks + a partial one")
-    check_equal(hits, 2, "3.2", "hits for a prompt sharing 2 cached blocks")
-    check_equal(impl.match_prefix(stored, bs, table, lookup)[1], 2, "3.2",
-                "hits for a prompt equal to 3 cached full blocks (the block of the last token is never a hit)")
-    check_equal(impl.match_prefix(stored + [1], bs, table, lookup)[1], 3, "3.2", "hits for the stored prompt + 1 token")
-    check_equal(impl.match_prefix([0] + stored[1:] + [1], bs, table, lookup)[1], 0, "3.2",
-                "hits when the first token differs (later blocks equal, but their chain is not)")
-    check_equal(impl.match_prefix(stored[:3], bs, table, lookup), ([-1], 0), "3.2", "a prompt shorter than a block")
-    # a hash collision: the table says block 10 but it holds other tokens now
-    lying = lambda block_id: [0, 0, 0, 0] if block_id == 10 else contents[block_id]  # noqa: E731
-    check_equal(impl.match_prefix(stored + [1], bs, table, lying)[1], 0, "3.2",
-                "hits when the cached block's tokens differ from the prompt's (a collision)")
-    lying1 = lambda block_id: [0, 0, 0, 0] if block_id == 11 else contents[block_id]  # noqa: E731
-    check_equal(impl.match_prefix(stored + [1], bs, table, lying1)[1], 1, "3.2",
-                "hits stop at the first miss even when later blocks are cached")
+
+    def check(what, tokens, blocks, expected, part=slice(None)):
+        """match_prefix(tokens, ...)[part] against expected (part: 0 = hashes, 1 = hits, all by default)."""
+        check_equal(impl.match_prefix(tokens, bs, table, blocks)[part], expected, "3.2", what,
+                    suspects=suspects_of("match_prefix", lambda fn: fn(tokens, bs, table, blocks)[part]))
+
+    check("hashes of 2 full blocks + a partial one", stored[:8] + [7, 7, 7], lookup, [h0, h1, -1], 0)
+    check("hits for a prompt sharing 2 cached blocks", stored[:8] + [7, 7, 7], lookup, 2, 1)
+    check("hits for a prompt equal to 3 cached full blocks (the block of the last token is never a hit)",
+          stored, lookup, 2, 1)
+    check("hits for the stored prompt + 1 token", stored + [1], lookup, 3, 1)
+    check("hits when the first token differs (later blocks equal, but their chain is not)",
+          [0] + stored[1:] + [1], lookup, 0, 1)
+    check("a prompt shorter than a block", stored[:3], lookup, ([-1], 0))
+    check("hits when the cached block's tokens differ from the prompt's (a collision)", stored + [1], lying, 0, 1)
+    check("hits stop at the first miss even when later blocks are cached", stored + [1], lying1, 1, 1)
 
 
 @pytest.mark.ex3_2
@@ -162,17 +212,10 @@ def test_prefix_cache_in_the_engine(impl, monkeypatch):
     import minillm.engine.block_manager as bm_mod
     monkeypatch.setattr(bm_mod, "compute_block_hash", impl.compute_block_hash)
     monkeypatch.setattr(bm_mod, "match_prefix", impl.match_prefix)
-    system = list(range(10, 80))  # 70 shared tokens: 4 full blocks of 16
-    prompts = [system + [100 + i, 200 + i] for i in range(3)]
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    plain = LLM(ref_path("tiny-qwen3"), **small_engine_args(enable_prefix_caching=False))
-    want = [o["token_ids"] for o in plain.generate(prompts, params, use_tqdm=False)]
-    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
-    llm.generate(prompts[:1], params, use_tqdm=False)
-    got = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    want = prefix_prompts_without_cache()
+    got, hits = prefix_prompts_from_the_cache()
     check_equal(got, want, "3.2", "greedy tokens with prefix caching (vs the engine without it)")
-    check_equal(llm.engine.scheduler.block_manager.num_cached_tokens_total, 3 * 64, "3.2",
-                "prefix-cache hits in tokens (3 prompts x 4 shared full blocks of 16)")
+    check_equal(hits, PREFIX_HIT_TOKENS, "3.2", "prefix-cache hits in tokens (3 prompts x 4 shared full blocks of 16)")
 
 
 # ---- 3.3 paged decode attention in torch -------------------------------------------------------
@@ -227,9 +270,11 @@ def test_paged_decode_torch_matches_sdpa(impl, dtype, case):
     lengths, H, hkv, d, bs = DECODE_CASES[case]
     q, ks, vs, k_cache, v_cache, k_buf, v_buf, tables, lens = paged_case(lengths, H, hkv, d, bs, dtype)
     before = k_buf.clone(), v_buf.clone()
-    got = impl.paged_decode_torch(q, k_cache, v_cache, tables, lens, d ** -0.5)
+    args = (q, k_cache, v_cache, tables, lens, d ** -0.5)
+    got = impl.paged_decode_torch(*args)
     check_close(got, sdpa_decode(q, ks, vs, d ** -0.5).to(dtype), "3.3",
-                f"decode attention (lengths {lengths}, H={H}, Hkv={hkv}, D={d}, block_size={bs}, {dtype})", **TOL[dtype])
+                f"decode attention (lengths {lengths}, H={H}, Hkv={hkv}, D={d}, block_size={bs}, {dtype})",
+                suspects=suspects("paged_decode_torch", *args), **TOL[dtype])
     check_equal(unchanged(k_buf, before[0]) and unchanged(v_buf, before[1]), True, "3.3",
                 "the KV cache is unchanged after decode attention (it only reads it)")
 
@@ -254,15 +299,23 @@ def test_store_kernel_writes_exactly_the_slots(impl, dtype, block_size):
     v = qkv[:, 2 * hkv * d:].view(n, hkv, d)
     slots = torch.randperm(num_blocks * block_size, generator=g)[:n]
     slots[1::3] = -1  # padding rows: not stored
-    k_buf = torch.full((num_blocks + 2, block_size, hkv, d), SENTINEL, dtype=dtype)
-    v_buf = k_buf.clone()
-    impl.store_kvcache(k, v, k_buf[1:-1], v_buf[1:-1], slots)
+
+    def stored_by(store):
+        """-> (k_cache, v_cache) with a guard block on each side, after store(k, v, ..., slots)."""
+        k_buf = torch.full((num_blocks + 2, block_size, hkv, d), SENTINEL, dtype=dtype)
+        v_buf = k_buf.clone()
+        store(k, v, k_buf[1:-1], v_buf[1:-1], slots)
+        return k_buf, v_buf
+
+    k_buf, v_buf = stored_by(impl.store_kvcache)
     want_k, want_v = (torch.full_like(k_buf, SENTINEL) for _ in range(2))
     keep = slots >= 0
     want_k[1:-1].view(-1, hkv, d)[slots[keep]] = k[keep]
     want_v[1:-1].view(-1, hkv, d)[slots[keep]] = v[keep]
-    check_close(k_buf, want_k, "3.4", f"k_cache with guard blocks (block_size={block_size}, {dtype})", atol=0, rtol=0)
-    check_close(v_buf, want_v, "3.4", f"v_cache with guard blocks (block_size={block_size}, {dtype})", atol=0, rtol=0)
+    check_close(k_buf, want_k, "3.4", f"k_cache with guard blocks (block_size={block_size}, {dtype})", atol=0, rtol=0,
+                suspects=suspects_of("store_kvcache", lambda fn: stored_by(fn)[0]))
+    check_close(v_buf, want_v, "3.4", f"v_cache with guard blocks (block_size={block_size}, {dtype})", atol=0, rtol=0,
+                suspects=suspects_of("store_kvcache", lambda fn: stored_by(fn)[1]))
 
 
 @pytest.mark.ex3_4
@@ -282,13 +335,19 @@ def test_paged_decode_kernel_matches_sdpa(impl, dtype, case, num_splits):
     lengths, H, hkv, d, bs = DECODE_CASES[case]
     q, ks, vs, k_cache, v_cache, k_buf, v_buf, tables, lens = paged_case(lengths, H, hkv, d, bs, dtype, seed=case)
     before = k_buf.clone()
-    out_buf = torch.full((len(lengths) + 2, H, d), SENTINEL, dtype=dtype)
-    impl.paged_decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5, num_splits=num_splits,
-                                out=out_buf[1:-1])
+
+    def output_of(decode):
+        """-> the output with a guard row on each side, written by decode(..., out=)."""
+        out_buf = torch.full((len(lengths) + 2, H, d), SENTINEL, dtype=dtype)
+        decode(q, k_cache, v_cache, tables, lens, d ** -0.5, num_splits=num_splits, out=out_buf[1:-1])
+        return out_buf
+
+    out_buf = output_of(impl.paged_decode_attention)
     want = torch.full_like(out_buf, SENTINEL)
     want[1:-1] = sdpa_decode(q, ks, vs, d ** -0.5).to(dtype)
     check_close(out_buf, want, "3.5", f"decode output with guard rows (lengths {lengths}, H={H}, Hkv={hkv}, D={d}, "
-                f"block_size={bs}, {dtype}, num_splits={num_splits})", **TOL[dtype])
+                f"block_size={bs}, {dtype}, num_splits={num_splits})", **TOL[dtype],
+                suspects=suspects_of("paged_decode_attention", output_of))
     check_equal(unchanged(k_buf, before), True, "3.5", "k_cache is unchanged (decode only reads it)")
 
 
@@ -335,69 +394,121 @@ def _names(x):
     return x
 
 
-def check_step(actual, expected, what: str) -> None:
-    check_equal(_names(actual), _names(expected), "3.6", what)
+def check_script(impl, script) -> None:
+    """Run a scripted scheduler scenario with your schedule_step and check each (what, observed,
+    expected) it yields, in order; a wrong observation is compared with the known wrong versions'
+    observation at the same point of the same script."""
+    for i, (what, got, expected) in enumerate(script(impl.schedule_step)):
+        check_equal(got, expected, "3.6", what,
+                    suspects=suspects_of("schedule_step", lambda fn, i=i: _observation(script, fn, i)))
+
+
+def _observation(script, schedule_step, i: int):
+    """The i-th observation of a script run with this schedule_step (None if it yields fewer)."""
+    step = next(islice(script(schedule_step), i, None), None)
+    return None if step is None else step[1]
+
+
+def _step(what: str, actual, expected):
+    """One scripted observation, as names (a snapshot: the sequences change in later steps)."""
+    return what, _names(actual), _names(expected)
+
+
+def admit_in_order_script(schedule_step):
+    bm = BlockManager(num_blocks=10, block_size=4, enable_prefix_caching=False)
+    A, B, C, D = _seqs([5, 8, 3, 6])
+    waiting, running = deque([A, B, C, D]), deque()
+    out = schedule_step(waiting, running, bm, 3, 15)
+    yield _step("(scheduled, is_prefill, preempted) of step 1 (token budget 15: A=5 + B=8 fit, C=3 would make 16)",
+                out, ([A, B], True, []))
+    yield _step("queues (waiting, running) after step 1", (waiting, running), ([C, D], [A, B]))
+    yield _step("blocks and status of A and B", (A.block_table, B.block_table, A.status, B.status),
+                ([0, 1], [2, 3], SequenceStatus.RUNNING, SequenceStatus.RUNNING))
+    out = schedule_step(waiting, running, bm, 3, 15)
+    yield _step("(step 2 output, waiting, running): with max_num_seqs=3 only C joins", (out, waiting, running),
+                (([C], True, []), [D], [A, B, C]))
+    for s in (A, B, C):  # each produced a token
+        s.append_token(1)
+    out = schedule_step(waiting, running, bm, 3, 15)
+    yield _step("(step 3 output, running): D cannot join (3 running), so every running sequence decodes",
+                (out, running), (([A, B, C], False, []), [A, B, C]))
+    yield _step("block tables after step 3 (B's 9th token starts a block: may_append gives it block 5)",
+                (A.block_table, B.block_table, C.block_table), ([0, 1], [2, 3, 5], [4]))
+
+
+def stop_at_the_first_misfit_script(schedule_step):
+    # the token budget: B does not fit after A, C would
+    bm = BlockManager(num_blocks=10, block_size=4, enable_prefix_caching=False)
+    A, B, C = _seqs([5, 12, 3])
+    waiting, running = deque([A, B, C]), deque()
+    out = schedule_step(waiting, running, bm, 8, 15)
+    yield _step("(step output, waiting, running) with a token budget of 15: A=5 fits, B=12 would make 17, so "
+                "admission stops there (C=3 would fit but must not jump the queue)", (out, waiting, running),
+                (([A], True, []), [B, C], [A]))
+    # the free blocks: B does not fit after A, C would
+    bm = BlockManager(num_blocks=4, block_size=4, enable_prefix_caching=False)
+    A, B, C = _seqs([8, 12, 4])
+    waiting, running = deque([A, B, C]), deque()
+    out = schedule_step(waiting, running, bm, 8, 100)
+    yield _step("(step output, waiting, running) with 4 free blocks of 4 tokens: A takes 2, B needs 3, so admission "
+                "stops there (C needs 1 but must not jump the queue)", (out, waiting, running),
+                (([A], True, []), [B, C], [A]))
+
+
+def preempt_the_newest_script(schedule_step):
+    bm = BlockManager(num_blocks=6, block_size=4, enable_prefix_caching=False)
+    A, B, C = _seqs([4, 4, 4])
+    waiting, running = deque([A, B, C]), deque()
+    schedule_step(waiting, running, bm, 8, 100)
+    for _ in range(4):  # tokens 5..8: the 5th starts a block each (6 blocks used), the rest fit
+        for s in (A, B, C):
+            s.append_token(7)
+        out = schedule_step(waiting, running, bm, 8, 100)
+        yield _step(f"decode step at {A.num_tokens} tokens", out, ([A, B, C], False, []))
+    for s in (A, B, C):
+        s.append_token(7)  # the 9th token needs a 3rd block each; none is free
+    out = schedule_step(waiting, running, bm, 8, 100)
+    yield _step("(scheduled, is_prefill, preempted) when the cache is full: the newest sequence, C, is preempted",
+                out, ([A, B], False, [C]))
+    yield _step("(waiting, running, C.status, C.block_table) after the preemption: C waits at the front, blocks freed",
+                (waiting, running, C.status, C.block_table), ([C], [A, B], SequenceStatus.WAITING, []))
+    yield _step("A's and B's block tables: they take C's freed blocks (C frees its last block first)",
+                (A.block_table, B.block_table), ([0, 3, 5], [1, 4, 2]))
+    for s in (A, B):
+        s.append_token(7)
+    out = schedule_step(waiting, running, bm, 8, 100)
+    yield _step("next step: C (9 tokens = 3 blocks) cannot be readmitted yet", out, ([A, B], False, []))
+
+
+def preempt_itself_when_alone_script(schedule_step):
+    bm = BlockManager(num_blocks=2, block_size=4, enable_prefix_caching=False)
+    (A,) = _seqs([8])
+    waiting, running = deque([A]), deque()
+    schedule_step(waiting, running, bm, 8, 100)
+    A.append_token(3)
+    out = schedule_step(waiting, running, bm, 8, 100)
+    yield _step("(output, waiting, running): a lone sequence that cannot grow preempts itself",
+                (out, waiting, running), (([], False, [A]), [A], []))
 
 
 @pytest.mark.ex3_6
 def test_schedule_step_admits_in_order_within_budgets(impl):
-    bm = BlockManager(num_blocks=10, block_size=4, enable_prefix_caching=False)
-    A, B, C, D = _seqs([5, 8, 3, 6])
-    waiting, running = deque([A, B, C, D]), deque()
-    out = impl.schedule_step(waiting, running, bm, 3, 15)
-    check_step(out, ([A, B], True, []), "(scheduled, is_prefill, preempted) of step 1 "
-               "(token budget 15: A=5 + B=8 fit, C=3 would make 16)")
-    check_step((waiting, running), ([C, D], [A, B]), "queues (waiting, running) after step 1")
-    check_step((A.block_table, B.block_table, A.status, B.status),
-               ([0, 1], [2, 3], SequenceStatus.RUNNING, SequenceStatus.RUNNING), "blocks and status of A and B")
-    out = impl.schedule_step(waiting, running, bm, 3, 15)
-    check_step((out, waiting, running), (([C], True, []), [D], [A, B, C]),
-               "(step 2 output, waiting, running): with max_num_seqs=3 only C joins")
-    for s in (A, B, C):  # each produced a token
-        s.append_token(1)
-    out = impl.schedule_step(waiting, running, bm, 3, 15)
-    check_step((out, running), (([A, B, C], False, []), [A, B, C]),
-               "(step 3 output, running): D cannot join (3 running), so every running sequence decodes")
-    check_step((A.block_table, B.block_table, C.block_table), ([0, 1], [2, 3, 5], [4]),
-               "block tables after step 3 (B's 9th token starts a block: may_append gives it block 5)")
+    check_script(impl, admit_in_order_script)
+
+
+@pytest.mark.ex3_6
+def test_schedule_step_stops_at_the_first_that_does_not_fit(impl):
+    check_script(impl, stop_at_the_first_misfit_script)
 
 
 @pytest.mark.ex3_6
 def test_schedule_step_preempts_the_newest(impl):
-    bm = BlockManager(num_blocks=6, block_size=4, enable_prefix_caching=False)
-    A, B, C = _seqs([4, 4, 4])
-    waiting, running = deque([A, B, C]), deque()
-    impl.schedule_step(waiting, running, bm, 8, 100)
-    for _ in range(4):  # tokens 5..8: the 5th starts a block each (6 blocks used), the rest fit
-        for s in (A, B, C):
-            s.append_token(7)
-        out = impl.schedule_step(waiting, running, bm, 8, 100)
-        check_step(out, ([A, B, C], False, []), f"decode step at {A.num_tokens} tokens")
-    for s in (A, B, C):
-        s.append_token(7)  # the 9th token needs a 3rd block each; none is free
-    out = impl.schedule_step(waiting, running, bm, 8, 100)
-    check_step(out, ([A, B], False, [C]),
-               "(scheduled, is_prefill, preempted) when the cache is full: the newest sequence, C, is preempted")
-    check_step((waiting, running, C.status, C.block_table), ([C], [A, B], SequenceStatus.WAITING, []),
-               "(waiting, running, C.status, C.block_table) after the preemption: C waits at the front, blocks freed")
-    check_step((A.block_table, B.block_table), ([0, 3, 5], [1, 4, 2]),
-               "A's and B's block tables: they take C's freed blocks (C frees its last block first)")
-    for s in (A, B):
-        s.append_token(7)
-    out = impl.schedule_step(waiting, running, bm, 8, 100)
-    check_step(out, ([A, B], False, []), "next step: C (9 tokens = 3 blocks) cannot be readmitted yet")
+    check_script(impl, preempt_the_newest_script)
 
 
 @pytest.mark.ex3_6
 def test_schedule_step_preempts_itself_when_alone(impl):
-    bm = BlockManager(num_blocks=2, block_size=4, enable_prefix_caching=False)
-    (A,) = _seqs([8])
-    waiting, running = deque([A]), deque()
-    impl.schedule_step(waiting, running, bm, 8, 100)
-    A.append_token(3)
-    out = impl.schedule_step(waiting, running, bm, 8, 100)
-    check_step((out, waiting, running), (([], False, [A]), [A], []),
-               "(output, waiting, running): a lone sequence that cannot grow preempts itself")
+    check_script(impl, preempt_itself_when_alone_script)
 
 
 @pytest.mark.ex3_6

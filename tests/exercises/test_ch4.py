@@ -6,12 +6,19 @@ Each test first runs the function with one rank (a 1-process gloo group in this 
 a stub fails here), then spawns two ranks (minillm.distributed.run_on_ranks) that run the function
 under test on their shards; the results come back and are compared here.
 
+The collectives are also graded on two ranks inside this process (two threads joined by torch's
+in-process "threaded" process group, the one torch's own distributed tests use): quick, and able
+to run any function given to the test, so a wrong result is compared with the known wrong versions
+in mistakes_ch4.py on the same input and a failure that matches one of them names the bug.
+
     pytest tests/exercises -m ex4_1 --impl=exercises
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
+import threading
 
 import pytest
 import torch
@@ -21,14 +28,28 @@ import torch.nn.functional as F
 from minillm.course.exercises import load_impl
 from minillm.course.grading import check_close, check_equal
 from minillm.distributed import run_on_ranks, tensor_parallel
+from mistakes import all_mistakes, suspects
 
 TP = 2
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 64, 96, 4, 2, 16, 512
 ATOL, RTOL = 1e-5, 1e-4  # fp32; the all-reduce sums partial products in another order
+THREAD_RANKS_TIMEOUT_S = 60.0  # a rank waiting in a collective the other rank never calls gives up after this
+
+
+def suspects_of(function: str, run) -> dict:
+    """diagnosis -> run(wrong version) for every known wrong version of `function` (computed only
+    if the student's result is wrong): for results that are not simply function(*args)."""
+    return {m.hint: (lambda fn=m.replaces[function]: run(fn))
+            for m in all_mistakes().values() if function in m.replaces}
 
 
 @pytest.fixture(scope="module")
 def hf():
+    return hf_modules()
+
+
+@functools.cache
+def hf_modules():
     """Transformers' own Qwen3 MLP and attention projections from a tiny config, random weights."""
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3MLP
@@ -44,6 +65,81 @@ def hf():
 
 def chunk(t: torch.Tensor, dim: int, rank: int) -> torch.Tensor:
     return t.chunk(TP, dim=dim)[rank].contiguous()
+
+
+def on_thread_ranks(fn, rank_calls: list[tuple]) -> list:
+    """Rank r (a thread of this process) returns fn(*rank_calls[r], group), the group being TP ranks
+    joined by torch's in-process "threaded" process group: every torch.distributed call works as
+    between processes. -> [rank 0's output, rank 1's output, ...]. The first error a rank raised is
+    raised here (the other ranks are released from any collective they wait in)."""
+    from torch.testing._internal.distributed.multi_threaded_pg import (ProcessLocalGroup, _install_threaded_pg,
+                                                                        _uninstall_threaded_pg)
+    store, size = dist.HashStore(), len(rank_calls)
+    outputs, errors = [None] * size, [None] * size
+
+    def rank_main(rank: int) -> None:
+        try:
+            dist.init_process_group("threaded", rank=rank, world_size=size, store=store)
+            try:
+                with torch.no_grad():
+                    outputs[rank] = fn(*rank_calls[rank], dist.group.WORLD)
+            finally:
+                dist.destroy_process_group()
+        except BaseException as e:  # noqa: BLE001 -- raised in the caller's thread below
+            errors[rank] = e
+            ProcessLocalGroup.exception_handle(e)  # wake the other ranks out of their collectives
+
+    torch._C._distributed_c10d._set_thread_isolation_mode(True)  # each thread keeps its own group names
+    _install_threaded_pg()
+    try:
+        threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(THREAD_RANKS_TIMEOUT_S)
+        stuck = [r for r, t in enumerate(threads) if t.is_alive()]
+        if stuck:
+            ProcessLocalGroup.exception_handle(TimeoutError())
+            for t in threads:
+                t.join(5.0)
+            raise TimeoutError(f"ranks {stuck} still wait after {THREAD_RANKS_TIMEOUT_S:.0f} s: a collective that "
+                               f"not every rank calls?")
+    finally:
+        _uninstall_threaded_pg()
+        ProcessLocalGroup.reset()
+        torch._C._distributed_c10d._set_thread_isolation_mode(False)
+    for e in errors:
+        if e is not None and not isinstance(e, SystemExit):  # SystemExit: a rank released by another's error
+            raise e
+    return outputs
+
+
+def rank_error(fn, rank_calls: list[tuple]) -> str | None:
+    """The first error a rank raised running fn on thread ranks, as 'Type: message'; None if none did."""
+    try:
+        on_thread_ranks(fn, rank_calls)
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def graded_on_thread_ranks(impl, name: str, rank_calls: list[tuple], exercise_id: str) -> list:
+    """Your `name` on thread ranks -> the ranks' outputs. An error a rank raises (other than a stub's
+    NotImplementedError) fails the test, naming a known bug that raises the same error."""
+    try:
+        return on_thread_ranks(getattr(impl, name), rank_calls)
+    except NotImplementedError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        check_equal(f"{type(e).__name__}: {e}", "no error", exercise_id,
+                    f"what {name} did on {len(rank_calls)} ranks (the error's traceback is above)",
+                    suspects=suspects_of(name, lambda fn: rank_error(fn, rank_calls)))
+        raise  # not reached: check_equal has failed
+
+
+def rank_suspects(name: str, rank_calls: list[tuple], rank: int) -> dict:
+    """diagnosis -> rank `rank`'s output of each known wrong version of `name` on thread ranks."""
+    return suspects_of(name, lambda fn: on_thread_ranks(fn, rank_calls)[rank])
 
 
 @contextlib.contextmanager
@@ -129,14 +225,17 @@ def test_shard_weight_and_packed_match_torch_chunk(impl):
         w = torch.randn(shape)
         for r in range(n):
             check_equal(impl.shard_weight(w, dim, r, n), w.chunk(n, dim=dim)[r], "4.1",
-                        f"shard_weight(shape {shape}, dim={dim}, rank={r}, world_size={n})")
+                        f"shard_weight(shape {shape}, dim={dim}, rank={r}, world_size={n})",
+                        suspects=suspects("shard_weight", w, dim, r, n))
     with pytest.raises(ValueError):
         impl.shard_weight(torch.randn(10, 4), 0, 0, 3)
     q, k, v = torch.randn(8, 4), torch.randn(4, 4), torch.randn(4, 4)
     for r in range(2):
         want = torch.cat([q.chunk(2)[r], k.chunk(2)[r], v.chunk(2)[r]])
-        check_equal(impl.shard_packed(torch.cat([q, k, v]), [8, 4, 4], r, 2), want, "4.1",
-                    f"shard_packed([q | k | v], rank={r}): rank r's heads of q, then of k, then of v")
+        packed = torch.cat([q, k, v])
+        check_equal(impl.shard_packed(packed, [8, 4, 4], r, 2), want, "4.1",
+                    f"shard_packed([q | k | v], rank={r}): rank r's heads of q, then of k, then of v",
+                    suspects=suspects("shard_packed", packed, [8, 4, 4], r, 2))
 
 
 @pytest.mark.ex4_1
@@ -171,11 +270,12 @@ def test_sharded_layers_on_two_ranks_equal_transformers(impl, impl_name, hf):
 
 
 # ---- 4.2 ---------------------------------------------------------------------------------------------
-@pytest.mark.ex4_2
-def test_column_then_row_mlp_equals_transformers_with_one_all_reduce(impl, impl_name, hf):
-    """The MLP as Megatron runs it: each rank's column half (gate, up: no communication), then the
-    student's row_parallel_linear for down_proj; and a row layer with a bias (added once)."""
-    mlp, _ = hf
+def row_parallel_case():
+    """The MLP as Megatron runs it, and a row-parallel layer with a bias. -> (h, down, want_mlp,
+    mlp_calls, biased_calls, want_biased): h the whole intermediate activation (one rank),
+    mlp_calls[r] = rank r's (its slice of h, its columns of down_proj, None), biased_calls[r] the
+    same for the biased layer (with its full bias)."""
+    mlp, _ = hf_modules()
     torch.manual_seed(2)
     x, z = torch.randn(7, HIDDEN), torch.randn(4, INTER)
     gate, up, down = (getattr(mlp, n).weight.detach() for n in ("gate_proj", "up_proj", "down_proj"))
@@ -186,10 +286,34 @@ def test_column_then_row_mlp_equals_transformers_with_one_all_reduce(impl, impl_
         h = F.silu(x @ gate.T) * (x @ up.T)  # the column half on one rank: all intermediate features
         # rank r's column half: its slice of the intermediate features, computed without any communication
         h_r = [F.silu(x @ chunk(gate, 0, r).T) * (x @ chunk(up, 0, r).T) for r in range(TP)]
+    mlp_calls = [(h_r[r], chunk(down, 1, r), None) for r in range(TP)]
+    biased_calls = [(chunk(z, 1, r), chunk(w_b, 1, r), b_b) for r in range(TP)]
+    return h, down, want_mlp, mlp_calls, biased_calls, want_biased
+
+
+@pytest.mark.ex4_2
+def test_row_parallel_linear_on_two_thread_ranks(impl):
+    """down_proj after each rank's column half of the MLP, then a row layer with a bias (added once),
+    on two ranks in this process."""
+    _, _, want_mlp, mlp_calls, biased_calls, want_biased = row_parallel_case()
+    for calls, want, what in ((mlp_calls, want_mlp, "the MLP's output (column half, then your row_parallel_linear) "
+                               "against transformers' Qwen3MLP"),
+                              (biased_calls, want_biased, "a row-parallel layer with a bias against nn.Linear")):
+        outs = graded_on_thread_ranks(impl, "row_parallel_linear", calls, "4.2")
+        for r, y in enumerate(outs):
+            check_close(y, want, "4.2", f"{what}, rank {r} of {TP}", ATOL, RTOL,
+                        suspects=rank_suspects("row_parallel_linear", calls, r))
+
+
+@pytest.mark.ex4_2
+def test_column_then_row_mlp_equals_transformers_with_one_all_reduce(impl, impl_name):
+    """The MLP as Megatron runs it: each rank's column half (gate, up: no communication), then the
+    student's row_parallel_linear for down_proj; and a row layer with a bias (added once)."""
+    h, down, want_mlp, mlp_calls, biased_calls, want_biased = row_parallel_case()
     with one_rank_group() as group, torch.no_grad():  # p = 1: the whole layer on one rank
         check_close(impl.row_parallel_linear(h, down, None, group), want_mlp, "4.2",
                     "row_parallel_linear with one rank (down_proj of the whole MLP)", ATOL, RTOL)
-    rank_calls = [[(h_r[r], chunk(down, 1, r), None), (chunk(z, 1, r), chunk(w_b, 1, r), b_b)] for r in range(TP)]
+    rank_calls = [[mlp_calls[r], biased_calls[r]] for r in range(TP)]
     outs = run_on_ranks(_rank_call, TP, impl_name, "row_parallel_linear", rank_calls, True)
     for r, ((y, calls), (y_b, calls_b)) in enumerate(outs):
         check_close(y, want_mlp, "4.2", f"the MLP's output on rank {r} of 2 (column half, then your "
@@ -201,15 +325,31 @@ def test_column_then_row_mlp_equals_transformers_with_one_all_reduce(impl, impl_
 
 
 # ---- 4.3 ---------------------------------------------------------------------------------------------
-@pytest.mark.ex4_3
-def test_vocab_parallel_embed_equals_nn_embedding(impl, impl_name):
+def embedding_case():
+    """-> (ids on both sides of the vocabulary cut, the full embedding weight, nn.Embedding's rows)."""
     torch.manual_seed(3)
     embed = torch.nn.Embedding(VOCAB, HIDDEN)
     half = VOCAB // TP
     ids = torch.tensor([0, 1, half - 1, half, half + 1, VOCAB - 1, 7, 300, 255, 256, 7])  # both sides of the cut
     with torch.no_grad():
         want = embed(ids)
-    weight = embed.weight.detach()
+    return ids, embed.weight.detach(), want
+
+
+@pytest.mark.ex4_3
+def test_vocab_parallel_embed_on_two_thread_ranks(impl):
+    ids, weight, want = embedding_case()
+    half = VOCAB // TP
+    calls = [(ids, chunk(weight, 0, r), r * half) for r in range(TP)]
+    for r, y in enumerate(graded_on_thread_ranks(impl, "vocab_parallel_embed", calls, "4.3")):
+        check_close(y, want, "4.3", f"vocab_parallel_embed on rank {r} of {TP} against nn.Embedding",
+                    suspects=rank_suspects("vocab_parallel_embed", calls, r))
+
+
+@pytest.mark.ex4_3
+def test_vocab_parallel_embed_equals_nn_embedding(impl, impl_name):
+    ids, weight, want = embedding_case()
+    half = VOCAB // TP
     with one_rank_group() as group, torch.no_grad():
         check_close(impl.vocab_parallel_embed(ids, weight, 0, group), want, "4.3", "vocab_parallel_embed with one rank")
     rank_calls = [[(ids, chunk(weight, 0, r), r * half)] for r in range(TP)]
@@ -218,14 +358,30 @@ def test_vocab_parallel_embed_equals_nn_embedding(impl, impl_name):
 
 
 # ---- 4.4 ---------------------------------------------------------------------------------------------
-@pytest.mark.ex4_4
-def test_parallel_lm_head_gathers_full_logits_on_rank_0(impl, impl_name):
+def lm_head_case():
+    """-> (hidden states, the full LM head weight, nn.Linear's logits)."""
     torch.manual_seed(4)
     head = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
     hidden = torch.randn(3, HIDDEN)
     with torch.no_grad():
         want = head(hidden)
-    weight = head.weight.detach()
+    return hidden, head.weight.detach(), want
+
+
+@pytest.mark.ex4_4
+def test_parallel_lm_head_on_two_thread_ranks(impl):
+    hidden, weight, want = lm_head_case()
+    calls = [(hidden, chunk(weight, 0, r)) for r in range(TP)]
+    logits0, logits1 = graded_on_thread_ranks(impl, "parallel_lm_head", calls, "4.4")
+    check_close(logits0, want, "4.4", f"parallel_lm_head's logits on rank 0 ({TP} ranks) against nn.Linear", ATOL, RTOL,
+                suspects=rank_suspects("parallel_lm_head", calls, 0))
+    check_equal(logits1, None, "4.4", "parallel_lm_head's result on rank 1 (only rank 0 samples)",
+                suspects=rank_suspects("parallel_lm_head", calls, 1))
+
+
+@pytest.mark.ex4_4
+def test_parallel_lm_head_gathers_full_logits_on_rank_0(impl, impl_name):
+    hidden, weight, want = lm_head_case()
     with one_rank_group() as group, torch.no_grad():
         check_close(impl.parallel_lm_head(hidden, weight, group), want, "4.4", "parallel_lm_head with one rank",
                     ATOL, RTOL)
