@@ -1,12 +1,19 @@
 # minillm: two commands on a fresh machine.
 #   make demo   set up .venv, prepare the embedded chat model, answer one question
 #   make test   set up .venv and run every test (what CI runs)
+# and, for a student:
+#   make lab    JupyterLab on the notebooks, its kernel .venv's Python
+#   make grade  grade every exercise (make grade EX=2.3: one)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
+LAB_ARGS ?=
+# Jupyter refuses to run as root without --allow-root; as root (a container, a CI box) there is
+# no desktop browser to open either, so it only prints the URL.
+LAB_ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root --no-browser,)
 
-.PHONY: demo test setup exercises references slides clean
+.PHONY: demo test setup browser lab grade exercises references slides clean
 
 setup: $(VENV)/.installed
 
@@ -24,13 +31,35 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(PY) -m minillm chat --model smollm2-135m --message "What is the capital of France?"
 
-test: setup
+test: setup browser
 	$(PY) -m minillm.course.exercises --check
 	$(PY) tests/references/make.py --check
 	$(PY) -m pytest tests -q --impl=ref
 	$(PY) -m pytest tests/exercises -q --impl=solutions
 	$(PY) -m pytest tests/exercises -q --impl=exercises --expect-stubs
 	$(PY) -m pytest --nbmake notebooks -q
+
+# The Chromium that tests/test_jupyterlab.py drives (Playwright's own download host is often
+# unreachable): Debian's package, installed here rather than in setup so that `make demo` stays light.
+browser: setup
+	@if $(PY) tests/jupyter_browser.py >/dev/null 2>&1; then \
+	  echo "browser test: $$($(PY) tests/jupyter_browser.py)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "browser test: installing Debian's chromium (about 20 s)"; \
+	  apt-get update -q >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; \
+	else \
+	  echo "browser test: no Chromium here and no root to install one: run 'sudo apt-get install chromium'"; \
+	  echo "  (or set MINILLM_CHROMIUM=/path/to/chromium); until then tests/test_jupyterlab.py fails"; \
+	fi
+
+lab: setup  ## JupyterLab on the notebooks, with .venv's Python as the kernel; open the URL it prints
+	@echo "JupyterLab from $(VENV) (kernel: $(PY)). Open the http://localhost:..../lab?token=... URL printed"
+	@echo "below in a browser; Ctrl+C twice stops it. Start with notebooks/00_tour.ipynb."
+	$(PY) -m jupyterlab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(LAB_ROOT_ARGS) $(LAB_ARGS)
+
+grade: setup  ## grade your exercises (make grade EX=2.3: one exercise)
+	$(PY) -m minillm.course.grade $(if $(EX),--exercise $(EX),)
 
 exercises: setup  ## maintainer: regenerate exercises/ and solutions/ from minillm/
 	$(PY) -m minillm.course.exercises

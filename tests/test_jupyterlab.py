@@ -1,0 +1,163 @@
+"""The student's front end, in a real browser: JupyterLab from the project's environment opens
+notebooks/00_tour.ipynb in headless Chromium (driven by Playwright), its first code cells run
+through the UI (select a cell, Shift+Enter), and their outputs appear with no error.
+
+The server serves a scratch copy of notebooks/ (outputs cleared, so every output seen here came
+from this run, and autosave never touches the committed notebooks). Without a Chromium the test
+fails and says how to get one; `make test` installs Debian's package first.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from jupyter_browser import (CHROMIUM_ARGS, HOW_TO_GET_ONE, BrowserNotFound, JupyterLab, find_chromium,
+                             wait_until_gone)
+
+REPO = Path(__file__).resolve().parent.parent
+TOUR = "00_tour.ipynb"
+# The tour's first three code cells: imports and device (~5 s), loading smollm2-135m (~5 s; its
+# first use on a machine also converts the GGUF, ~20 s) and a batch of four 24-token generations
+# (~5 s on an idle 2-core CPU). Past them the tour runs the CLI in subprocesses: tens of seconds more.
+FIRST_CODE_CELLS = 3
+# Appended to the scratch copy and run last: the kernel JupyterLab offers must be this environment's.
+PROBE_SOURCE = 'import sys\nprint("kernel python:", sys.executable)'
+
+TEST_TIMEOUT_S = 900          # pytest-timeout: the whole test, whatever hangs
+UI_TIMEOUT_MS = 120_000       # page load, kernel start, a click
+CELL_START_TIMEOUT_MS = 30_000   # from Shift+Enter to the cell's "[*]" prompt
+CELL_TIMEOUT_MS = 420_000     # one cell, start to finish (model conversion on a busy CPU)
+SAVE_TIMEOUT_S = 30
+BROWSER_EXIT_S = 30
+
+# The notebook's kernel is started and idle: the toolbar names a kernel and the execution
+# indicator reads idle (it reads idle before any kernel exists, too, so both are needed).
+KERNEL_READY_JS = """() => {
+  const name = document.querySelector('.jp-NotebookPanel .jp-Toolbar-kernelName');
+  const status = document.querySelector('.jp-NotebookPanel .jp-Notebook-ExecutionIndicator');
+  return !!(name && status && !/No Kernel/.test(name.textContent) && status.dataset.status === 'idle');
+}"""
+NOT_RUN_PROMPT = "[ ]:"
+DONE_PROMPT = re.compile(r"^\[\d+\]:$")
+
+
+def _scratch_notebooks(dest: Path) -> Path:
+    """A copy of notebooks/ with the tour's outputs cleared and the kernel probe appended."""
+    shutil.copytree(REPO / "notebooks", dest, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    nb = nbformat.read(dest / TOUR, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nb.cells.append(nbformat.v4.new_code_cell(PROBE_SOURCE))
+    nbformat.write(nb, dest / TOUR)
+    return dest
+
+
+def _run_cell(page, cell, label: str, keys: str = "Shift+Enter") -> str:
+    """Select `cell`, press `keys`, wait for it to finish; returns the output text it shows."""
+    from playwright.sync_api import expect
+
+    prompt = cell.locator(".jp-InputPrompt")
+    prompt.click()
+    page.keyboard.press(keys)
+    expect(prompt, f"{label}: {keys} did not start it").not_to_have_text(
+        NOT_RUN_PROMPT, timeout=CELL_START_TIMEOUT_MS)
+    expect(prompt, f"{label}: did not finish").to_have_text(DONE_PROMPT, timeout=CELL_TIMEOUT_MS)
+    text = "\n".join(cell.locator(".jp-OutputArea-output").all_inner_texts())
+    assert text.strip(), f"{label} ran but JupyterLab shows no output under it"
+    return text
+
+
+def _ran_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    """The code cells the test runs: the tour's first FIRST_CODE_CELLS and the kernel probe."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    return code[:FIRST_CODE_CELLS] + [c for c in code if c.source == PROBE_SOURCE]
+
+
+def _wait_for_saved(path: Path) -> list[nbformat.NotebookNode]:
+    """The cells the test ran, read back from the saved file once they all carry their outputs."""
+    deadline = time.monotonic() + SAVE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            ran = _ran_cells(nbformat.read(path, as_version=4))
+        except ValueError:  # read while JupyterLab was writing it
+            ran = []
+        if len(ran) == FIRST_CODE_CELLS + 1 and all(c.execution_count is not None for c in ran):
+            return ran
+        time.sleep(0.25)
+    pytest.fail(f"Ctrl+S did not save the executed cells into {path} within {SAVE_TIMEOUT_S} s")
+
+
+def _drive_tour(page, lab: JupyterLab, notebooks: Path) -> tuple[dict[str, str], list[nbformat.NotebookNode]]:
+    """Open the tour, run its first code cells and the probe through the UI, save it. Returns the
+    output text each showed (by label) and the same cells as saved."""
+    timings: dict[str, float] = {}  # printed: pytest shows them when the test fails
+    t0 = time.perf_counter()
+    shown: dict[str, str] = {}
+    try:
+        page.set_default_timeout(UI_TIMEOUT_MS)
+        page.goto(lab.url(f"lab/tree/{TOUR}"))
+        page.wait_for_function(KERNEL_READY_JS, timeout=UI_TIMEOUT_MS)
+        timings["notebook open, kernel idle"] = time.perf_counter() - t0
+        cells = page.locator(".jp-NotebookPanel .jp-Notebook .jp-CodeCell")
+        assert cells.count() > FIRST_CODE_CELLS, f"{TOUR} has fewer than {FIRST_CODE_CELLS} code cells"
+        for i in range(FIRST_CODE_CELLS):
+            label = f"{TOUR} code cell {i + 1}"
+            shown[label] = _run_cell(page, cells.nth(i), label)
+            timings[f"code cell {i + 1} done"] = time.perf_counter() - t0
+        # Ctrl+Enter runs it in place (Shift+Enter on the last cell would append an empty one)
+        shown["kernel probe cell"] = _run_cell(page, cells.last, "kernel probe cell", keys="Control+Enter")
+        page.keyboard.press("Control+s")  # so the outputs can be checked in the file too
+        return shown, _wait_for_saved(notebooks / TOUR)
+    finally:
+        print("seconds since the notebook was requested:", {k: round(v, 1) for k, v in timings.items()})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_tour_runs_in_jupyterlab(tmp_path):
+    try:
+        chromium, missing = find_chromium(), ""
+    except BrowserNotFound as e:
+        chromium, missing = "", str(e)
+    if missing:  # failed outside the except block, where pytest would print the message twice
+        pytest.fail(missing, pytrace=False)
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
+
+    notebooks = _scratch_notebooks(tmp_path / "notebooks")
+    chromium_home = tmp_path / "chromium"
+    # Chromium keeps its crash-report database and cache under the XDG folders: keep them here too
+    browser_env = dict(os.environ, XDG_CONFIG_HOME=str(chromium_home / "config"),
+                       XDG_CACHE_HOME=str(chromium_home / "cache"))
+    with JupyterLab(notebooks, tmp_path / "jupyter") as lab, sync_playwright() as pw:
+        try:
+            browser, launch_error = pw.chromium.launch_persistent_context(
+                str(chromium_home / "profile"), executable_path=chromium, headless=True,
+                args=list(CHROMIUM_ARGS), env=browser_env), ""
+        except PlaywrightError as e:
+            browser, launch_error = None, e.message
+        if launch_error:
+            pytest.fail(f"Chromium {chromium} did not start: {launch_error[:2000]}\n{HOW_TO_GET_ONE}",
+                        pytrace=False)
+        try:
+            shown, saved = _drive_tour(browser.pages[0] if browser.pages else browser.new_page(), lab, notebooks)
+        finally:
+            browser.close()
+    leaked = wait_until_gone(str(tmp_path), BROWSER_EXIT_S)
+    assert not leaked, f"processes the test started still run after it stopped them: {leaked}"
+
+    for label, cell in zip(shown, saved):
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        assert not errors, (f"{label} raised {errors[0].ename}: {errors[0].evalue}; JupyterLab shows:\n"
+                            f"{shown[label][-2000:]}")
+    probe = shown["kernel probe cell"].strip()
+    assert probe == f"kernel python: {sys.executable}", (
+        f"JupyterLab's kernel is not this environment's Python ({sys.executable}): {probe!r}")
