@@ -156,7 +156,8 @@ def check_args(args) -> None:
         raise ValueError(f"unknown attention backend {bad[0]!r}; use one or more of {', '.join(ATTENTION_BACKENDS)}")
     bad = [c for c in args.compare if c not in COMPARE_ENGINES]
     if bad:
-        raise ValueError(f"--compare {bad[0]!r}: the engines bench can run beside minillm are {', '.join(COMPARE_ENGINES)}")
+        raise ValueError(f"--compare {bad[0]!r}: the engines bench can run beside minillm are "
+                         f"{', '.join(COMPARE_ENGINES)}")
     if args.num_seqs < 1:
         raise ValueError(f"--num-seqs must be at least 1, got {args.num_seqs}")
     if args.hf_num_seqs is not None:
@@ -290,7 +291,8 @@ def run_minillm(args, backend: str, work: Workload, subset: int | None) -> dict:
             res["flash_attn_version"] = flash_attn.__version__
 
         def generate(w: Workload, use_tqdm: bool = False) -> int:
-            params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n) for n in w.output_lens]
+            params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n)
+                      for n in w.output_lens]
             return sum(len(o["token_ids"]) for o in llm.generate(w.prompts, params, use_tqdm=use_tqdm))
 
         # warm-up, twice: the second run hits the prefix cache, so the paged prefill kernel compiles now too
@@ -537,12 +539,13 @@ def _one_line(e: BaseException) -> str:
 
 def _prepare(args) -> dict:
     """Resolve the model and the run's device and dtype; check every requested engine before any runs.
-    -> plan: path, model config, device, dtype, runnable backends, skipped engines and why, nano-vLLM."""
+    -> plan: path, model config, device, dtype, runnable backends, every engine's name in the order they
+    run ("order"; skipped ones in their place), the skipped ones and why, nano-vLLM."""
     from minillm.config import EngineConfig, ModelConfig
     from minillm.model_zoo import resolve_model
     path = resolve_model(args.model)
     mc = ModelConfig.from_folder(path)
-    plan = {"path": path, "model_config": mc, "backends": [], "skipped": {}, "nano": None}
+    plan = {"path": path, "model_config": mc, "backends": [], "order": [], "skipped": {}, "nano": None}
     for backend in args.attention_backend:
         cfg = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, attention_backend=backend,
                            tensor_parallel_size=args.tensor_parallel_size,
@@ -554,6 +557,7 @@ def _prepare(args) -> dict:
             if len(args.attention_backend) == 1:
                 raise
             plan["skipped"][f"minillm-{backend}"] = str(e)
+            plan["order"].append(f"minillm-{backend}")
             continue
         if backend == "auto":  # name the run after what 'auto' picks here
             from minillm.layers.attention import get_backend
@@ -561,6 +565,7 @@ def _prepare(args) -> dict:
         if backend in plan["backends"]:
             continue
         plan["backends"].append(backend)
+        plan["order"].append(f"minillm-{backend}")
         plan["device"], plan["dtype"] = cfg.device, cfg.torch_dtype
     if not plan["backends"]:
         raise ValueError("no requested attention backend can run here: "
@@ -568,10 +573,13 @@ def _prepare(args) -> dict:
     if "hf" in args.compare:
         _hf_preflight(plan["device"])
     if "nanovllm" in args.compare:
+        plan["order"].append("nanovllm")
         try:
             plan["nano"] = load_nanovllm(args.nanovllm_path)
         except NanoVLLMUnavailable as e:
             plan["skipped"]["nanovllm"] = str(e)
+    if "hf" in args.compare:
+        plan["order"].append("hf")
     return plan
 
 
@@ -605,7 +613,8 @@ def run_bench(args) -> dict:
         "floor_s": round(full["floor_s"], 3), "floor_tok_s": round(full["floor_tok_s"], 1),
         "floor_prefill_s": round(full["floor_prefill_s"], 3), "floor_decode_s": round(full["floor_decode_s"], 3),
         "batch1_floor_ms_per_token": round(batch1_floor_ms, 4),
-        "engines": {name: {"skipped": why} for name, why in plan["skipped"].items()},
+        "engines": {name: {"skipped": plan["skipped"][name]} if name in plan["skipped"] else {"pending": True}
+                    for name in plan["order"]},
         "ratios": {},
     }
     if subset:
@@ -683,19 +692,20 @@ def format_table(result: dict) -> str:
              f"({result['copy_gbps']:,.0f} GB/s, {result['matmul_tflops']:,.0f} TFLOP/s measured); "
              f"batch-1 floor {result['batch1_floor_ms_per_token']:.3f} ms/token"]
     names = list(result["engines"])
+    ran = [n for n in names if "output_tok_s" in result["engines"][n]]
     head = f"{'engine':<20}{'requests':>9}{'tok/s':>11}{'of floor':>10}{'b1 ms/tok':>11}{'of floor':>10}"
-    lines.append(head + "".join(f"{'x ' + n:>24}" for n in names[1:]))
-    for i, name in enumerate(names):
+    lines.append(head + "".join(f"{'x ' + n:>24}" for n in ran[1:]))
+    for name in names:
         e = result["engines"][name]
         if "output_tok_s" not in e:
-            why = e.get("error") or e.get("skipped") or "no result"
-            lines.append(f"{name:<20}  {'failed' if 'error' in e else 'skipped'}: {why}")
+            state = "failed" if "error" in e else "skipped" if "skipped" in e else "not run"
+            lines.append(f"{name:<20}  {state}: {e.get('error') or e.get('skipped') or 'no result'}")
             continue
         b1 = e.get("batch1_ms_per_token") if "batch1_fraction_of_floor" in e else None
         row = (f"{name:<20}{e['num_seqs']:>9}{e['output_tok_s']:>11,.0f}{e['fraction_of_floor']:>10.1%}"
                + (f"{b1:>11.3f}{e['batch1_fraction_of_floor']:>10.1%}" if b1 else f"{'-':>11}{'-':>10}"))
-        for other in names[1:]:
-            r = result["ratios"].get(f"{name}/{other}") if names.index(other) > i else None
+        for other in ran[1:]:
+            r = result["ratios"].get(f"{name}/{other}") if ran.index(other) > ran.index(name) else None
             cell = f"{r['ratio']:.2f} ({r['num_seqs']})" if r else ""
             row += f"{cell:>24}"
         lines.append(row)

@@ -194,8 +194,9 @@ def test_flash_backend_calls_flash_attn_2_as_documented(monkeypatch):
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got.float(), want, **FLASH_TOL)
     lengths = [600, 256, 1, 0]
-    ks, vs, k_cache, v_cache, _, _, tables = make_paged(lengths, QWEN_ATTN[1], QWEN_ATTN[2], FLASH_BLOCK, torch.bfloat16)
-    qd = torch.randn(len(lengths), QWEN_ATTN[0], QWEN_ATTN[2]).bfloat16()
+    H, hkv, d = QWEN_ATTN
+    ks, vs, k_cache, v_cache, _, _, tables = make_paged(lengths, hkv, d, FLASH_BLOCK, torch.bfloat16)
+    qd = torch.randn(len(lengths), H, d).bfloat16()
     ctx = Context(is_prefill=False, context_lens=torch.tensor(lengths, dtype=torch.int32), block_tables=tables)
     got = FlashAttnBackend.decode(qd, k_cache, v_cache, ctx, scale)
     want = torch.cat([sdpa_reference(qd[i:i + 1], ks[i], vs[i]) for i in range(3)])

