@@ -329,7 +329,7 @@ MISTAKES: list[Mistake] = [
             "sigmoid(gate) * up is missing a factor: silu(gate) = gate * sigmoid(gate) (F.silu)", MLP,
             {"shape": (18, 64)}),
     Mistake("ch2_layer_qk_norm_after_rope", "2.6", {"decoder_layer": layer_qk_norm_after_rope},
-            "QK-norm comes after RoPE: normalize q and k per head (q_norm, k_norm) BEFORE rotating them", LAYER,
+            "q and k are normalized after RoPE: apply QK-norm per head (q_norm, k_norm) BEFORE rotating them", LAYER,
             {"first": True}),
     Mistake("ch2_layer_residual_not_carried", "2.6", {"decoder_layer": layer_residual_not_carried},
             "the incoming residual is dropped: only the first layer (residual=None) starts the stream; later "
