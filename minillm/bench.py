@@ -39,6 +39,7 @@ NANOVLLM_MAX_MODEL_LEN = 4096  # nano-vLLM's bench.py: LLM(path, enforce_eager=F
 BATCH1_PROMPT = list(range(1000, 1128))  # the batch-1 test's 128-token prompt
 BATCH1_REPEATS = 3  # the best of three runs of each length
 WARMUP_TOKENS = 8  # new tokens of each warm-up request
+MAX_TOKEN_ID = 10000  # prompts are random token ids in [0, 10000] (nano-vLLM's bench.py)
 LEAK_WARN_GIB = 1.0  # memory an engine may leave allocated before the next one's KV cache visibly shrinks
 COMMIT_FILES = ("COMMIT", "REVISION")  # where a copy without .git may record its commit
 GIB = 2 ** 30
@@ -48,7 +49,8 @@ def make_workload(num_seqs: int, min_len: int, max_input_len: int, max_output_le
     """-> (prompt token-id lists, output lengths), drawn the way nano-vLLM's bench.py draws them."""
     import random
     rng = random.Random(seed)
-    prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(min_len, max_input_len))] for _ in range(num_seqs)]
+    prompts = [[rng.randint(0, MAX_TOKEN_ID) for _ in range(rng.randint(min_len, max_input_len))]
+               for _ in range(num_seqs)]
     outputs = [rng.randint(min_len, max_output_len) for _ in range(num_seqs)]
     return prompts, outputs
 
@@ -62,6 +64,16 @@ class Workload:
 
     def first(self, n: int) -> "Workload":
         return Workload(self.prompts[:n], self.output_lens[:n])
+
+    def fresh(self) -> "Workload":
+        """The same requests with each prompt's first token changed: the same lengths and cost, but no
+        prefix an engine cached while running the originals is reused (a prefix cache hashes whole blocks
+        from the first token on)."""
+        return Workload([[(p[0] + 1) % (MAX_TOKEN_ID + 1)] + p[1:] for p in self.prompts], list(self.output_lens))
+
+    def warmup(self) -> "Workload":
+        """Two short requests that share no prefix with the workload's (their prompts reversed)."""
+        return Workload([p[::-1] for p in self.prompts[:2]], [WARMUP_TOKENS] * min(2, self.num_seqs))
 
     @property
     def num_seqs(self) -> int:
@@ -272,8 +284,8 @@ def _throughput_entry(res: dict, work: Workload, n_out: int, wall: float) -> Non
 
 
 # ---- minillm ---------------------------------------------------------------------------------------
-def run_minillm(args, backend: str, work: Workload, subset: int | None) -> dict:
-    """minillm on the workload (and on its first `subset` requests when HF runs only those)."""
+def run_minillm(args, backend: str, work: Workload, subset: Workload | None) -> dict:
+    """minillm on the workload (and on `subset`, the requests HF runs when it runs only some)."""
     from minillm import LLM, SamplingParams
     llm = LLM(args.model, device=args.device, dtype=args.dtype, attention_backend=backend,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -297,8 +309,9 @@ def run_minillm(args, backend: str, work: Workload, subset: int | None) -> dict:
 
         # warm-up, twice: the second run hits the prefix cache, so the paged prefill kernel compiles now too
         # (Triton compiles each kernel variant on first use; a compile inside the timed run costs ~1 s)
+        warm = work.warmup()
         for _ in range(2):
-            llm.generate(work.prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+            llm.generate(warm.prompts, SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True), use_tqdm=False)
         p0, d0 = engine.num_prefill_tokens, engine.num_decode_tokens
         ps0, ds0 = engine.phase_seconds["prefill"], engine.phase_seconds["decode"]
         n_out, wall = timed(lambda: generate(work, use_tqdm=not args.json))
@@ -310,9 +323,8 @@ def run_minillm(args, backend: str, work: Workload, subset: int | None) -> dict:
         res["prefill_tok_s"] = round(res["prefill_tokens"] / max(res["prefill_s"], 1e-9), 1)
         res["decode_tok_s"] = round(res["decode_tokens"] / max(res["decode_s"], 1e-9), 1)
         if subset:
-            w = work.first(subset)
-            n, wall = timed(lambda: generate(w))
-            res["throughput"][str(subset)] = round(n / wall, 1)
+            n, wall = timed(lambda: generate(subset))
+            res["throughput"][str(subset.num_seqs)] = round(n / wall, 1)
         if args.batch1_tokens:
             def one(k: int) -> float:
                 params = SamplingParams(temperature=args.temperature, max_tokens=k, ignore_eos=True)
@@ -435,7 +447,7 @@ def _close_nanovllm(nano, llm) -> None:
         clear()
 
 
-def run_nanovllm(nano, path: str, work: Workload, subset: int | None, args) -> dict:
+def run_nanovllm(nano, path: str, work: Workload, subset: Workload | None, args) -> dict:
     """nano-vLLM's engine with its own bench settings (LLM(path, enforce_eager=False, max_model_len=4096),
     a one-request warm-up) on the same requests; its other settings are its defaults."""
     import torch
@@ -456,8 +468,8 @@ def run_nanovllm(nano, path: str, work: Workload, subset: int | None, args) -> d
         n_out, wall = timed(lambda: generate(work))
         _throughput_entry(res, work, n_out, wall)
         if subset:
-            n, wall = timed(lambda: generate(work.first(subset)))
-            res["throughput"][str(subset)] = round(n / wall, 1)
+            n, wall = timed(lambda: generate(subset))
+            res["throughput"][str(subset.num_seqs)] = round(n / wall, 1)
         if args.batch1_tokens:
             # nano-vLLM refuses temperature 0 (greedy); every engine's batch-1 test samples at --temperature
             def one(k: int) -> float:
@@ -521,7 +533,8 @@ def run_hf(path: str, dtype, work: Workload, args) -> dict:
                                                  max_generated_length=max(work.output_lens),
                                                  num_requests=work.num_seqs)
     with torch.no_grad(), model.continuous_batching_context_manager(**kwargs) as manager:
-        _hf_generate(manager, [p[:64] for p in work.prompts[:2]], [WARMUP_TOKENS] * 2)
+        warm = work.warmup()
+        _hf_generate(manager, warm.prompts, warm.output_lens)
         n_out, wall = timed(lambda: sum(_hf_generate(manager, work.prompts, work.output_lens)))
         _throughput_entry(res, work, n_out, wall)
         if args.batch1_tokens:
@@ -594,10 +607,13 @@ def run_bench(args) -> dict:
         _log(f"{name} skipped: {why}")
     mc, dtype = plan["model_config"], plan["dtype"]
     work = Workload(*make_workload(args.num_seqs, args.min_len, args.max_input_len, args.max_output_len))
-    subset = args.hf_num_seqs
+    n_sub = args.hf_num_seqs
+    # the requests HF runs when it runs only some, fresh: the other engines run them after the whole
+    # workload, whose cached prefixes they must not reuse
+    subset = work.first(n_sub).fresh() if n_sub else None
     ceil = device_ceilings(dtype)  # measured before any engine holds memory
     floors = {n: workload_floor(mc, dtype.itemsize, map(len, work.prompts[:n]), work.output_lens[:n],
-                                ceil.copy_gbps, ceil.matmul_tflops) for n in {work.num_seqs, subset or work.num_seqs}}
+                                ceil.copy_gbps, ceil.matmul_tflops) for n in {work.num_seqs, n_sub or work.num_seqs}}
     weights, _, _ = model_bytes(mc, dtype.itemsize)
     batch1_floor_ms = weights / (ceil.copy_gbps * 1e9) * 1e3
     full = floors[work.num_seqs]
@@ -608,7 +624,7 @@ def run_bench(args) -> dict:
                      "output_tokens": work.output_tokens, "min_len": args.min_len,
                      "max_input_len": args.max_input_len, "max_output_len": args.max_output_len,
                      "temperature": args.temperature, "ignore_eos": True},
-        "hf_num_seqs": subset,
+        "hf_num_seqs": n_sub,
         "copy_gbps": round(ceil.copy_gbps, 1), "matmul_tflops": round(ceil.matmul_tflops, 1),
         "floor_s": round(full["floor_s"], 3), "floor_tok_s": round(full["floor_tok_s"], 1),
         "floor_prefill_s": round(full["floor_prefill_s"], 3), "floor_decode_s": round(full["floor_decode_s"], 3),
@@ -617,8 +633,8 @@ def run_bench(args) -> dict:
                     for name in plan["order"]},
         "ratios": {},
     }
-    if subset:
-        result["floor_tok_s_subset"] = round(floors[subset]["floor_tok_s"], 1)
+    if n_sub:
+        result["floor_tok_s_subset"] = round(floors[n_sub]["floor_tok_s"], 1)
     minillm_commit = read_git_commit(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if minillm_commit:
         result["minillm_commit"] = minillm_commit
@@ -629,7 +645,7 @@ def run_bench(args) -> dict:
         nano, info = plan["nano"]
         runs.append(("nanovllm", lambda: {**info, **run_nanovllm(nano, plan["path"], work, subset, args)}))
     if "hf" in args.compare:
-        runs.append(("hf", lambda: run_hf(plan["path"], dtype, work.first(subset) if subset else work, args)))
+        runs.append(("hf", lambda: run_hf(plan["path"], dtype, subset or work, args)))
 
     baseline = release_gpu()
     for name, run in runs:

@@ -86,6 +86,11 @@ def test_workload_is_nano_vllms_draw():
     assert (w.num_seqs, w.prompt_tokens, w.output_tokens) == (256, 142827, 133966)  # DESIGN.md's figures
     head = w.first(32)
     assert head.prompts == prompts[:32] and head.output_lens == outs[:32]
+    fresh = head.fresh()  # what the other engines run beside HF's subset, after the whole workload
+    assert fresh.output_lens == head.output_lens and [len(p) for p in fresh.prompts] == [len(p) for p in head.prompts]
+    assert all(f[0] != p[0] and 0 <= f[0] <= 10000 and f[1:] == p[1:] for f, p in zip(fresh.prompts, head.prompts))
+    warm = w.warmup()
+    assert warm.prompts == [prompts[0][::-1], prompts[1][::-1]] and warm.output_lens == [bench.WARMUP_TOKENS] * 2
 
 
 # ---- where nano-vLLM came from ---------------------------------------------------------------------
@@ -189,7 +194,7 @@ def test_nanovllm_adapter_drives_its_own_engine(tmp_path, isolated_imports, monk
     monkeypatch.setattr(bench.atexit, "unregister", lambda f: unregistered.append(f))
     work = bench.Workload([[1, 2, 3], [4, 5], [6]], [5, 3, 4])
     args = parse("--temperature", "0.6", "--batch1-tokens", "4", "--tensor-parallel-size", "1")
-    res = bench.run_nanovllm(nano, "/models/q", work, 2, args)
+    res = bench.run_nanovllm(nano, "/models/q", work, work.first(2).fresh(), args)
 
     init, warmup, full, subset = nano.CALLS[:4]
     assert init == ("init", "/models/q", {"enforce_eager": False, "tensor_parallel_size": 1, "max_model_len": 4096})
@@ -197,7 +202,7 @@ def test_nanovllm_adapter_drives_its_own_engine(tmp_path, isolated_imports, monk
     assert full[1] == work.prompts and full[3] is False
     assert [(p.max_tokens, p.temperature, p.ignore_eos) for p in full[2]] == [(5, 0.6, True), (3, 0.6, True),
                                                                             (4, 0.6, True)]
-    assert subset[1] == work.prompts[:2]
+    assert subset[1] == [[2, 2, 3], [5, 5]]  # the first two, each first token changed
     batch1 = nano.CALLS[4:-1]
     assert len(batch1) == 1 + 2 * bench.BATCH1_REPEATS  # warm-up, then the best of 3 at 1 and at 1 + n tokens
     assert all(c[1] == [bench.BATCH1_PROMPT] and c[2][0].temperature == 0.6 for c in batch1)
@@ -257,7 +262,7 @@ def test_hf_adapter_gives_each_request_its_own_length(monkeypatch):
     assert cfg.do_sample and cfg.temperature == 0.6 and cfg.max_new_tokens == 9
     assert (hints.max_prompt_length, hints.max_generated_length, hints.num_requests) == (100, 9, 3)
     warm, timed = model.requests[:2], model.requests[2:5]
-    assert warm == [(64, bench.WARMUP_TOKENS, -1)] * 2
+    assert warm == [(100, bench.WARMUP_TOKENS, -1), (70, bench.WARMUP_TOKENS, -1)]
     assert timed == [(100, 9, -1), (70, 4, -1), (90, 6, -1)]  # EOS off, each request its own length
     assert all(r[0] == len(bench.BATCH1_PROMPT) for r in model.requests[5:])
     assert res["output_tokens"] == 19 and res["complete"] and res["throughput"] == {"3": res["output_tok_s"]}
