@@ -47,7 +47,7 @@ browser: setup
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "browser test: installing Debian's chromium (about 20 s)"; \
 	  apt-get update -q >/dev/null && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; \
 	else \
 	  echo "browser test: no Chromium here and no root to install one: run 'sudo apt-get install chromium'"; \
 	  echo "  (or set MINILLM_CHROMIUM=/path/to/chromium); until then tests/test_jupyterlab.py fails"; \

@@ -27,8 +27,13 @@ TOUR = "00_tour.ipynb"
 # first use on a machine also converts the GGUF, ~20 s) and a batch of four 24-token generations
 # (~5 s on an idle 2-core CPU). Past them the tour runs the CLI in subprocesses: tens of seconds more.
 FIRST_CODE_CELLS = 3
-# Appended to the scratch copy and run last: the kernel JupyterLab offers must be this environment's.
-PROBE_SOURCE = 'import sys\nprint("kernel python:", sys.executable)'
+# Appended to the scratch copy and run last: the kernel JupyterLab offers must be this environment's,
+# and a tqdm bar must render as a widget (ipywidgets), not as text.
+PROBE_SOURCE = """import sys
+from tqdm.auto import tqdm
+for _ in tqdm(range(3), desc="tqdm probe"):
+    pass
+print("kernel python:", sys.executable)"""
 
 TEST_TIMEOUT_S = 900          # pytest-timeout: the whole test, whatever hangs
 UI_TIMEOUT_MS = 120_000       # page load, kernel start, a click
@@ -107,13 +112,17 @@ def _drive_tour(page, lab: JupyterLab, notebooks: Path) -> tuple[dict[str, str],
         page.wait_for_function(KERNEL_READY_JS, timeout=UI_TIMEOUT_MS)
         timings["notebook open, kernel idle"] = time.perf_counter() - t0
         cells = page.locator(".jp-NotebookPanel .jp-Notebook .jp-CodeCell")
-        assert cells.count() > FIRST_CODE_CELLS, f"{TOUR} has fewer than {FIRST_CODE_CELLS} code cells"
+        assert cells.count() > FIRST_CODE_CELLS, f"{TOUR} has fewer than {FIRST_CODE_CELLS} code cells to run"
         for i in range(FIRST_CODE_CELLS):
             label = f"{TOUR} code cell {i + 1}"
             shown[label] = _run_cell(page, cells.nth(i), label)
             timings[f"code cell {i + 1} done"] = time.perf_counter() - t0
         # Ctrl+Enter runs it in place (Shift+Enter on the last cell would append an empty one)
-        shown["kernel probe cell"] = _run_cell(page, cells.last, "kernel probe cell", keys="Control+Enter")
+        probe = cells.last
+        shown["kernel probe cell"] = _run_cell(page, probe, "kernel probe cell", keys="Control+Enter")
+        assert probe.locator(".jupyter-widgets .widget-hprogress").count() == 1, (
+            "tqdm's bar did not render as a widget in JupyterLab (is ipywidgets installed?): "
+            f"{shown['kernel probe cell']!r}")
         page.keyboard.press("Control+s")  # so the outputs can be checked in the file too
         return shown, _wait_for_saved(notebooks / TOUR)
     finally:
@@ -158,6 +167,6 @@ def test_tour_runs_in_jupyterlab(tmp_path):
         errors = [o for o in cell.outputs if o.output_type == "error"]
         assert not errors, (f"{label} raised {errors[0].ename}: {errors[0].evalue}; JupyterLab shows:\n"
                             f"{shown[label][-2000:]}")
-    probe = shown["kernel probe cell"].strip()
-    assert probe == f"kernel python: {sys.executable}", (
+    probe = shown["kernel probe cell"]
+    assert f"kernel python: {sys.executable}" in probe.splitlines(), (
         f"JupyterLab's kernel is not this environment's Python ({sys.executable}): {probe!r}")
