@@ -659,7 +659,13 @@ def run_bench(args) -> dict:
                 if os.environ.get("MINILLM_DEBUG"):  # the CLI's switch for tracebacks
                     traceback.print_exc(file=sys.stderr)
                 res = {"error": _one_line(e)}
-        left = release_gpu()
+        try:
+            left = release_gpu()
+        except Exception as e:  # a sticky CUDA error (e.g. an illegal address): no engine can run after it
+            res["error"] = f"{res.get('error', 'ran')}; the device is unusable after it: {_one_line(e)}"
+            result["engines"][name] = res
+            _log(f"{name} failed: {res['error']}")
+            break
         if left is not None:
             res["gpu_gib_left_after_release"] = left
             if left - (baseline or 0.0) > LEAK_WARN_GIB:
