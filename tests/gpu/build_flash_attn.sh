@@ -23,7 +23,7 @@
 # instances. A lean build refuses what it left out with a RuntimeError ("This flash attention build
 # does not support ..."), never a wrong answer. Measured on a CPU machine with nvcc 13.0 for sm_90:
 # a lean forward or split-KV source file compiles in about 1 CPU-minute (4 GB peak), a backward one
-# in 13 s, and flash_api.cpp compiles with the switches; so the 73 sources take about 55 CPU-minutes,
+# in 13 s, and flash_api.cpp passes g++ -fsyntax-only with them; so the 73 sources take about 55 CPU-minutes,
 # an estimated 4-5 minutes with 16 jobs on the H200 machine (not yet measured there).
 set -uo pipefail
 
