@@ -1,9 +1,29 @@
-"""Command line: python -m minillm generate | chat | bench."""
+"""Command line: python -m minillm generate | chat | bench.
+
+Every error is one line on stderr, "error: ...", with exit status 2 for bad input (arguments, model
+files, prompts) and 1 for anything else (MINILLM_DEBUG=1 shows its traceback). A closed pipe
+(`... | head -c1`) and Ctrl-C end quietly.
+"""
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a writer whose reader went away
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors as one line (its default prints the usage first)."""
+
+    def error(self, message: str):
+        print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -40,48 +60,83 @@ def _params(args):
 def _stream(llm, prompt, params) -> str:
     """Print the reply as it is generated, then its token count and speed. -> the reply text."""
     t0, text = time.perf_counter(), []
-    for delta in llm.stream(prompt, params):
-        text.append(delta)
-        print(delta, end="", flush=True)
+    with llm.stream(prompt, params) as stream:
+        for delta in stream:
+            text.append(delta)
+            print(delta, end="", flush=True)
     dt = time.perf_counter() - t0
-    n = len(llm.last_output["token_ids"])
+    n = len(stream.output["token_ids"])
     print(f"\n[{n} tokens in {dt:.2f} s, {n / dt:.1f} tokens/s]", file=sys.stderr)
     return "".join(text)
 
 
+def _turns(args):
+    """The user's messages: the one --message, or lines read from stdin until an empty line or its end."""
+    if args.message is not None:
+        print(f"> {args.message}")
+        yield args.message
+        return
+    print(f"minillm chat with {args.model} (empty line or Ctrl-D to quit)", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            return
+        except UnicodeDecodeError as e:
+            raise ValueError(f"stdin is not valid UTF-8 (byte {e.start} of a line: {e.reason})") from None
+        if not line.strip():
+            return
+        yield line
+
+
 def cmd_generate(args) -> None:
-    llm = _make_llm(args)
-    _stream(llm, args.prompt, _params(args))
-    llm.shutdown()
+    params = _params(args)  # bad sampling values fail before the model loads
+    with _make_llm(args) as llm:
+        _stream(llm, args.prompt, params)
 
 
 def cmd_chat(args) -> None:
-    llm = _make_llm(args)
+    if args.message is not None and not args.message.strip():
+        raise ValueError("--message is empty; give the message text, or leave --message out to chat interactively")
     params = _params(args)
-    messages = [{"role": "system", "content": args.system}] if args.system else []
-    turns = [args.message] if args.message else None
-    if turns is None:
-        print(f"minillm chat with {args.model} (empty line or Ctrl-D to quit)", file=sys.stderr)
-    while True:
-        if turns is not None:
-            if not turns:
-                break
-            user = turns.pop(0)
-            print(f"> {user}")
-        else:
-            try:
-                user = input("> ")
-            except EOFError:
-                break
-            if not user.strip():
-                break
-        messages.append({"role": "user", "content": user})
-        messages.append({"role": "assistant", "content": _stream(llm, messages, params)})
-    llm.shutdown()
+    with _make_llm(args) as llm:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        for user in _turns(args):
+            messages.append({"role": "user", "content": user})
+            messages.append({"role": "assistant", "content": _stream(llm, messages, params)})
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m minillm", description=__doc__)
+def check_bench_args(args) -> None:
+    """The bench arguments minillm.bench.check_args leaves alone: lengths and temperature.
+    Raise ValueError naming the argument and the fix."""
+    if args.min_len < 1:
+        raise ValueError(f"--min-len must be at least 1, got {args.min_len}")
+    for name in ("max_input_len", "max_output_len"):
+        if getattr(args, name) < args.min_len:
+            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} is below --min-len={args.min_len}; "
+                             f"lengths are drawn from [--min-len, --{name.replace('_', '-')}]")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise ValueError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+
+
+def cmd_bench(args) -> None:
+    from minillm.bench import run_bench
+    check_bench_args(args)
+    run_bench(args)
+
+
+def _check_text_args(args) -> None:
+    """Text arguments must be valid UTF-8 (Python hands invalid bytes over as lone surrogates)."""
+    from minillm.tokenizer import check_text
+    for name in ("prompt", "message", "system"):
+        value = getattr(args, name, None)
+        if value is not None:
+            check_text(value, f"the {name} argument")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m minillm", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="complete one prompt, streaming the text")
     g.add_argument("prompt")
@@ -95,15 +150,40 @@ def main(argv: list[str] | None = None) -> None:
     b = sub.add_parser("bench", help="throughput benchmark (nano-vLLM's workload)")
     from minillm.bench import add_bench_args
     add_bench_args(b)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run one command; exit with its status (see the module docstring)."""
+    for stream in (sys.stdout, sys.stderr):  # a model's text must never crash the terminal it goes to
+        try:
+            stream.reconfigure(errors="replace")
+        except (AttributeError, ValueError, OSError):  # not a text file of its own (a test's capture)
+            pass
+    code = 0
     try:
-        if args.command == "generate":
-            cmd_generate(args)
-        elif args.command == "chat":
-            cmd_chat(args)
-        else:
-            from minillm.bench import run_bench
-            run_bench(args)
+        args = _parser().parse_args(argv)
+        _check_text_args(args)
+        {"generate": cmd_generate, "chat": cmd_chat, "bench": cmd_bench}[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here at the latest, not at interpreter exit
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        code = EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(file=sys.stderr)  # end the line the interrupt cut; no traceback
+        code = EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # the reader has gone: point stdout at /dev/null so the exit's own flush does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_BROKEN_PIPE
+    except Exception as e:  # noqa: BLE001 -- the CLI's contract: one line, never a traceback
+        if os.environ.get("MINILLM_DEBUG"):
+            raise
+        print(f"error: {type(e).__name__}: {_one_line(e)} (MINILLM_DEBUG=1 shows the traceback)", file=sys.stderr)
+        code = EXIT_FAILURE
+    if code:
+        sys.exit(code)

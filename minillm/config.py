@@ -5,15 +5,121 @@ raises a ValueError before any weights are read or memory is taken.
 """
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
+import stat
 from dataclasses import dataclass, field
 
 import torch
 
+from minillm.sampling_params import INT64_MAX, describe, is_integer, is_real
+
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Sizes, counts and ids of a config: the kernels index with int32, and block tables are int32.
+MAX_CONFIG_INT = 2**31 - 1
+_REQUIRED = object()
+
+
+# ---- files ----------------------------------------------------------------------------------------
+def check_regular_file(path: str) -> None:
+    """Raise ValueError unless `path` is a regular file (or a symbolic link to one): never a folder,
+    a dangling link, a link loop, a FIFO (opening one would block) or a device."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError(f"{path} is a symbolic link loop, not a file") from None
+        if os.path.islink(path):
+            raise ValueError(f"{path} is a symbolic link to {os.readlink(path)!r}, which does not exist") from None
+        raise ValueError(f"{path} cannot be read: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{path} is a folder, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{path} is not a regular file (a FIFO, socket or device?)")
+
+
+def read_text(path: str) -> str:
+    """The UTF-8 text of a regular file; every failure is a ValueError naming the file."""
+    check_regular_file(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ValueError(f"{path} cannot be read: {e.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+
+
+def read_json_object(path: str) -> dict:
+    """A JSON file holding one object -> that dict; every failure is a ValueError naming the file."""
+    try:
+        d = json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise ValueError(f"{path} is not valid JSON: nested too deeply") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} must hold a JSON object {{...}}, not {type(d).__name__}")
+    return d
+
+
+class _Fields:
+    """Typed, bounded reads of a config dict; an error names the file and the field."""
+
+    def __init__(self, d: dict, source: str):
+        self.d, self.source = d, source
+
+    def error(self, key: str, accepts: str, value=_REQUIRED) -> ValueError:
+        got = "it is missing" if value is _REQUIRED else f"got {describe(value)}"
+        return ValueError(f"{self.source}: {key} must be {accepts}; {got}")
+
+    def get(self, key: str, default, accepts: str):
+        v = self.d.get(key)
+        if v is None:
+            if default is _REQUIRED:
+                raise self.error(key, accepts)
+            return default
+        return v
+
+    def int(self, key: str, default=_REQUIRED, lo: int = 1, hi: int = MAX_CONFIG_INT) -> int:
+        accepts = f"an integer in [{lo}, {hi}]"
+        v = self.get(key, default, accepts)
+        if not is_integer(v) or not lo <= v <= hi:
+            raise self.error(key, accepts, v)
+        return int(v)
+
+    def positive(self, key: str, default=_REQUIRED, below: float = math.inf) -> float:
+        accepts = "a finite number > 0" + (f" and < {below}" if below < math.inf else "")
+        v = self.get(key, default, accepts)
+        if not is_real(v) or not 0 < v < below or not math.isfinite(v):
+            raise self.error(key, accepts, v)
+        return float(v)
+
+    def bool(self, key: str, default: bool) -> bool:
+        v = self.get(key, default, "true or false")
+        if not isinstance(v, bool):
+            raise self.error(key, "true or false", v)
+        return v
+
+    def str(self, key: str, default=_REQUIRED) -> str:
+        v = self.get(key, default, "a string")
+        if not isinstance(v, str):
+            raise self.error(key, "a string", v)
+        return v
+
+    def ids(self, key: str) -> list[int]:
+        """A token id, a list of them, or nothing -> a list."""
+        v = self.d.get(key)
+        ids = [] if v is None else [v] if not isinstance(v, list) else v
+        if not all(is_integer(i) and 0 <= i <= MAX_CONFIG_INT for i in ids):
+            raise self.error(key, f"a token id or a list of token ids (integers in [0, {MAX_CONFIG_INT}])", v)
+        return [int(i) for i in ids]
 
 
 @dataclass
@@ -41,66 +147,133 @@ class ModelConfig:
     bos_token_id: int | None = None
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
+    def from_dict(cls, d: dict, source: str = "config.json") -> "ModelConfig":
+        """A config.json's dict -> ModelConfig. Every field is type- and range-checked: a bad one raises
+        ValueError naming `source` (the file) and the field."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{source} must hold a JSON object {{...}}, not {type(d).__name__}")
+        f = _Fields(d, source)
         model_type = d.get("model_type", "")
         if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"model_type {model_type!r} is not supported; minillm runs {', '.join(SUPPORTED_MODEL_TYPES)} checkpoints"
-            )
-        act = d.get("hidden_act", "silu")
+            raise ValueError(f"{source}: model_type {model_type!r} is not supported; minillm runs "
+                             f"{', '.join(SUPPORTED_MODEL_TYPES)} checkpoints")
+        if d.get("quantization_config") is not None:
+            raise ValueError(f"{source}: quantized checkpoints (quantization_config) are not supported; "
+                             f"minillm loads float32, bfloat16 and float16 weights")
+        act = f.str("hidden_act", "silu")
         if act != "silu":
-            raise ValueError(f"hidden_act {act!r} is not supported; minillm's MLP is SiLU-and-mul (SwiGLU)")
+            raise ValueError(f"{source}: hidden_act {act!r} is not supported; minillm's MLP is SiLU-and-mul (SwiGLU)")
         # transformers 5 writes rope_parameters={"rope_theta": ..., "rope_type": ...}; 4 writes rope_theta.
-        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        rope_key = "rope_parameters" if d.get("rope_parameters") is not None else "rope_scaling"
+        rope = d.get(rope_key) or {}
+        if not isinstance(rope, dict):
+            raise f.error(rope_key, "an object {\"rope_type\": ..., ...} or null", rope)
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", None):
-            raise ValueError(f"rope_type {rope_type!r} is not supported; minillm implements the default RoPE only")
-        rope_theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
+            raise ValueError(f"{source}: rope_type {rope_type!r} is not supported; minillm implements the default "
+                             f"RoPE only")
+        rope_theta = d["rope_theta"] if d.get("rope_theta") is not None else rope.get("rope_theta", 10000.0)
+        rope_theta = _Fields({"rope_theta": rope_theta}, source).positive("rope_theta")
         # transformers 5 writes "dtype"; 4 writes "torch_dtype".
-        dtype_name = d.get("dtype") or d.get("torch_dtype") or "float32"
-        eos = d.get("eos_token_id")
-        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        heads = d["num_attention_heads"]
-        attention_bias = bool(d.get("attention_bias", False))
+        dtype_key = "dtype" if d.get("dtype") is not None else "torch_dtype"
+        dtype_name = f.str(dtype_key, "float32").replace("torch.", "")
+        if dtype_name not in DTYPES:
+            raise f.error(dtype_key, f"one of {list(DTYPES)}", d.get(dtype_key))
+        vocab, hidden = f.int("vocab_size"), f.int("hidden_size")
+        heads = f.int("num_attention_heads")
+        kv_heads = f.int("num_key_value_heads", heads)
+        if heads % kv_heads:
+            raise ValueError(f"{source}: num_attention_heads={heads} is not a multiple of num_key_value_heads="
+                             f"{kv_heads} (each KV head serves a whole group of query heads)")
+        if d.get("head_dim") is None and hidden % heads:
+            raise ValueError(f"{source}: hidden_size={hidden} is not a multiple of num_attention_heads={heads}; "
+                             f"give head_dim")
+        head_dim = f.int("head_dim", hidden // heads)
+        if head_dim % 2:
+            raise f.error("head_dim", "even (RoPE rotates pairs of dimensions)", head_dim)
+        attention_bias = f.bool("attention_bias", False)
+        bos = f.ids("bos_token_id")
+        if len(bos) > 1:
+            raise f.error("bos_token_id", "one token id or null", d.get("bos_token_id"))
         return cls(
             model_type=model_type,
-            vocab_size=d["vocab_size"],
-            hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
-            num_hidden_layers=d["num_hidden_layers"],
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=f.int("intermediate_size"),
+            num_hidden_layers=f.int("num_hidden_layers"),
             num_attention_heads=heads,
-            num_key_value_heads=d.get("num_key_value_heads") or heads,
-            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
-            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta),
-            max_position_embeddings=d.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=f.positive("rms_norm_eps", 1e-6, below=1.0),
+            rope_theta=rope_theta,
+            max_position_embeddings=f.int("max_position_embeddings", 4096, lo=2),
+            tie_word_embeddings=f.bool("tie_word_embeddings", False),
             qkv_bias=attention_bias or model_type == "qwen2",  # Qwen2 has q/k/v bias, no o bias
             o_bias=attention_bias and model_type != "qwen2",
             qk_norm=model_type == "qwen3",
-            torch_dtype=DTYPES.get(str(dtype_name).replace("torch.", ""), torch.float32),
-            eos_token_id=eos,
-            bos_token_id=d.get("bos_token_id"),
+            torch_dtype=DTYPES[dtype_name],
+            eos_token_id=f.ids("eos_token_id"),
+            bos_token_id=bos[0] if bos else None,
         )
 
     @classmethod
     def from_folder(cls, path: str) -> "ModelConfig":
         cfg_path = os.path.join(path, "config.json")
-        if not os.path.isfile(cfg_path):
+        if not os.path.lexists(cfg_path):
             raise ValueError(f"{path!r} has no config.json; a model folder needs config.json and *.safetensors")
-        with open(cfg_path) as f:
-            d = json.load(f)
+        d = read_json_object(cfg_path)
         gen_path = os.path.join(path, "generation_config.json")
-        if os.path.isfile(gen_path):  # chat models often list their end-of-turn token only here
-            with open(gen_path) as f:
-                gen_eos = json.load(f).get("eos_token_id")
-            if gen_eos is not None:
-                d["eos_token_id"] = sorted(set(_as_list(d.get("eos_token_id"))) | set(_as_list(gen_eos)))
-        return cls.from_dict(d)
+        if os.path.lexists(gen_path):  # chat models often list their end-of-turn token only here
+            gen_eos = _Fields(read_json_object(gen_path), gen_path).ids("eos_token_id")
+            if gen_eos:
+                d["eos_token_id"] = sorted(set(_Fields(d, cfg_path).ids("eos_token_id")) | set(gen_eos))
+        return cls.from_dict(d, cfg_path)
+
+    def num_parameters(self, tp: int = 1) -> int:
+        """Parameters one of `tp` tensor-parallel ranks holds (norms, which every rank holds whole, included)."""
+        h, i, d, L = self.hidden_size, self.intermediate_size, self.head_dim, self.num_hidden_layers
+        H, Hkv = self.num_attention_heads, self.num_key_value_heads
+        sharded = h * (H + 2 * Hkv) * d + H * d * h + 3 * h * i  # q, k, v, o; gate, up, down
+        whole = 2 * h + (2 * d if self.qk_norm else 0)
+        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return L * (sharded // tp + whole) + embeddings // tp + h
+
+    def kv_bytes_per_token(self, tp: int, dtype: torch.dtype) -> int:
+        """K and V of one token, all layers, on one of `tp` ranks."""
+        return 2 * self.num_hidden_layers * (self.num_key_value_heads // tp) * self.head_dim * dtype.itemsize
 
 
-def _as_list(x) -> list:
-    return [] if x is None else ([x] if isinstance(x, int) else list(x))
+def available_memory(device: str) -> int | None:
+    """Bytes free for a new engine: the CUDA device's free memory, or on CPU the kernel's MemAvailable
+    (lowered to a cgroup's limit when it has one). None when unknown."""
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    free = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as fh:
+            limit = fh.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as fh:
+            used = int(fh.read())
+        if limit != "max":
+            free = min(free if free is not None else math.inf, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return free
+
+
+def _readable_bytes(n: float) -> str:
+    """Bytes, readable: "3.2 GB", "640 KB"."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n:.0f} B"
 
 
 @dataclass
@@ -132,13 +305,22 @@ class EngineConfig:
 
         for name in ("max_num_seqs", "max_num_batched_tokens", "kvcache_block_size", "tensor_parallel_size"):
             v = getattr(self, name)
-            need(isinstance(v, int) and v >= 1, f"{name} must be a positive integer, got {v!r}")
+            need(is_integer(v) and 1 <= v <= MAX_CONFIG_INT,
+                 f"{name} must be a positive integer (at most 2**31 - 1), got {describe(v)}")
+        for name in ("enforce_eager", "enable_prefix_caching", "async_scheduling"):
+            need(isinstance(getattr(self, name), bool), f"{name} must be True or False, got {describe(getattr(self, name))}")
+        for name, choices in (("attention_backend", ATTENTION_BACKENDS), ("device", ("auto", "cpu", "cuda")),
+                              ("dtype", ("auto", *DTYPES))):
+            v = getattr(self, name)
+            need(isinstance(v, str) and v in choices, f"{name} must be one of {list(choices)}, got {describe(v)}")
+        need(is_integer(self.seed) and 0 <= self.seed <= INT64_MAX,
+             f"seed must be an integer in [0, 2**63 - 1], got {describe(self.seed)}")
         bs = self.kvcache_block_size
         need(bs >= 16 and bs & (bs - 1) == 0, f"kvcache_block_size must be a power of two >= 16, got {bs}")
         if self.max_model_len is None:
             self.max_model_len = min(4096, mc.max_position_embeddings)
-        need(isinstance(self.max_model_len, int) and self.max_model_len >= 2,
-             f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+        need(is_integer(self.max_model_len) and self.max_model_len >= 2,
+             f"max_model_len must be an integer >= 2, got {describe(self.max_model_len)}")
         need(self.max_model_len <= mc.max_position_embeddings,
              f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings="
              f"{mc.max_position_embeddings}; lower max_model_len")
@@ -146,16 +328,17 @@ class EngineConfig:
              f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than max_model_len="
              f"{self.max_model_len}, so a long prompt could never be prefilled; raise max_num_batched_tokens "
              f"or lower max_model_len")
-        need(0.0 < self.gpu_memory_utilization <= 1.0,
-             f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        need(self.attention_backend in ATTENTION_BACKENDS,
-             f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
-        need(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device!r}")
+        u = self.gpu_memory_utilization
+        need(is_real(u) and 0.0 < u <= 1.0, f"gpu_memory_utilization must be a number in (0, 1], got {describe(u)}")
+        n, m = self.num_kvcache_blocks, self.kv_cache_memory
+        need(n is None or (is_integer(n) and 1 <= n <= MAX_CONFIG_INT),
+             f"num_kvcache_blocks must be None or an integer in [1, 2**31 - 1], got {describe(n)}")
+        need(m is None or (is_integer(m) and m >= 1),
+             f"kv_cache_memory must be None or a positive integer (bytes), got {describe(m)}")
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         need(self.device != "cuda" or torch.cuda.is_available(),
              "device='cuda' but torch sees no CUDA device; use device='cpu'")
-        need(self.dtype == "auto" or self.dtype in DTYPES, f"dtype must be auto or one of {list(DTYPES)}, got {self.dtype!r}")
         if self.dtype == "auto":  # CPU computes in fp32; CUDA in the checkpoint's half type (bf16 for fp32 ones)
             half = {torch.float16: "float16"}.get(mc.torch_dtype, "bfloat16")
             self.dtype = "float32" if self.device == "cpu" else half
@@ -181,9 +364,36 @@ class EngineConfig:
             need(self.dtype in ("auto", "bfloat16", "float16"), "flash-attn computes in bf16/fp16 only; use "
                                                                  "dtype='bfloat16' or attention_backend='triton'")
         if self.num_kvcache_blocks is not None:
-            need(isinstance(self.num_kvcache_blocks, int) and self.num_kvcache_blocks >= 1,
-                 f"num_kvcache_blocks must be a positive integer, got {self.num_kvcache_blocks!r}")
             self.check_kv_blocks(self.num_kvcache_blocks)
+        elif self.kv_cache_memory is not None:
+            self.check_kv_blocks(self.kv_cache_memory // (mc.kv_bytes_per_token(tp, self.torch_dtype) * bs))
+        self.check_memory(mc)
+
+    def check_memory(self, mc: ModelConfig) -> None:
+        """Raise ValueError when the weights (estimated from config.json) and an explicit KV-cache size
+        cannot fit in the memory available now: before anything is allocated, not after."""
+        free = available_memory(self.device)
+        if free is None:
+            return
+        tp = self.tensor_parallel_size
+        ranks_here = tp if self.device == "cpu" else 1  # CPU ranks share this machine's memory
+        weights = mc.num_parameters(tp) * self.torch_dtype.itemsize * ranks_here
+        if weights > free:
+            raise ValueError(
+                f"config.json describes about {_readable_bytes(weights)} of {self.dtype} weights (num_hidden_layers="
+                f"{mc.num_hidden_layers}, hidden_size={mc.hidden_size}, intermediate_size={mc.intermediate_size}, "
+                f"vocab_size={mc.vocab_size}) but only {_readable_bytes(free)} of memory is available on {self.device}; "
+                f"check config.json, or use a smaller dtype or more tensor-parallel GPUs")
+        block_bytes = mc.kv_bytes_per_token(tp, self.torch_dtype) * self.kvcache_block_size
+        if self.num_kvcache_blocks is not None:
+            kv, what = self.num_kvcache_blocks * block_bytes, f"num_kvcache_blocks={self.num_kvcache_blocks}"
+        elif self.kv_cache_memory is not None:
+            kv, what = self.kv_cache_memory, f"kv_cache_memory={self.kv_cache_memory}"
+        else:
+            return  # sized by the runner from what is left
+        if weights + kv * ranks_here > free:
+            raise ValueError(f"{what} asks for {_readable_bytes(kv * ranks_here)} of KV cache on top of {_readable_bytes(weights)} of "
+                             f"weights, but only {_readable_bytes(free)} of memory is available on {self.device}; lower it")
 
     @property
     def torch_dtype(self) -> torch.dtype:

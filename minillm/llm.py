@@ -1,16 +1,23 @@
-"""The vLLM-shaped front door: LLM(model, **engine_args).generate / chat / stream."""
+"""The vLLM-shaped front door: LLM(model, **engine_args).generate / chat / stream.
+
+Threads: one LLM may be shared by several threads. Every call checks all its input first, then
+queues its requests at once; steps run one at a time under the engine's lock, and each step
+advances every queued request, whichever call it came from, so concurrent calls are batched
+together and each call returns exactly its own tokens. A stream holds no lock between its deltas.
+"""
 from __future__ import annotations
 
+import os
 import time
-from typing import Iterator
 
 from tqdm.auto import tqdm
 
 from minillm.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
+from minillm.engine.sequence import Sequence
 from minillm.model_zoo import resolve_model
-from minillm.sampling_params import SamplingParams
-from minillm.tokenizer import IncrementalDetokenizer
+from minillm.sampling_params import SamplingParams, describe, is_integer
+from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 class LLM:
@@ -26,58 +33,98 @@ class LLM:
         if unknown:
             raise ValueError(f"unknown engine arguments {sorted(unknown)}; valid ones: "
                              f"{sorted(set(EngineConfig.__dataclass_fields__) - {'model'})}")
+        if not isinstance(model, (str, os.PathLike)):
+            raise ValueError(f"model must be a name or a folder path (str), got {describe(model)}")
+        model = os.fspath(model)
         self.model_path = resolve_model(model)
         self.engine = LLMEngine(self.model_path, EngineConfig(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
         self.config = self.engine.config
 
     # ---- inputs ------------------------------------------------------------------------------
-    def _need_tokenizer(self):
+    def _need_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
             raise ValueError(f"{self.model_path!r} has no tokenizer.json: give prompts as lists of token ids")
         return self.tokenizer
 
-    def _prompt_ids(self, prompt) -> list[int]:
+    def _prompt_ids(self, prompt):
+        """Text -> token ids (checked); any other prompt is passed on for the engine to check."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the prompt is empty: give a non-empty string or list of token ids")
-            self._need_tokenizer()
-            return self.engine.check_prompt(self.tokenizer.encode(prompt))
-        return self.engine.check_prompt(prompt)
+            return self._need_tokenizer().encode(prompt)
+        return prompt
+
+    @staticmethod
+    def _prompt_list(prompts) -> tuple[list, bool]:
+        """-> (the prompts as a list, whether one prompt was given rather than a list of them)."""
+        if hasattr(prompts, "tolist") and not isinstance(prompts, (list, tuple, str)):
+            prompts = prompts.tolist()  # a numpy array or torch tensor: one prompt (1-D) or several (2-D)
+        if isinstance(prompts, str):
+            return [prompts], True
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a string, a list of token ids, or a list of those; "
+                             f"got {describe(prompts)}")
+        if not prompts:
+            raise ValueError("no prompts given")
+        if is_integer(prompts[0]) or isinstance(prompts[0], bool):  # token ids: one prompt
+            return [prompts], True
+        return list(prompts), False
 
     @staticmethod
     def _params_list(params, n: int) -> list[SamplingParams]:
         params = SamplingParams() if params is None else params
         if isinstance(params, SamplingParams):
             return [params] * n
+        if not isinstance(params, (list, tuple)):
+            raise ValueError(f"sampling_params must be a SamplingParams, a list of them (one per prompt) or None; "
+                             f"got {describe(params)}")
         if len(params) != n:
             raise ValueError(f"got {len(params)} SamplingParams for {n} prompts; give one, or one per prompt")
         return list(params)
 
+    def _add(self, prompts: list, sampling_params) -> list[Sequence]:
+        """Check every prompt and every SamplingParams, then queue them all (or nothing, on an error)."""
+        ids = []
+        for i, p in enumerate(prompts):
+            try:
+                ids.append(self._prompt_ids(p))
+            except ValueError as e:
+                raise (ValueError(f"prompt {i}: {e}") if len(prompts) > 1 else e) from None
+        return self.engine.add_requests(ids, self._params_list(sampling_params, len(ids)))
+
+    def _conversations(self, messages) -> tuple[list, bool]:
+        """-> (a list of conversations, whether one conversation was given)."""
+        if isinstance(messages, (list, tuple)) and messages and isinstance(messages[0], dict):
+            return [messages], True
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError(f"messages must be a conversation [{{'role': ..., 'content': ...}}, ...] or a "
+                             f"non-empty list of them; got {describe(messages)}")
+        return list(messages), False
+
     # ---- generation --------------------------------------------------------------------------
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[dict]:
         """prompts: a string, a list of token ids, or a list of either; sampling_params: one or one per prompt.
-        -> one dict per prompt, in input order: {"text", "token_ids", "finish_reason"}."""
-        single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
-        prompts = [prompts] if single else list(prompts)
-        if not prompts:
-            raise ValueError("no prompts given")
-        ids = [self._prompt_ids(p) for p in prompts]  # every check before any work
-        params = self._params_list(sampling_params, len(ids))
+        -> one dict per prompt, in input order: {"text", "token_ids", "finish_reason"}
+        (finish_reason "stop", "length", or "abort" when an error elsewhere ended it early)."""
+        prompts, single = self._prompt_list(prompts)
+        seqs = self._add(prompts, sampling_params)
         engine = self.engine
-        seqs = [engine.add_request(p, sp) for p, sp in zip(ids, params)]
+        mine = {s.seq_id for s in seqs}
         bar = tqdm(total=len(seqs), desc="Generating", disable=not use_tqdm, dynamic_ncols=True)
         try:
             t0, p0, d0 = time.perf_counter(), engine.num_prefill_tokens, engine.num_decode_tokens
-            while not engine.is_finished():
+            while not all(s.is_finished for s in seqs):
                 _, finished = engine.step()
-                if finished:
+                done = sum(s.seq_id in mine for s in finished)
+                if done:
                     dt = time.perf_counter() - t0
                     bar.set_postfix(prefill=f"{(engine.num_prefill_tokens - p0) / dt:.0f}tok/s",
                                     decode=f"{(engine.num_decode_tokens - d0) / dt:.0f}tok/s")
-                    bar.update(len(finished))
+                    bar.update(done)
         except BaseException:
-            engine.abort_all()  # nothing half-done is left behind: the engine stays usable
+            # an error or an interrupt inside a step leaves that step half done: end every request
+            engine.abort_all()
             raise
         finally:
             bar.close()
@@ -86,37 +133,29 @@ class LLM:
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = False):
         """messages: one conversation [{"role", "content"}, ...] or a list of them -> one dict or a list."""
-        single = isinstance(messages, list) and messages and isinstance(messages[0], dict)
-        convs = [messages] if single else list(messages)
-        prompts = [self._need_tokenizer().encode_chat(c) for c in convs]
+        convs, single = self._conversations(messages)
+        tok = self._need_tokenizer()
+        prompts = []
+        for i, conv in enumerate(convs):
+            try:
+                prompts.append(tok.encode_chat(conv))
+            except ValueError as e:
+                raise (ValueError(f"conversation {i}: {e}") if len(convs) > 1 else e) from None
         outputs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
         return outputs[0] if single else outputs
 
-    def stream(self, prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
-        """Yield the text of one request as it is generated (prompt: text, token ids, or a conversation)."""
+    def stream(self, prompt, sampling_params: SamplingParams | None = None) -> "RequestStream":
+        """Queue one request (prompt: text, token ids, or a conversation) and return an iterator over its
+        text as it is generated: `for delta in llm.stream(...)`. The deltas join to exactly the text
+        generate() returns (stop strings are held back until they are ruled out). Closing the stream,
+        or dropping it unfinished, aborts its request and nothing else."""
         tok = self._need_tokenizer()
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
             prompt = tok.encode_chat(prompt)
+        if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams or None, got {describe(sampling_params)}")
         seq = self.engine.add_request(self._prompt_ids(prompt), sampling_params or SamplingParams())
-        detok = IncrementalDetokenizer(tok)
-        emitted = 0
-        try:
-            while True:
-                self.engine.step()
-                new = seq.resolved_completion()[emitted:]
-                emitted += len(new)
-                delta = detok.add(new) if new else ""
-                if delta:
-                    yield delta
-                if seq.is_finished and -1 not in seq.token_ids:
-                    break
-            self.last_output = self.engine.output(seq)
-            tail = detok.flush()
-            if tail:
-                yield tail
-        except BaseException:
-            self.engine.abort_all()
-            raise
+        return RequestStream(self.engine, seq, tok)
 
     def shutdown(self) -> None:
         self.engine.shutdown()
@@ -126,3 +165,77 @@ class LLM:
 
     def __exit__(self, *exc):
         self.shutdown()
+
+
+class RequestStream:
+    """The text of one queued request as it is generated: an iterator of str deltas.
+
+    Each `next()` runs engine steps (advancing every queued request, not only this one) until this
+    request has new text, and ends when the request is finished. `output` then holds its result
+    (as generate returns it). `close()`, or dropping the stream unfinished (garbage collection),
+    aborts this request only; an error or an interrupt inside a step aborts every request, and a
+    stream whose request was aborted ends (its output's finish_reason is "abort").
+    """
+
+    def __init__(self, engine: LLMEngine, seq: Sequence, tokenizer: Tokenizer):
+        self.engine, self.seq = engine, seq
+        self.output: dict | None = None
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self._num_read = 0  # completion tokens given to the detokenizer
+        self._num_sent = 0  # characters yielded
+        # a stop string may be starting in the newest characters: hold that many back until it is not
+        self._hold = max((len(s) for s in seq.params.stop), default=1) - 1
+        self._closed = False
+
+    def __iter__(self) -> "RequestStream":
+        return self
+
+    def __next__(self) -> str:
+        while not self._closed and self.output is None:
+            if not self.seq.is_finished:
+                try:
+                    self.engine.step()
+                except BaseException:
+                    self.engine.abort_all()  # a step half done: end every request (see generate)
+                    raise
+            delta = self._delta()
+            if delta:
+                return delta
+        raise StopIteration
+
+    def _delta(self) -> str:
+        """The text not yet yielded (sets `output` when the request has finished)."""
+        seq = self.seq
+        new = seq.resolved_completion()[self._num_read:]
+        self._num_read += len(new)
+        if new:
+            self._detok.add(new)
+        if seq.is_finished:
+            self.output = self.engine.output(seq)
+            text = self.output["text"]  # exactly generate()'s text
+        else:
+            text = self._detok.text
+            cuts = [text.find(s) for s in seq.params.stop if s in text]
+            text = text[:min(cuts)] if cuts else text[:max(0, len(text) - self._hold)]
+        delta = text[self._num_sent:]
+        self._num_sent += len(delta)
+        return delta
+
+    def close(self) -> None:
+        """Stop streaming; an unfinished request is aborted (only this one)."""
+        if not self._closed:
+            self._closed = True
+            if not self.seq.is_finished:
+                self.engine.abort(self.seq)
+
+    def __enter__(self) -> "RequestStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 -- at interpreter exit the engine may be half torn down
+            pass

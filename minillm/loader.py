@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import mmap
 import os
 import struct
 
 import torch
 from torch import nn
+
+from minillm.config import check_regular_file
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -91,29 +94,72 @@ def read_tensor(buf, info: dict, data_start: int, name: str = "") -> torch.Tenso
 # <<< exercise 1.2
 
 
+# The safetensors library refuses headers larger than this (a guard against absurd allocations).
+MAX_HEADER_BYTES = 100_000_000
+# Model weights are floating point: an integer dtype is a relabelled (corrupt) tensor.
+WEIGHT_DTYPES = ("F64", "F32", "F16", "BF16")
+
+
+def check_safetensors_header(header: dict, data_start: int, file_size: int) -> None:
+    """The checks the safetensors library makes beyond parse_safetensors_header's, so a corrupt file
+    is refused as it would be there: every dtype is known; each tensor's byte length is its dtype's
+    size times its element count; and the tensors tile the data section exactly: in offset order each
+    begins where the one before ends (no overlap, no gap), the first at 0, the last at the file's end.
+    header, data_start: from parse_safetensors_header. Raises ValueError naming the tensor."""
+    end_so_far = 0
+    for name, info in sorted(header.items(), key=lambda item: tuple(item[1]["data_offsets"])):
+        dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype not in SAFETENSORS_DTYPES:
+            raise ValueError(f"tensor {name!r}: unknown dtype {dtype!r} (minillm reads {', '.join(SAFETENSORS_DTYPES)})")
+        if begin != end_so_far:
+            where = ("overlaps the tensor before it" if begin < end_so_far
+                     else f"leaves {begin - end_so_far} bytes before it that no tensor owns")
+            raise ValueError(f"tensor {name!r}: invalid offsets {begin}..{end}: it {where}")
+        nbytes = math.prod(shape) * SAFETENSORS_DTYPES[dtype].itemsize
+        if end - begin != nbytes:
+            raise ValueError(f"tensor {name!r}: a {dtype} tensor of shape {shape} has {nbytes} bytes but its "
+                             f"offsets {begin}..{end} hold {end - begin}")
+        end_so_far = end
+    if data_start + end_so_far != file_size:
+        raise ValueError(f"the tensors end at byte {data_start + end_so_far} but the file has {file_size} bytes "
+                         f"(truncated, or bytes that no tensor owns)")
+
+
 def safetensors_files(path: str) -> list[str]:
+    """The *.safetensors files of a model folder, each checked to be a regular file."""
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ValueError(f"no *.safetensors files in {path!r}; minillm loads safetensors checkpoints only "
                          f"(convert .bin/.pth with transformers' save_pretrained)")
+    for file in files:
+        check_regular_file(file)  # a folder, a dangling link or a FIFO named *.safetensors
     return files
 
 
 def iterate_safetensors(path: str):
-    """Yield (name, tensor) over every *.safetensors file of a model folder, memory-mapped."""
+    """Yield (name, tensor) over every *.safetensors file of a model folder, memory-mapped, after checking
+    each file's header as the safetensors library does (check_safetensors_header)."""
     for file in safetensors_files(path):
-        with open(file, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                raise ValueError(f"{file}: empty file")
-            # ACCESS_COPY: private copy-on-write pages, so torch gets a writable buffer without copying
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         try:
+            with open(file, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    raise ValueError("empty file")
+                if size >= 8 and struct.unpack("<Q", f.read(8))[0] > MAX_HEADER_BYTES:
+                    raise ValueError(f"the header claims more than {MAX_HEADER_BYTES} bytes (corrupt?)")
+                # ACCESS_COPY: private copy-on-write pages, so torch gets a writable buffer without copying
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
             header, start = parse_safetensors_header(memoryview(mm), size)
+            check_safetensors_header(header, start, size)
             for name, info in header.items():
+                if info["dtype"] not in WEIGHT_DTYPES:
+                    raise ValueError(f"tensor {name!r} has dtype {info['dtype']}; model weights are floating "
+                                     f"point ({', '.join(WEIGHT_DTYPES)})")
                 yield name, read_tensor(mm, info, start, name)
         except ValueError as e:
             raise ValueError(f"{file}: {e}") from None
+        except OSError as e:
+            raise ValueError(f"{file} cannot be read: {e.strerror or e}") from None
 
 
 # Tensors a checkpoint may carry that the engine does not need.

@@ -1,7 +1,30 @@
 """SamplingParams: how one request picks its next tokens and when it stops (vLLM's names)."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
+
+import numpy as np
+
+# Seeds, top-k and token ids end up in int64 tensors (or seed a torch.Generator): larger values overflow.
+INT64_MAX = 2**63 - 1
+
+
+def is_integer(x) -> bool:
+    """A Python or numpy integer, but not a bool (True is an int to Python, never a count or an id here)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def is_real(x) -> bool:
+    """A Python or numpy int or float, but not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def describe(x) -> str:
+    """`x` and its type, for an error message: "nan (float)"."""
+    text = repr(x)
+    return f"{text[:60]}... ({type(x).__name__})" if len(text) > 60 else f"{text} ({type(x).__name__})"
 
 
 @dataclass
@@ -11,6 +34,8 @@ class SamplingParams:
     `seed` gives the request its own random stream, so its tokens do not depend on what else is in
     the batch. Generation stops at max_tokens, at an EOS token (unless ignore_eos), at any of
     stop_token_ids, or when the text produced contains one of `stop` (the text is cut before it).
+    Every field is checked when the object is made and again when a request is submitted (a field
+    changed in between is caught): a bad value raises ValueError naming the field and what it accepts.
     """
 
     temperature: float = 1.0
@@ -23,19 +48,31 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
 
     def __post_init__(self):
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1] (1 keeps every token), got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < -1 or self.top_k == 0:
-            raise ValueError(f"top_k must be -1 (off) or a positive integer, got {self.top_k!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
-        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        if not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError for the first bad field. Then normalize: numbers become Python ints and
+        floats, `stop` given as one string (or a tuple) a list."""
+        def need(ok: bool, name: str, accepts: str, value) -> None:
+            if not ok:
+                raise ValueError(f"SamplingParams.{name} must be {accepts}, got {describe(value)}")
+
+        t, p, k = self.temperature, self.top_p, self.top_k
+        need(is_real(t) and math.isfinite(t) and t >= 0, "temperature", "a finite number >= 0 (0 means greedy)", t)
+        need(is_real(p) and math.isfinite(p) and 0.0 < p <= 1.0, "top_p", "a number in (0, 1] (1 keeps every token)", p)
+        need(is_integer(k) and (k == -1 or 1 <= k <= INT64_MAX), "top_k",
+             "-1 (off) or an integer in [1, 2**63 - 1]", k)
+        need(is_integer(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "an integer >= 1", self.max_tokens)
+        need(isinstance(self.ignore_eos, bool), "ignore_eos", "True or False", self.ignore_eos)
+        need(self.seed is None or (is_integer(self.seed) and 0 <= self.seed <= INT64_MAX), "seed",
+             "None or an integer in [0, 2**63 - 1]", self.seed)
+        ids = self.stop_token_ids = [] if self.stop_token_ids is None else self.stop_token_ids
+        need(isinstance(ids, (list, tuple)) and all(is_integer(i) and 0 <= i <= INT64_MAX for i in ids),
+             "stop_token_ids", "a list of token ids (integers in [0, 2**63 - 1])", ids)
+        if self.stop is None or isinstance(self.stop, str):
+            self.stop = [] if self.stop is None else [self.stop]
+        need(isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) and s for s in self.stop), "stop",
+             "a non-empty string or a list of non-empty strings", self.stop)
+        self.temperature, self.top_p, self.top_k, self.max_tokens = float(t), float(p), int(k), int(self.max_tokens)
+        self.seed = None if self.seed is None else int(self.seed)
+        self.stop_token_ids, self.stop = [int(i) for i in ids], list(self.stop)

@@ -12,6 +12,8 @@ import os
 import regex
 from tokenizers import Tokenizer as HFTokenizer
 
+from minillm.config import read_json_object, read_text
+
 
 # >>> exercise 1.1 | notebooks/01_vocab_weights_runtime.ipynb | 3. Byte-level BPE, step by step
 def bpe_encode(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
@@ -56,35 +58,42 @@ def bpe_tokenize(text: str, ranks: dict[bytes, int], pattern: str, special: dict
 
 
 class Tokenizer:
-    """A model folder's tokenizer: encode, decode, chat template, EOS ids."""
+    """A model folder's tokenizer: encode, decode, chat template, EOS ids.
+    A missing, unreadable or corrupt file raises ValueError naming it."""
 
     def __init__(self, path: str):
         tok_file = os.path.join(path, "tokenizer.json")
-        if not os.path.isfile(tok_file):
+        if not os.path.lexists(tok_file):
             raise ValueError(f"{path!r} has no tokenizer.json; minillm reads fast (tokenizers) tokenizers only")
-        self._tok = HFTokenizer.from_file(tok_file)
+        text = read_text(tok_file)
+        try:
+            self._tok = HFTokenizer.from_str(text)
+        except Exception as e:  # noqa: BLE001 -- the tokenizers library raises a bare Exception
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ValueError(f"{tok_file} is not a valid tokenizer.json ({reason})") from None
         cfg_file = os.path.join(path, "tokenizer_config.json")
-        cfg = json.load(open(cfg_file)) if os.path.isfile(cfg_file) else {}
-        self.chat_template = cfg.get("chat_template")
+        cfg = read_json_object(cfg_file) if os.path.lexists(cfg_file) else {}
+        self.chat_template = _chat_template(cfg.get("chat_template"), cfg_file)
         jinja_file = os.path.join(path, "chat_template.jinja")  # transformers 5 writes it beside
-        if self.chat_template is None and os.path.isfile(jinja_file):
-            self.chat_template = open(jinja_file).read()
-        self.bos_token = _token_str(cfg.get("bos_token"))
-        self.eos_token = _token_str(cfg.get("eos_token"))
+        if self.chat_template is None and os.path.lexists(jinja_file):
+            self.chat_template = read_text(jinja_file)
+        self.bos_token = _token_str(cfg.get("bos_token"), "bos_token", cfg_file)
+        self.eos_token = _token_str(cfg.get("eos_token"), "eos_token", cfg_file)
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         added = self._tok.get_added_tokens_decoder()
         self.special_ids = {i for i, t in added.items() if t.special}
 
     @staticmethod
     def available(path: str) -> bool:
-        return os.path.isfile(os.path.join(path, "tokenizer.json"))
+        # lexists: a tokenizer.json that is a folder or a dangling link is reported, not ignored
+        return os.path.lexists(os.path.join(path, "tokenizer.json"))
 
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        return self._tok.encode(check_text(text), add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -96,9 +105,8 @@ class Tokenizer:
         """Render a conversation [{"role", "content"}, ...] to the prompt text the model was tuned on."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template; use generate() with plain text instead")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
-                                                     for m in messages):
-            raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        check_messages(messages)
+        from jinja2 import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(msg):
@@ -107,17 +115,60 @@ class Tokenizer:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
         env.globals["raise_exception"] = raise_exception
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except TemplateError as e:
+            raise ValueError(f"the chat template of this tokenizer fails: {type(e).__name__}: {e}") from None
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         # the rendered template already holds every special token: add none
         return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
 
 
-def _token_str(tok) -> str | None:
-    return tok.get("content") if isinstance(tok, dict) else tok
+def check_text(text, what: str = "the prompt") -> str:
+    """Raise ValueError unless `text` is a str that UTF-8 can encode. -> text.
+    (Invalid UTF-8 in a command line or a file decoded with surrogateescape arrives as lone surrogates.)"""
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not valid Unicode: it holds a lone surrogate {text[e.start]!r} at "
+                         f"index {e.start} (invalid UTF-8 in the input?)") from None
+    return text
+
+
+def check_messages(messages) -> None:
+    """Raise ValueError unless `messages` is a non-empty list of {"role": str, "content": str} dicts."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError(f"messages must be a non-empty list of {{'role': ..., 'content': ...}} dicts, "
+                         f"got {type(messages).__name__}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise ValueError(f"messages[{i}] must be a {{'role': ..., 'content': ...}} dict, got {m!r:.80}")
+        for key in ("role", "content"):
+            check_text(m[key], f"messages[{i}]['{key}']")
+
+
+def _chat_template(template, source: str) -> str | None:
+    """tokenizer_config.json's chat_template: a string, or transformers' list of named templates."""
+    if isinstance(template, list):  # [{"name": "default", "template": "..."}, {"name": "tool_use", ...}]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    if template is not None and not isinstance(template, str):
+        raise ValueError(f"{source}: chat_template must be a string (or a list of named templates), "
+                         f"got {type(template).__name__}")
+    return template
+
+
+def _token_str(tok, key: str, source: str) -> str | None:
+    """A special token as tokenizer_config.json writes it: "<s>", {"content": "<s>", ...} or null."""
+    text = tok.get("content") if isinstance(tok, dict) else tok
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"{source}: {key} must be a string, {{\"content\": string}} or null, got {tok!r:.80}")
+    return text
 
 
 class IncrementalDetokenizer:

@@ -1,13 +1,24 @@
-"""LLMEngine: requests in, tokens out. One `step()` = schedule -> run the model -> append tokens."""
+"""LLMEngine: requests in, tokens out. One `step()` = schedule -> run the model -> append tokens.
+
+The engine owns every request's lifecycle: it queues them (all of a call, or none), runs them,
+finishes them (a stop, the length limit, an abort) and forgets them. A lock makes each of those
+state changes atomic, so several threads may share one engine; an abort asked for while another
+thread (or a garbage collection inside this thread's step) holds the engine waits in a queue that
+the holder empties as soon as it lets go.
+"""
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
+from collections import deque
+from contextlib import contextmanager
 
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.scheduler import Scheduler
-from minillm.engine.sequence import Sequence
-from minillm.sampling_params import SamplingParams
+from minillm.engine.sequence import PLACEHOLDER_TOKEN, Sequence
+from minillm.sampling_params import SamplingParams, describe, is_integer
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -32,6 +43,9 @@ class LLMEngine:
         # wall seconds of step() calls per phase, charged to the batch each call waited for: on a GPU
         # with async scheduling the one it read back (launched the call before), else the one it launched
         self.phase_seconds = {"prefill": 0.0, "decode": 0.0}
+        self.requests: dict[int, Sequence] = {}  # every unfinished request, by seq_id
+        self.lock = threading.Lock()  # one state change at a time: a step, queueing requests, an abort
+        self.abort_queue: deque[Sequence] = deque()  # aborts asked for while the lock was taken
 
     def _make_runner(self, model_path: str):
         if self.config.tensor_parallel_size > 1:
@@ -41,11 +55,21 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------------------------
     def check_prompt(self, token_ids) -> list[int]:
-        """Raise ValueError for a prompt the engine cannot run; -> the ids as a list of ints."""
-        if not isinstance(token_ids, (list, tuple)) or not token_ids:
+        """Raise ValueError for a prompt the engine cannot run.
+        token_ids: a list or tuple of ints (numpy integers too), or a 1-D integer array or tensor.
+        -> the ids as a list of Python ints."""
+        if hasattr(token_ids, "tolist") and not isinstance(token_ids, (list, tuple, str)):
+            token_ids = token_ids.tolist()  # a numpy array or a torch tensor
+        if not isinstance(token_ids, (list, tuple)):
+            raise ValueError(f"a prompt must be a string or a list of token ids (ints), got {describe(token_ids)}")
+        if not token_ids:
             raise ValueError("the prompt is empty: give a non-empty string or list of token ids")
-        if not all(isinstance(t, int) for t in token_ids):
-            raise ValueError("a token-id prompt must be a list of Python ints")
+        if not all(type(t) is int for t in token_ids):  # the common case first: it is much faster
+            bad = next((i for i, t in enumerate(token_ids) if not is_integer(t)), None)
+            if bad is not None:
+                raise ValueError(f"a token-id prompt must hold integers; position {bad} holds "
+                                 f"{describe(token_ids[bad])}")
+            token_ids = [int(t) for t in token_ids]
         vocab = self.model_config.vocab_size
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
@@ -56,38 +80,111 @@ class LLMEngine:
                              f"plus at least one generated token must fit; shorten it or raise max_model_len")
         return list(token_ids)
 
+    def check_params(self, params) -> SamplingParams:
+        """Raise ValueError for sampling params the engine cannot run. -> a checked copy for the request
+        alone (a field changed after the object was made is caught; later changes do not reach the engine)."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {describe(params)}")
+        params = dataclasses.replace(params)  # __post_init__ checks every field again
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model folder has no tokenizer.json "
+                             "(use stop_token_ids)")
+        return params
+
+    def add_requests(self, prompts: list, params: list[SamplingParams]) -> list[Sequence]:
+        """Queue one request per (prompt, params), all or none: each one is checked before any is queued.
+        prompts: token-id lists (see check_prompt). -> their Sequences, in order."""
+        if len(prompts) != len(params):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        checked = []
+        for i, (prompt, sp) in enumerate(zip(prompts, params)):
+            try:
+                checked.append((self.check_prompt(prompt), self.check_params(sp)))
+            except ValueError as e:
+                raise (ValueError(f"prompt {i}: {e}") if len(prompts) > 1 else e) from None
+        seqs = [Sequence(ids, sp, self.config.kvcache_block_size) for ids, sp in checked]
+        with self._owned():
+            for seq in seqs:
+                if seq.params.stop:
+                    self.detokenizers[seq.seq_id] = IncrementalDetokenizer(self.tokenizer)
+                self.requests[seq.seq_id] = seq
+                self.scheduler.add(seq)
+        return seqs
+
     def add_request(self, token_ids: list[int], params: SamplingParams) -> Sequence:
-        seq = Sequence(self.check_prompt(token_ids), params, self.config.kvcache_block_size)
-        if params.stop:
-            if self.tokenizer is None:
-                raise ValueError("stop strings need a tokenizer; this model folder has no tokenizer.json")
-            self.detokenizers[seq.seq_id] = IncrementalDetokenizer(self.tokenizer)
-        self.scheduler.add(seq)
-        return seq
+        return self.add_requests([token_ids], [params])[0]
+
+    def abort(self, seq: Sequence) -> None:
+        """Finish one request with finish_reason "abort"; every other request goes on untouched.
+        Safe from any thread and from a finalizer: when the engine is busy the abort is queued, and
+        whoever holds the engine applies it before it lets go."""
+        self.abort_queue.append(seq)
+        self._apply_queued_aborts()
 
     def abort_all(self) -> None:
         """Finish every unfinished request (after an error or an interrupt): the engine stays usable."""
-        if self.pending is not None:
+        with self._owned():
+            pending, self.pending = self.pending, None
+            if pending is not None:
+                try:
+                    self.model_runner.resolve(pending)  # let the device finish what it was given
+                except Exception:  # noqa: BLE001 -- the caller is raising the error that matters
+                    pass
+            for seq in list(self.requests.values()):
+                self._finish(seq, "abort")
+
+    @contextmanager
+    def _owned(self):
+        """Hold the engine for one state change; apply the aborts queued meanwhile, before and after."""
+        self.lock.acquire()
+        try:
+            self._apply_aborts()
+            yield
+        finally:
+            self.lock.release()
+            self._apply_queued_aborts()
+
+    def _apply_queued_aborts(self) -> None:
+        # whoever takes the lock applies the queue; when another holds it, its release does
+        while self.abort_queue and self.lock.acquire(blocking=False):
             try:
-                self.model_runner.resolve(self.pending)  # let the device finish what it was given
+                self._apply_aborts()
             finally:
-                self.pending = None
-        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
-            self.scheduler.finish(seq, "abort")
-        self.detokenizers.clear()
+                self.lock.release()
+
+    def _apply_aborts(self) -> None:
+        while self.abort_queue:
+            seq = self.abort_queue.popleft()
+            if seq.seq_id in self.requests:
+                self._finish(seq, "abort")
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        """End a request: no placeholder stays, its blocks are freed, the engine forgets it."""
+        seq.drop_placeholders()
+        self.scheduler.finish(seq, reason)
+        self.requests.pop(seq.seq_id, None)
+        self.detokenizers.pop(seq.seq_id, None)
 
     # ---- the loop -----------------------------------------------------------------------------
     # A step is launched on the device and its tokens are read back one step later (async
     # scheduling): while the GPU runs step n, the CPU reads step n-1's tokens, finishes requests and
-    # schedules step n+1. A launched sequence gets a placeholder token (-1) at once, so lengths,
-    # block tables and max_tokens stay exact; only a stop *token* (EOS, stop ids, stop strings) is
-    # seen one step late, and the one extra token computed for that request is dropped.
+    # schedules step n+1. A launched sequence gets a placeholder token (PLACEHOLDER_TOKEN) at once, so
+    # lengths, block tables and max_tokens stay exact; only a stop *token* (EOS, stop ids, stop
+    # strings) is seen one step late, and the one extra token computed for that request is dropped.
+    # A request is finished only once its last token is read back: a finished one has no placeholder.
     def step(self) -> tuple[list[Sequence], list[Sequence]]:
         """Launch one batch, then read back the previous one.
         -> (the sequences whose new token was read back now, those of them that finished)."""
+        with self._owned():
+            return self._step()
+
+    def _step(self) -> tuple[list[Sequence], list[Sequence]]:
         t0 = time.perf_counter()
         finished: list[Sequence] = []
         launched = None
+        if self.requests and self.scheduler.is_finished() and self.pending is None:
+            raise RuntimeError(f"{len(self.requests)} requests are unfinished but none is scheduled or running; "
+                               f"this is a bug")
         if not self.scheduler.is_finished():
             seqs, is_prefill = self.scheduler.schedule()
             if not seqs:
@@ -98,7 +195,7 @@ class LLMEngine:
                 self.num_prefill_tokens += sum(s.num_tokens - s.num_cached_tokens for s in seqs)
             else:
                 self.num_decode_tokens += len(seqs)
-            launched.positions = self._append_placeholders(seqs, finished)
+            launched.positions = self._append_placeholders(seqs)
             launched.is_prefill = is_prefill
         if not self.async_scheduling:  # read this step back now
             self.pending, launched = launched, None
@@ -112,23 +209,25 @@ class LLMEngine:
         self.pending = launched
         return ran, finished
 
-    def _append_placeholders(self, seqs: list[Sequence], finished: list[Sequence]) -> list[int]:
-        """Give every launched sequence a placeholder for its coming token; finish those that reach
-        max_tokens or max_model_len with it. -> the placeholders' positions."""
+    def _append_placeholders(self, seqs: list[Sequence]) -> list[int]:
+        """Give every launched sequence a placeholder for its coming token. One that reaches max_tokens
+        or max_model_len with it is scheduled no more; it finishes when that token is read back.
+        -> the placeholders' positions."""
         positions = []
         for seq in seqs:
             positions.append(seq.num_tokens)
-            seq.append_token(-1)
+            seq.append_token(PLACEHOLDER_TOKEN)
             if seq.num_completion_tokens >= seq.params.max_tokens or seq.num_tokens >= self.config.max_model_len:
-                self.scheduler.finish(seq, "length")
-                finished.append(seq)
+                self.scheduler.remove(seq)
+                seq.finish_reason = "length"  # final once its last token is read back
         return positions
 
     def _fill_tokens(self, pending, token_ids: list[int], finished: list[Sequence]) -> None:
-        """Write a read-back step's tokens over their placeholders; stop at stop tokens and stop strings."""
+        """Write a read-back step's tokens over their placeholders; finish the requests that stop here
+        (stop tokens, stop strings) or that got their last token."""
         for seq, pos, tok in zip(pending.seqs, pending.positions, token_ids):
-            if pos >= seq.num_tokens or seq.token_ids[pos] != -1:
-                continue  # the request already stopped before this token: drop it
+            if seq.is_finished or pos >= seq.num_tokens or seq.token_ids[pos] != PLACEHOLDER_TOKEN:
+                continue  # the request ended before this token (a stop one step earlier, an abort): drop it
             seq.token_ids[pos] = tok
             p = seq.params
             stop = (not p.ignore_eos and tok in self.eos_token_ids) or tok in p.stop_token_ids
@@ -136,25 +235,19 @@ class LLMEngine:
             if detok is not None and not stop:
                 detok.add([tok])
                 stop = any(s in detok.text for s in p.stop)
-            if stop:
-                del seq.token_ids[pos + 1:]  # a placeholder launched after this token is void
-                if not seq.is_finished:
-                    finished.append(seq)
-                seq.finish_reason = "stop"
-                if not seq.is_finished:
-                    self.scheduler.finish(seq, "stop")
+            if stop or (seq.finish_reason == "length" and pos == seq.num_tokens - 1):
+                self._finish(seq, "stop" if stop else "length")  # drops a placeholder launched after this token
+                finished.append(seq)
 
     def is_finished(self) -> bool:
-        return self.scheduler.is_finished() and self.pending is None
+        return not self.requests and self.pending is None
 
     def output(self, seq: Sequence) -> dict:
         """The result of a finished request: text, token_ids, finish_reason."""
         text = self.tokenizer.decode(seq.completion_token_ids) if self.tokenizer else ""
-        detok = self.detokenizers.pop(seq.seq_id, None)
-        if detok is not None:
-            cut = [text.find(s) for s in seq.params.stop if s in text]
-            if cut:
-                text = text[:min(cut)]
+        cut = [text.find(s) for s in seq.params.stop if s in text]
+        if cut:
+            text = text[:min(cut)]
         return {"text": text, "token_ids": seq.completion_token_ids, "finish_reason": seq.finish_reason}
 
     def shutdown(self) -> None:

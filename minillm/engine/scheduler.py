@@ -93,11 +93,15 @@ class Scheduler:
         self.num_preemptions += len(preempted)
         return scheduled, is_prefill
 
-    def finish(self, seq: Sequence, reason: str) -> None:
-        """End a sequence (a stop condition, a stop string, or an abort) and free its blocks."""
-        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+    def remove(self, seq: Sequence) -> None:
+        """Schedule a sequence no more and free its blocks (its status is the caller's business)."""
         self.block_manager.deallocate(seq)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End a sequence (a stop condition, a stop string, or an abort) and free its blocks."""
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        self.remove(seq)

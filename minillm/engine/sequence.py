@@ -6,6 +6,10 @@ from itertools import count
 
 from minillm.sampling_params import SamplingParams
 
+# The token of a launched step that has not been read back yet (async scheduling). It lives only at
+# the end of an unfinished sequence: a finished or aborted one never keeps it.
+PLACEHOLDER_TOKEN = -1
+
 
 class SequenceStatus(Enum):
     WAITING = auto()
@@ -62,10 +66,21 @@ class Sequence:
     def num_cached_blocks(self) -> int:
         return self.num_cached_tokens // self.block_size
 
+    @property
+    def num_placeholders(self) -> int:
+        """How many tokens at the end are still on the device (PLACEHOLDER_TOKEN): 0, 1 or 2."""
+        n = 0
+        while n < self.num_completion_tokens and self.token_ids[-1 - n] == PLACEHOLDER_TOKEN:
+            n += 1
+        return n
+
     def resolved_completion(self) -> list[int]:
-        """Completion tokens read back so far (a launched step's token is -1 until it is)."""
-        out = self.token_ids[self.num_prompt_tokens:]
-        return out[:out.index(-1)] if -1 in out else out
+        """Completion tokens read back so far (a launched step's token is PLACEHOLDER_TOKEN until it is)."""
+        return self.token_ids[self.num_prompt_tokens:self.num_tokens - self.num_placeholders]
+
+    def drop_placeholders(self) -> None:
+        """Forget the tokens still on the device (the request ended before they were read back)."""
+        del self.token_ids[self.num_tokens - self.num_placeholders:]
 
     def block(self, i: int) -> list[int]:
         """The token ids of logical block i."""
