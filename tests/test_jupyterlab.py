@@ -23,9 +23,10 @@ from jupyter_browser import (CHROMIUM_ARGS, HOW_TO_GET_ONE, BrowserNotFound, Jup
 
 REPO = Path(__file__).resolve().parent.parent
 TOUR = "00_tour.ipynb"
-# The tour's first three code cells: imports and device (~5 s), loading smollm2-135m (~5 s; its
-# first use on a machine also converts the GGUF, ~20 s) and a batch of four 24-token generations
-# (~5 s on an idle 2-core CPU). Past them the tour runs the CLI in subprocesses: tens of seconds more.
+# The tour's first three code cells: imports and device, loading smollm2-135m (its first use on a
+# machine also converts the GGUF, ~20 s) and a batch of four 24-token generations. Measured through
+# JupyterLab on a shared 2-core CPU machine (load average 4-11 from other jobs): 2-7 s, 2.5-10 s and
+# 21-170 s. Past them the tour starts the CLI in subprocesses, each loading the model again.
 FIRST_CODE_CELLS = 3
 # Appended to the scratch copy and run last: the kernel JupyterLab offers must be this environment's,
 # and a tqdm bar must render as a widget (ipywidgets), not as text.
