@@ -93,10 +93,18 @@ def join_group(rank: int, world_size: int, device: str, port: int | None = None,
     return dist.group.WORLD
 
 
-def leave_group() -> None:
-    """Destroy this process's default group, if any (a process that exits with one alive aborts)."""
-    if dist.is_available() and dist.is_initialized():
-        with contextlib.suppress(Exception):
+def leave_group(abort: bool = False) -> None:
+    """Destroy this process's process groups, if any (a process that exits with one alive aborts).
+
+    NCCL's destroy waits for the peers to destroy theirs: call it only when every rank is leaving too
+    (none is inside a collective or waiting for a message). abort=True is for a rank whose peers may
+    be dead or stuck: an abort drops the group without waiting for anyone."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    with contextlib.suppress(Exception):
+        if abort:
+            dist.distributed_c10d._abort_process_group()  # torch >= 2.3; NCCL and gloo
+        else:
             dist.destroy_process_group()
 
 
@@ -147,18 +155,21 @@ def recv_message(conn):
 
 
 def _rank_main(fn, args, rank: int, world_size: int, port: int, device: str, timeout_s: float, conn) -> None:
+    ok = False
     try:
         if device == "cuda":
             torch.cuda.set_device(rank)
         else:
             set_cpu_threads(world_size)
         join_group(rank, world_size, device, port, timeout_s)
-        send_message(conn, ("ok", fn(*args)))
+        result = fn(*args)
+        ok = True
+        send_message(conn, ("ok", result))
     except BaseException as e:  # noqa: BLE001 -- everything goes back to the parent
         with contextlib.suppress(Exception):
             send_message(conn, ("error", *pack_error(e)))
     finally:
-        leave_group()
+        leave_group(abort=not ok)  # a failed rank's peers may sit in a collective it never joins
         conn.close()
 
 

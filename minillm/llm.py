@@ -158,12 +158,15 @@ class LLM:
         return RequestStream(self.engine, seq, tok)
 
     def shutdown(self) -> None:
+        """Free everything the engine holds on the device (weights, KV cache, CUDA graphs) and stop its
+        tensor-parallel workers. Idempotent. `with LLM(...) as llm:` calls it when the block ends; an
+        LLM dropped without it is freed the same way by the garbage collector."""
         self.engine.shutdown()
 
-    def __enter__(self):
+    def __enter__(self) -> "LLM":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.shutdown()
 
 

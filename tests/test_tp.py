@@ -1,9 +1,12 @@
-"""Tensor parallelism on CPU (gloo): TP=N greedy tokens equal TP=1, a dead or failing worker makes the
-engine raise instead of hanging, and shutdown (explicit, garbage collection, interpreter exit) leaves no
-process or process group behind."""
+"""Tensor parallelism on CPU (gloo) and, marked `gpu`, on two GPUs (NCCL): TP=N greedy tokens equal
+TP=1 (with CUDA graphs on every rank on CUDA), a dead or failing worker makes the engine raise instead of
+hanging, and shutdown (explicit, garbage collection, interpreter exit, torchrun) leaves no process,
+process group or port behind, however often it is repeated."""
 import gc
+import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,7 +18,7 @@ import torch.distributed as dist
 from helpers import small_engine_args
 from minillm import LLM, SamplingParams
 from minillm.distributed import run_on_ranks
-from minillm.engine.tp import shard_summary
+from minillm.engine.tp import decode_step_times, shard_summary
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = ["Hello", "The capital of France is", "1 2 3 4 5 6 7 8", "def fib(n):\n    return"]
@@ -113,6 +116,76 @@ def test_smollm2_tp3_equals_tp1_and_tp2_is_refused():
     assert not dist.is_initialized()
 
 
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _threads() -> int:
+    """OS threads of this process, C++ ones included (gloo's workers and its event loop)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def _port_closed(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        return True
+    return False
+
+
+def _shut_down_five_times(model: str, **args) -> None:
+    """Start a TP=2 engine, generate, shut it down: five times in one process. Each shutdown must be
+    quick and leave no worker process, process group, rendezvous port, file descriptor or thread behind
+    (a gloo thread still running at interpreter exit can abort the process: see minillm/engine/tp.py)."""
+    fds = threads = None
+    for i in range(5):
+        llm = LLM(model, tensor_parallel_size=2, **args)
+        assert len(tokens(llm, PROMPTS[:2])) == 2
+        runner = llm.engine.model_runner
+        procs, port = runner.worker_processes, runner._workers.store.port
+        t0 = time.monotonic()
+        llm.shutdown()
+        took = time.monotonic() - t0
+        assert took < 10, f"shutdown {i} took {took:.1f} s"
+        assert [p.exitcode for p in procs] == [0], f"shutdown {i}: the worker did not stop cleanly"
+        assert not dist.is_initialized(), f"shutdown {i} left the process group"
+        assert not multiprocessing.active_children(), f"shutdown {i} left {multiprocessing.active_children()}"
+        assert _port_closed(port), f"shutdown {i} left the rendezvous port {port} open"
+        del llm, runner, procs
+        gc.collect()
+        if fds is None:  # after the first round: files and thread pools opened once, lazily, stay
+            fds, threads = _open_fds(), _threads()
+        assert _threads() <= threads, f"shutdown {i} left {_threads() - threads} more threads running"
+    assert _open_fds() <= fds, f"{_open_fds() - fds} file descriptors leaked over four shutdowns"
+
+
+def test_gloo_shutdown_five_times_in_a_row():
+    _shut_down_five_times("qwen3-tiny", **small_engine_args())
+
+
+def test_random_qwen3_checkpoint_writer(tmp_path, monkeypatch):
+    """qwen3-8b-random's writer, at qwen3-tiny's shapes: transformers reads every tensor it wrote (no
+    missing or unexpected name, shapes right), split over several files, and minillm runs it."""
+    import json
+
+    import minillm.model_zoo as zoo
+    from transformers import Qwen3ForCausalLM
+    monkeypatch.setattr(zoo, "SHARD_BYTES", 20 << 20)  # several files, as for the 16 GB model
+    shape = dict(zoo.QWEN3_TINY, num_hidden_layers=3)
+    zoo.write_random_qwen3(str(tmp_path), shape)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) >= 2
+    assert [n for n, _ in zoo.qwen3_tensor_shapes(shape)] == list(index["weight_map"])
+    model, info = Qwen3ForCausalLM.from_pretrained(str(tmp_path), output_loading_info=True)
+    assert info["missing_keys"] == info["unexpected_keys"] == set() and not info["mismatched_keys"]
+    w = model.model.layers[2].mlp.down_proj.weight.float()
+    assert abs(w.std().item() - zoo.INIT_STD) < 0.002 and model.model.norm.weight.float().eq(1).all()
+    assert not model.config.tie_word_embeddings
+    llm = LLM(str(tmp_path), **small_engine_args())
+    assert len(llm.generate([1, 2, 3], GREEDY, use_tqdm=False)["token_ids"]) == GREEDY.max_tokens
+    llm.shutdown()
+
+
 def test_interpreter_exit_stops_workers():
     """A script that never calls shutdown: its workers must still exit with it (no orphans, no abort)."""
     code = textwrap.dedent("""
@@ -131,32 +204,41 @@ def test_interpreter_exit_stops_workers():
             os.kill(pid, 0)
 
 
-def test_torchrun_launch():
-    """env:// launch, as torchrun does it (works across nodes): rank 0 generates, rank 1 serves."""
-    code = textwrap.dedent("""
-        import os
-        from minillm import LLM, SamplingParams
-        llm = LLM("qwen3-tiny", tensor_parallel_size=2, device="cpu", dtype="float32",
-                  kvcache_block_size=16, max_model_len=128)
-        assert os.environ["RANK"] == "0"  # ranks > 0 serve inside LLM(...) and exit there
-        out = llm.generate(["Hello", "The capital of France is"],
-                           SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
-        print("TOKENS", [o["token_ids"] for o in out])
-        llm.shutdown()
-    """)
+TORCHRUN_SCRIPT = """
+import os
+from minillm import LLM, SamplingParams
+llm = LLM("qwen3-tiny", tensor_parallel_size=2, device=DEVICE, dtype="float32",
+          kvcache_block_size=16, max_model_len=128)
+assert os.environ["RANK"] == "0"  # ranks > 0 serve inside LLM(...) and exit there
+out = llm.generate(["Hello", "The capital of France is"],
+                   SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+print("TOKENS", [o["token_ids"] for o in out])
+llm.shutdown()
+"""
+
+
+def run_torchrun(device: str) -> list:
+    """Run TORCHRUN_SCRIPT under torchrun, two ranks on `device`; -> rank 0's tokens."""
     script = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"minillm_torchrun_{os.getpid()}.py")
     with open(script, "w") as f:
-        f.write(code)
+        f.write(f"DEVICE = {device!r}\n" + TORCHRUN_SCRIPT)
     try:
         out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                               "--nproc_per_node=2", script], capture_output=True, text=True, timeout=180, cwd=REPO)
     finally:
         os.remove(script)
     assert out.returncode == 0, out.stderr[-3000:]
-    got = eval(out.stdout.split("TOKENS", 1)[1].strip().splitlines()[0])
+    assert "terminate called" not in out.stderr, out.stderr[-3000:]
+    return eval(out.stdout.split("TOKENS", 1)[1].strip().splitlines()[0])
+
+
+def test_torchrun_launch():
+    """env:// launch, as torchrun does it (works across nodes): rank 0 generates, rank 1 serves."""
+    got = run_torchrun("cpu")
     ref = LLM("qwen3-tiny", **small_engine_args(max_model_len=128))
     assert got == tokens(ref, ["Hello", "The capital of France is"],
                          SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    ref.shutdown()
 
 
 # ---- NCCL: one GPU per rank (skipped with fewer than two GPUs) -----------------------------------------
@@ -166,14 +248,22 @@ def _two_gpus():
         pytest.skip(f"needs 2 CUDA devices for NCCL, {torch.cuda.device_count()} visible")
 
 
+CUDA_TINY = dict(device="cuda", dtype="float32", kvcache_block_size=16, max_model_len=256, max_num_seqs=8,
+                 gpu_memory_utilization=0.3)
+
+
+def _graphs_on(runner) -> bool:
+    """For collective_rpc: does this rank replay decode CUDA graphs?"""
+    return runner.graphs is not None
+
+
 @pytest.mark.gpu
 def test_nccl_tp2_equals_tp1_and_a_killed_worker_raises():
     _two_gpus()
-    args = dict(device="cuda", dtype="float32", kvcache_block_size=16, max_model_len=256, max_num_seqs=8)
-    ref = LLM("qwen3-tiny", **args)
+    ref = LLM("qwen3-tiny", **CUDA_TINY)
     want = tokens(ref, PROMPTS)
     ref.shutdown()
-    llm = LLM("qwen3-tiny", tensor_parallel_size=2, **args)
+    llm = LLM("qwen3-tiny", tensor_parallel_size=2, **CUDA_TINY)
     assert tokens(llm, PROMPTS) == want
     (worker,) = llm.engine.model_runner.worker_processes
     os.kill(worker.pid, signal.SIGKILL)
@@ -181,8 +271,72 @@ def test_nccl_tp2_equals_tp1_and_a_killed_worker_raises():
     with pytest.raises(RuntimeError, match=r"worker rank 1 .*SIGKILL"):
         tokens(llm, PROMPTS)
     assert time.monotonic() - t0 < 30
+    t0 = time.monotonic()
     llm.shutdown()
+    assert time.monotonic() - t0 < 10
     assert not dist.is_initialized()
+
+
+@pytest.mark.gpu
+def test_nccl_tp2_with_cuda_graphs_equals_tp1_fp32_qwen3_06b():
+    """The acceptance test: qwen3-0.6b-random in fp32, CUDA graphs on (on every rank, collectives inside
+    the graphs), greedy tokens of TP=2 equal TP=1's; shutdown() returns within 10 s."""
+    _two_gpus()
+    args = dict(device="cuda", dtype="float32", max_model_len=512, max_num_seqs=16, gpu_memory_utilization=0.5)
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    ref = LLM("qwen3-0.6b-random", **args)
+    assert ref.engine.model_runner.graphs is not None
+    want = tokens(ref, PROMPTS, params)
+    ref.shutdown()
+    llm = LLM("qwen3-0.6b-random", tensor_parallel_size=2, **args)
+    runner = llm.engine.model_runner
+    assert runner.collective_rpc(_graphs_on) == [True, True], "every rank must replay decode graphs"
+    got = tokens(llm, PROMPTS, params)
+    assert got == want
+    assert [tokens(llm, [p], params)[0] for p in PROMPTS[:2]] == want[:2]  # batch 1: the smallest graph
+    procs = runner.worker_processes
+    t0 = time.monotonic()
+    llm.shutdown()
+    took = time.monotonic() - t0
+    print(f"TP=2 shutdown took {took:.2f} s", file=sys.stderr)
+    assert took < 10
+    assert gone(procs, 1.0) and not dist.is_initialized()
+
+
+@pytest.mark.gpu
+def test_nccl_shutdown_five_times_in_a_row():
+    _two_gpus()
+    import torch
+    gc.collect()
+    free0 = [torch.cuda.mem_get_info(d)[0] for d in range(2)]
+    _shut_down_five_times("qwen3-tiny", **CUDA_TINY)
+    gc.collect()
+    torch.cuda.empty_cache()
+    free = [torch.cuda.mem_get_info(d)[0] for d in range(2)]
+    assert all(f > f0 - (1 << 30) for f, f0 in zip(free, free0)), f"free memory {free0} -> {free}"
+
+
+@pytest.mark.gpu
+def test_nccl_torchrun_launch():
+    _two_gpus()
+    got = run_torchrun("cuda")
+    ref = LLM("qwen3-tiny", **dict(CUDA_TINY, max_model_len=128))
+    assert got == tokens(ref, ["Hello", "The capital of France is"],
+                         SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    ref.shutdown()
+
+
+@pytest.mark.gpu
+def test_nccl_decode_step_times():
+    """Notebook 04's per-step breakdown: the same graph replays on both ranks; the collectives take
+    part of the step, not more than all of it."""
+    _two_gpus()
+    llm = LLM("qwen3-tiny", tensor_parallel_size=2, **dict(CUDA_TINY, dtype="bfloat16"))
+    per_rank = llm.engine.model_runner.collective_rpc(decode_step_times, [1, 8], 128, 5)
+    llm.shutdown()
+    r = per_rank[0]
+    assert r["batch_sizes"] == [1, 8] and len(r["step_ms"]) == len(r["comm_ms"]) == 2
+    assert all(0 < c < s for c, s in zip(r["comm_ms"], r["step_ms"])), r
 
 
 def _all_reduce_benchmark_with_a_slow_rank(sizes):

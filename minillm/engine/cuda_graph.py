@@ -22,6 +22,11 @@ cannot do (top-k / top-p, or per-request generators) samples the graph's logits 
 A batch of B sequences runs the graph captured for the smallest size >= B; rows past B are padding
 (slot -1: nothing stored; context length 0; their outputs are dropped). The block-table width is
 fixed at the longest possible sequence, so no sequence can outgrow it.
+
+Tensor parallel: every rank captures the same sizes in the same order, and each replay holds the
+step's collectives (the row-parallel all-reduces, the embedding's all-reduce, the LM head's gather),
+so every rank replays the same graph for a step. Only rank 0 gets logits and samples: the other
+ranks' graphs end with their part of the gather.
 """
 from __future__ import annotations
 
@@ -69,7 +74,8 @@ class DecodeGraphs:
     def _forward(self, bs: int) -> None:
         ids = pick_input_ids(self.input_ids[:bs], self.src[:bs], self.tokens)
         self.logits[bs] = logits = self.model.compute_logits(self.model(ids, self.positions[:bs]))
-        sample_triton(logits, self.temperatures[:bs], self.seeds[:bs], out=self.tokens[:bs])
+        if logits is not None:  # None on tensor-parallel ranks > 0: rank 0 alone samples
+            sample_triton(logits, self.temperatures[:bs], self.seeds[:bs], out=self.tokens[:bs])
 
     def _set_context(self, bs: int) -> None:
         set_context(is_prefill=False, slot_mapping=self.slot_mapping[:bs], context_lens=self.context_lens[:bs],
@@ -93,6 +99,17 @@ class DecodeGraphs:
             torch.cuda.synchronize()
         reset_context()
 
+    def release(self) -> None:
+        """Destroy the graphs and drop every buffer, so their memory pool can go back to the device."""
+        for graph in self.graphs.values():
+            graph.reset()
+        # the logits live in the pool; the field views share `buffer`: drop every reference
+        self.graphs, self.logits, self.pool, self.model = {}, {}, None, None
+        self.buffer = self.tokens = None
+        self.staging, self.hosts = [], []
+        (self.seeds, self.input_ids, self.positions, self.slot_mapping, self.context_lens, self.src,
+         self.temperatures, self.block_tables) = (None,) * 8
+
     def padded_size(self, bs: int) -> int | None:
         """The captured size that runs a batch of bs, or None when bs is larger than any."""
         return next((s for s in self.sizes if s >= bs), None)
@@ -105,7 +122,7 @@ class DecodeGraphs:
         src_index[i] >= 0: it is prev_ids[src_index[i]], the previous step's sample.
         temperatures/seeds: host arrays [B] for the fused sampler, copied with the inputs. Without
         them the sampled ids are meaningless: sample the logits outside the graph. Both outputs are
-        valid until the next replay."""
+        valid until the next replay; on tensor-parallel ranks > 0 the logits are None."""
         bs = len(batch.input_ids)
         padded = self.padded_size(bs)
         self.step ^= 1
@@ -126,4 +143,5 @@ class DecodeGraphs:
         used = HEAD * self.sizes[-1] + padded * self.max_blocks  # copy only the rows this graph reads
         self.buffer[:used].copy_(self.staging[self.step][:used], non_blocking=True)
         self.graphs[padded].replay()
-        return self.logits[padded][:bs], self.tokens[:bs]
+        logits = self.logits[padded]
+        return (None if logits is None else logits[:bs]), self.tokens[:bs]

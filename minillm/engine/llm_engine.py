@@ -251,6 +251,7 @@ class LLMEngine:
         return {"text": text, "token_ids": seq.completion_token_ids, "finish_reason": seq.finish_reason}
 
     def shutdown(self) -> None:
-        close = getattr(self.model_runner, "shutdown", None)
-        if close:
-            close()
+        """Free everything on the device (weights, KV cache, CUDA graphs) and stop tensor-parallel
+        workers, in order (minillm/engine/tp.py). Idempotent; the engine cannot run after it."""
+        self.pending = None  # the last launched step's tokens, on the device
+        self.model_runner.shutdown()

@@ -1,8 +1,18 @@
 """ModelRunner: owns the model, the KV cache and the device. Turns a batch of sequences into
 tensors (input_ids, positions, slot_mapping, cu_seqlens, block_tables), runs the forward and samples.
+
+Device memory. A runner keeps its weights, KV cache and CUDA graphs (with their memory pool) in a
+DeviceMemory; shutdown() frees all of it at once, and so does the garbage collector when a runner is
+dropped without shutdown() (a finalizer holds the DeviceMemory, not the runner). On CUDA the KV cache
+gets what is left of this engine's share of the device (gpu_memory_utilization x total, minus its own
+weights and activation peak), but never more than what is free right now: a second engine in the
+same process (a notebook cell `llm = LLM(...)` run again keeps the old engine alive until the new
+one is assigned) gets a smaller cache and a warning, or an error saying what to do when nothing fits.
 """
 from __future__ import annotations
 
+import warnings
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,6 +20,7 @@ import torch
 
 from minillm.config import EngineConfig, ModelConfig
 from minillm.context import get_context, reset_context, set_context
+from minillm.distributed import tp_group
 from minillm.engine.cuda_graph import DecodeGraphs
 from minillm.engine.sequence import Sequence
 from minillm.layers.attention import Attention, get_backend
@@ -17,6 +28,11 @@ from minillm.layers.sampler import Sampler
 from minillm.loader import load_model
 from minillm.models.qwen3 import Qwen3ForCausalLM
 from minillm.sampling_params import SamplingParams
+
+GIB = 1 << 30
+# Kept free when the free memory (not this engine's share) limits the KV cache: room for the CUDA
+# graphs' pool, NCCL's buffers and allocator fragmentation, which appear after the cache is sized.
+FREE_MEMORY_RESERVE = 1 * GIB
 
 
 # >>> exercise 3.1 | notebooks/03_paged_kv_cache.ipynb | 2. Block tables and slot mapping
@@ -46,14 +62,37 @@ class ModelRunner:
         self.block_size = config.kvcache_block_size
         torch.manual_seed(config.seed)
         self.seed_rng = np.random.default_rng(config.seed)  # Philox keys of the fused sampler
+        self.memory = DeviceMemory(self.device, tp_group())  # the group: inside tensor_parallel(group), else None
+        self.model = self.kv_cache = self.graphs = None
+        self.attention_layers = []
+        out_of_memory = None
+        try:
+            self._build(model_path)
+        except torch.OutOfMemoryError as e:  # raised below, outside this block: its frames hold half-built tensors
+            out_of_memory = str(e).splitlines()[0]
+        except BaseException:
+            self._free_device()  # nothing half-built stays on the device while the error is around
+            raise
+        if out_of_memory is not None:
+            self._free_device()
+            raise self._out_of_memory_error(out_of_memory)
+        self._release = weakref.finalize(self, self.memory.release)  # also runs when collected without shutdown()
+        _LIVE_RUNNERS.add(self)
+
+    def _build(self, model_path: str) -> None:
+        """Weights, KV cache, CUDA graphs: everything this runner puts on its device."""
+        config, cuda = self.config, self.device.type == "cuda"
+        before = torch.cuda.memory_allocated(self.device) if cuda else 0
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
             with torch.device(self.device):
-                self.model = Qwen3ForCausalLM(model_config)
+                self.model = self.memory.model = Qwen3ForCausalLM(self.model_config)
         finally:
             torch.set_default_dtype(default_dtype)
         load_model(self.model, model_path)
+        # this engine's own weights: what other engines in this process hold is not ours to count
+        self.weight_bytes = torch.cuda.memory_allocated(self.device) - before if cuda else 0
         self.model.eval()
         self.sampler = Sampler()
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
@@ -61,10 +100,32 @@ class ModelRunner:
         for layer in self.attention_layers:
             layer.backend = self.backend
         self.num_kvcache_blocks = self.allocate_kv_cache()
-        self.graphs = None
-        if self.device.type == "cuda" and not config.enforce_eager and self.backend.name != "torch":
+        if cuda and not config.enforce_eager and self.backend.name != "torch":
             # the torch reference backend's store selects rows with a boolean mask (a host sync)
-            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.blocks_per_seq(), self.device)
+            self.graphs = self.memory.graphs = DecodeGraphs(self.model, config.max_num_seqs,
+                                                            config.blocks_per_seq(), self.device)
+
+    def shutdown(self) -> None:
+        """Free everything this runner holds on its device (CUDA graphs and their pool, KV cache,
+        weights) and hand the memory back to the device. Idempotent; the runner cannot run after it."""
+        self._free_device()
+
+    def _free_device(self) -> None:
+        self.model = self.graphs = self.kv_cache = None
+        self.attention_layers = []
+        release = getattr(self, "_release", None)  # None while __init__ runs
+        (release or self.memory.release)()
+
+    def _check_alive(self) -> None:
+        if self.model is None:
+            raise RuntimeError("this engine has been shut down (llm.shutdown()); create a new LLM")
+
+    def _out_of_memory_error(self, detail: str) -> Exception:
+        others = other_engines_memory(self)
+        if not others:
+            return torch.OutOfMemoryError(f"out of memory on {self.device} while building the engine: {detail}")
+        return ValueError(f"out of memory on {self.device} while building the engine: {others}. To fix it, "
+                          f"{FREE_OTHERS}, then create this one again")
 
     # ---- KV cache -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -79,13 +140,37 @@ class ModelRunner:
         if c.kv_cache_memory is not None:
             return c.kv_cache_memory // self.kv_bytes_per_block()
         if self.device.type == "cuda":
-            peak = self.profile_peak_memory()
-            free, total = torch.cuda.mem_get_info(self.device)
-            budget = total * c.gpu_memory_utilization - (total - free) - peak
-            return int(budget) // self.kv_bytes_per_block()
+            return self.cuda_budget_bytes() // self.kv_bytes_per_block()
         # CPU: enough for every sequence at full length, at most 2 GiB
         want = c.max_num_seqs * c.blocks_per_seq()
         return max(c.blocks_per_seq(), min(want, (2 << 30) // self.kv_bytes_per_block()))
+
+    def cuda_budget_bytes(self) -> int:
+        """KV-cache bytes on CUDA: this engine's share of the device (gpu_memory_utilization x total,
+        minus its own weights and activation peak), at most what is free now minus that peak and
+        FREE_MEMORY_RESERVE. Warns when the free memory is what limits it; raises ValueError when not
+        even one sequence of max_model_len fits."""
+        peak = self.profile_peak_memory()  # ends with an empty allocator cache: mem_get_info sees what is free
+        free, total = torch.cuda.mem_get_info(self.device)
+        share = int(self.config.gpu_memory_utilization * total) - self.weight_bytes - peak
+        available = free - peak - FREE_MEMORY_RESERVE
+        if available >= share:
+            return share
+        others = other_engines_memory(self)
+        why = others or "other processes use the rest"
+        need = self.config.blocks_per_seq() * self.kv_bytes_per_block()
+        if available < need:
+            fix = FREE_OTHERS if others else "free the device, or lower max_model_len"
+            raise ValueError(
+                f"the KV cache needs {need / GIB:.2f} GiB for one sequence of max_model_len={self.config.max_model_len}, "
+                f"but only {max(available, 0) / GIB:.2f} GiB of {self.device} is left for it ({free / GIB:.1f} GiB free, "
+                f"{peak / GIB:.1f} GiB kept for activations, {FREE_MEMORY_RESERVE / GIB:.0f} GiB reserve): {why}. "
+                f"To fix it, {fix}")
+        if available < 0.95 * share:
+            warnings.warn(f"the KV cache gets {available / GIB:.1f} GiB instead of this engine's share of "
+                          f"{share / GIB:.1f} GiB: only {free / GIB:.1f} GiB of {self.device} is free ({why}). "
+                          f"To give the next engine its whole share, {FREE_OTHERS}", stacklevel=2)
+        return available
 
     def profile_peak_memory(self) -> int:
         """Activation memory of the largest prefill batch, measured by running one (no KV cache yet)."""
@@ -108,8 +193,9 @@ class ModelRunner:
         self.config.check_kv_blocks(num_blocks)
         kv_heads = mc.num_key_value_heads // self.config.tensor_parallel_size
         # one tensor for all layers: [2, layers, blocks, block_size, kv_heads, head_dim]
-        self.kv_cache = torch.empty(2, mc.num_hidden_layers, num_blocks, self.block_size, kv_heads, mc.head_dim,
-                                    dtype=self.dtype, device=self.device)
+        self.kv_cache = self.memory.kv_cache = torch.empty(
+            2, mc.num_hidden_layers, num_blocks, self.block_size, kv_heads, mc.head_dim, dtype=self.dtype,
+            device=self.device)
         for i, layer in enumerate(self.attention_layers):
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
         return num_blocks
@@ -190,6 +276,7 @@ class ModelRunner:
 
         With async scheduling a decode sequence's newest token may still be on the device (its
         host value is the placeholder -1): then it is taken from prev, the step before."""
+        self._check_alive()
         batch = self.build_batch(seqs, is_prefill)
         src = None
         if not is_prefill and prev is not None and (batch.input_ids < 0).any():
@@ -225,6 +312,67 @@ class ModelRunner:
             pending.event.synchronize()
             return pending.host.tolist()
         return pending.token_ids.tolist()
+
+
+class DeviceMemory:
+    """What one runner holds on its device: the weights (its model), the KV cache, the CUDA graphs,
+    and under tensor parallelism its process group. Kept apart from the runner so that a finalizer
+    can hold it and free it when the runner is collected."""
+
+    def __init__(self, device: torch.device, group=None):
+        self.device = device
+        self.group = group  # the tensor-parallel ProcessGroup (None for one process)
+        self.model = self.kv_cache = self.graphs = None
+
+    def nbytes(self) -> int:
+        """Bytes of weights and KV cache (the graphs' pool is small beside them)."""
+        tensors = [*self.model.parameters(), *self.model.buffers()] if self.model is not None else []
+        tensors += [self.kv_cache] if self.kv_cache is not None else []
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def release(self) -> None:
+        """Free it all, even where something else still refers to the model or the cache (a user's
+        variable, a traceback): their tensors are emptied in place."""
+        graphs, model, kv_cache = self.graphs, self.model, self.kv_cache
+        # no reference to the process group may outlive the group (minillm/engine/tp.py says why)
+        self.graphs = self.model = self.kv_cache = self.group = None
+        if graphs is not None:  # first: their pool holds their outputs, and their captured NCCL calls
+            graphs.release()    # must not outlive the process group
+        if model is not None:
+            for p in model.parameters():
+                # a weight_loader is a bound method of its layer (layer -> parameter -> layer): a cycle
+                p.__dict__.pop("weight_loader", None)
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            for b in model.buffers():
+                b.data = torch.empty(0, dtype=b.dtype, device=b.device)
+            for m in model.modules():
+                if isinstance(m, Attention):  # its views of the KV cache
+                    m.k_cache = m.v_cache = torch.tensor([])
+                if getattr(m, "tp_group", None) is not None:  # a parallel layer's process group
+                    m.tp_group = None
+        if kv_cache is not None:
+            kv_cache.data = torch.empty(0, dtype=kv_cache.dtype, device=kv_cache.device)
+        del graphs, model, kv_cache
+        reset_context()  # a step that raised may have left its tensors in the attention context
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()  # back to the device, where mem_get_info (and other processes) see it
+
+
+# every runner alive in this process: a new engine that finds too little memory names them
+_LIVE_RUNNERS: weakref.WeakSet = weakref.WeakSet()
+FREE_OTHERS = ("call .shutdown() on the engine you no longer need (in a notebook: run `llm.shutdown()` before "
+               "re-running `llm = LLM(...)`, or create engines with `with LLM(...) as llm:`)")
+
+
+def other_engines_memory(runner: ModelRunner) -> str:
+    """'' when no other live runner holds memory on runner's device, else a phrase saying how much."""
+    others = [r for r in list(_LIVE_RUNNERS)
+              if r is not runner and r.device == runner.device and r.memory.model is not None]
+    if not others:
+        return ""
+    held = sum(r.memory.nbytes() for r in others) / GIB
+    return f"{len(others)} other minillm engine(s) in this process still hold {held:.1f} GiB of it"
 
 
 @dataclass

@@ -2,32 +2,51 @@
 processes that hold their shard of every layer and run the same forward on the inputs rank 0 sends.
 
     rank 0 (the user's process)                     rank r (a worker)
-    scheduler -> build_batch (numpy) ---- pipe ---> load_batch
+    scheduler -> build_batch (numpy) ---- pipe ---> load_batch (or the decode CUDA graph's inputs)
     load_batch, forward <== one all-reduce per attention / MLP block ==> forward
     LM head: logits of its vocabulary slice <=== gather to rank 0 ====== logits of its slice
     sampler -> token ids
+
+On CUDA every rank captures the same decode CUDA graphs (minillm.engine.cuda_graph), collectives
+inside, and replays the same one for a step: a decode step costs each rank one graph launch.
 
 Launch. By default rank 0 spawns the workers (torch.multiprocessing, spawn) and hosts the rendezvous
 on a port the OS picks. Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR set: several nodes work) every
 rank runs the user's script: rank 0 goes on as above, ranks > 0 serve inside LLM(...) and exit when
 rank 0 shuts the engine down.
 
+Shutdown, in this order, so that no rank is ever left inside a collective (NCCL's
+destroy_process_group waits for its peers; a rank that destroys its group while a peer still waits
+for a message hangs):
+    1. rank 0 frees its device memory (its CUDA graphs before the communicator they captured);
+    2. rank 0 tells every worker to stop; each frees its memory, answers "stopped" and leaves the group;
+    3. once every worker has answered, rank 0 leaves the group and joins the worker processes.
+A worker that does not answer in time, or an engine already broken by an error (a worker may then sit
+in a collective that will never complete), is killed instead, and rank 0 aborts its group (an abort
+does not wait for peers). Leaving a group also drops every reference to its ProcessGroup objects, so
+they are destroyed right there: destroy_process_group() alone leaves a gloo group's threads running,
+and one that drops the last collective's tensors while the interpreter exits aborts the process
+("terminate called without an active exception").
+
 Failure. A worker that raises sends its exception back and exits; rank 0 raises it with its type and
 message. A worker that dies (killed, crashed) makes the current or the next step raise RuntimeError
 naming its rank: gloo reports a closed peer at once, and rank 0 checks the workers' liveness before
 every step and while it waits. After an error inside a step the ranks are out of step, so the engine
-stops its workers and refuses further steps (create a new LLM). Workers also exit when rank 0 does.
+stops its workers and refuses further steps (create a new LLM). Workers exit when rank 0's process
+does, even from inside a collective (each watches its parent).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import pickle
+import statistics
+import threading
 import time
 import weakref
 from datetime import timedelta
 from multiprocessing.connection import wait
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -36,10 +55,14 @@ from minillm.context import reset_context
 from minillm.distributed import (exit_description, join_group, launched_by_torchrun, leave_group, pack_error,
                                  recv_message, remote_error, send_message, set_cpu_threads, start_store,
                                  tensor_parallel)
-from minillm.engine.model_runner import ModelRunner
+from minillm.engine.model_runner import Batch, ModelRunner
 
 STARTUP_TIMEOUT_S = 300.0  # a worker must import torch and minillm within this
 ERROR_GRACE_S = 3.0  # how long rank 0 waits for a failing worker's own report
+STOP_TIMEOUT_S = 30.0  # a stopping worker frees its memory and answers within this, or it is killed
+JOIN_TIMEOUT_S = 10.0  # a worker that answered "stopped" leaves its group and exits within this
+PARENT_POLL_S = 1.0  # how often a spawned worker checks that rank 0's process is still there
+STOP = ("stop",)  # rank 0 -> workers: free your memory, answer, leave the group, exit
 
 
 class ShardRunner(ModelRunner):
@@ -47,32 +70,43 @@ class ShardRunner(ModelRunner):
     this rank's shard, and all ranks agree on the number of KV-cache blocks."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, model_path: str, group):
-        self.group = group
-        with tensor_parallel(group):
+        with tensor_parallel(group):  # the layers and the DeviceMemory take the group from here
             super().__init__(config, model_config, model_path)
+
+    @property
+    def group(self):
+        """This rank's process group; None once its memory is released (the module docstring says why)."""
+        return self.memory.group
 
     def kv_budget_blocks(self) -> int:
         # rank 0's scheduler hands out block ids for every rank: all must hold the same number
         n = torch.tensor([super().kv_budget_blocks()], dtype=torch.int64)
-        dist.all_reduce(n, op=dist.ReduceOp.MIN, group=self.group)  # a CPU tensor: gloo, on every backend
+        dist.all_reduce(n, op=dist.ReduceOp.MIN, group=self.memory.group)  # a CPU tensor: gloo, on every backend
         return int(n.item())
 
     @torch.inference_mode()
-    def execute(self, batch) -> None:
-        """A worker's half of a step: the same forward as rank 0 on the same Batch, no sampling."""
+    def execute(self, batch: Batch) -> None:
+        """A worker's half of a step: the same forward as rank 0 on the same Batch (the same decode
+        graph when rank 0 replays one: same size, same collectives), no sampling."""
         try:
-            self.run_model(*self.load_batch(batch), batch.is_prefill)
+            if not batch.is_prefill and self.graphs is not None and self.graphs.padded_size(len(batch.input_ids)):
+                self.graphs.run(batch)
+            else:
+                self.run_model(*self.load_batch(batch), batch.is_prefill)
         finally:
             reset_context()
 
-    def serve(self, channel) -> None:
-        """A worker's loop: run what rank 0 sends until it sends None (or goes away)."""
+    def serve(self, channel) -> bool:
+        """A worker's loop: run what rank 0 sends until it says STOP (-> True) or goes away (-> False)."""
         while (msg := channel.recv()) is not None:
             if msg[0] == "step":
                 self.execute(msg[1])
             elif msg[0] == "rpc":
                 fn, args = msg[1], msg[2]
                 channel.reply(fn(self, *args))
+            elif msg == STOP:
+                return True
+        return False
 
 
 def shard_summary(runner: ShardRunner) -> dict:
@@ -126,7 +160,10 @@ class BroadcastChannel:
 
     def recv(self):
         box = [None]
-        dist.broadcast_object_list(box, src=0, group=self.group)
+        try:
+            dist.broadcast_object_list(box, src=0, group=self.group)
+        except RuntimeError:  # gloo: rank 0 has gone
+            return None
         return box[0]
 
     def replies(self, timeout_s: float | None = None) -> list:
@@ -139,25 +176,42 @@ class BroadcastChannel:
 
 
 # ---- the workers ---------------------------------------------------------------------------------
+def _watch_parent(parent_pid: int) -> None:
+    """A spawned worker's daemon thread: exit when rank 0's process is gone. A worker waiting in an
+    NCCL collective would otherwise wait for a dead peer until the group's timeout."""
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
 def _worker_main(rank: int, world_size: int, port: int, config: EngineConfig, model_config: ModelConfig,
-                 model_path: str, conn) -> None:
-    """A spawned worker process (rank >= 1): join the group, build the shard, serve rank 0."""
+                 model_path: str, conn, parent_pid: int) -> None:
+    """A spawned worker process (rank >= 1): join the group, build the shard, serve rank 0, and on
+    STOP free the device, answer "stopped" and leave the group (see the module docstring)."""
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="minillm-watch-rank0").start()
     channel = PipeChannel([conn])
+    runner, stopped = None, False
     try:
         send_message(conn, ("hello", os.getpid()))  # the interpreter is up: rank 0 may enter the rendezvous
         if config.device == "cuda":
             torch.cuda.set_device(rank)
         else:
             set_cpu_threads(world_size)
-        group = join_group(rank, world_size, config.device, port)
-        ShardRunner(config, model_config, model_path, group).serve(channel)
+        runner = ShardRunner(config, model_config, model_path, join_group(rank, world_size, config.device, port))
+        if runner.serve(channel):
+            runner.shutdown()  # the memory is back before rank 0 hears "stopped"
+            channel.reply("stopped")
+            stopped = True
     except BaseException as e:  # noqa: BLE001 -- reported to rank 0, which raises it
         try:
             send_message(conn, ("error", *pack_error(e)))
         except Exception:
             pass
     finally:
-        leave_group()
+        if runner is not None:
+            runner.shutdown()
+        del runner, channel  # nothing may hold the ProcessGroup when it is destroyed
+        leave_group(abort=not stopped)  # out of step with rank 0: do not wait for it
         conn.close()
 
 
@@ -168,25 +222,28 @@ class _Workers:
         self.procs, self.conns, self.channel = [], [], None
         self.store = None  # the rendezvous server: it lives as long as the group
         self.threads = None  # this process's torch thread count before the engine shared the cores
+        self.memory = None  # rank 0's DeviceMemory, freed first
         self.owns_group = False
+        self.broken = False  # an error left the ranks out of step: kill, do not ask
         self.closed = False
 
     def close(self) -> None:
+        """The ordered teardown of the module docstring; idempotent."""
         if self.closed:
             return
         self.closed = True
-        if self.owns_group and isinstance(self.channel, PipeChannel):
-            leave_group()  # first: a worker stuck in a collective sees its peer's sockets close and exits
-        if self.channel is not None:
-            try:
-                self.channel.send(None)
-            except Exception:  # a dead worker's pipe
-                pass
+        if self.memory is not None:
+            self.memory.release()
+        stopped = not self.broken and self._stop_workers()
+        if not stopped:  # a worker may sit in a collective that never completes: nothing to wait for
+            for p in self.procs:
+                if p.exitcode is None:
+                    p.kill()
+        self.channel = None  # the torchrun channel holds a gloo group of its own
         if self.owns_group:
-            leave_group()
-        deadline = time.monotonic() + 5.0
+            leave_group(abort=not stopped)
         for p in self.procs:
-            p.join(timeout=max(0.0, deadline - time.monotonic()))
+            p.join(timeout=JOIN_TIMEOUT_S)
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -196,16 +253,27 @@ class _Workers:
         if self.threads is not None:
             torch.set_num_threads(self.threads)
 
+    def _stop_workers(self) -> bool:
+        """Send STOP; -> True once every worker has answered (it is leaving the group), False when one
+        died, failed or did not answer within STOP_TIMEOUT_S."""
+        if self.channel is None:
+            return True
+        if any(p.exitcode is not None for p in self.procs):
+            return False
+        try:
+            self.channel.send(STOP)
+            self.channel.replies(timeout_s=STOP_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 -- a dead pipe, an error report, a timeout: all mean "kill"
+            return False
+        return True
+
 
 class TPModelRunner(ShardRunner):
-    """Rank 0 of a tensor-parallel engine: LLMEngine uses it like a ModelRunner (run / launch /
-    resolve, num_kvcache_blocks, shutdown)."""
+    """Rank 0 of a tensor-parallel engine: LLMEngine uses it like a ModelRunner (launch / resolve,
+    num_kvcache_blocks, shutdown)."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, model_path: str):
         size = config.tensor_parallel_size
-        if config.device == "cuda" and not config.enforce_eager:
-            # decode CUDA graphs that capture NCCL collectives are not verified yet: run eagerly
-            config = dataclasses.replace(config, enforce_eager=True)
         self.broken: str | None = None
         self._starting = True
         self._workers = w = _Workers()
@@ -213,19 +281,17 @@ class TPModelRunner(ShardRunner):
         if launched_by_torchrun():
             rank = self._join_torchrun(size, config.device)
             w.channel = BroadcastChannel()
-            if rank > 0:  # a worker: serve rank 0 until it shuts down, then end this process
-                channel, w.channel = w.channel, None  # only rank 0 sends
-                try:
-                    ShardRunner(config, model_config, model_path, dist.group.WORLD).serve(channel)
-                finally:
-                    leave_group()
-                raise SystemExit(0)
+            if rank > 0:
+                self._serve_torchrun(config, model_config, model_path)
         else:
             self._spawn_workers(size, config, model_config, model_path)
         try:
             super().__init__(config, model_config, model_path, dist.group.WORLD)
         except BaseException as e:
             self._fail(e)
+        # one finalizer for everything, in the teardown's order: rank 0's memory, then the workers
+        self._release.detach()
+        w.memory, self._release = self.memory, self._finalizer
         self._starting = False
 
     # ---- start-up -------------------------------------------------------------------------------
@@ -243,17 +309,37 @@ class TPModelRunner(ShardRunner):
             self._workers.owns_group = True
         return rank
 
+    def _serve_torchrun(self, config, model_config, model_path) -> None:
+        """A torchrun rank > 0: serve rank 0 until it stops the engine, then end this process."""
+        w = self._workers
+        channel, w.channel = w.channel, None  # only rank 0 sends
+        runner, stopped = None, False
+        try:
+            runner = ShardRunner(config, model_config, model_path, dist.group.WORLD)
+            if runner.serve(channel):
+                runner.shutdown()
+                channel.reply("stopped")
+                stopped = True
+        finally:
+            if runner is not None:
+                runner.shutdown()
+            del runner, channel  # nothing may hold a ProcessGroup when it is destroyed
+            leave_group(abort=not stopped)
+        raise SystemExit(0 if stopped else 1)
+
     def _spawn_workers(self, size: int, config, model_config, model_path) -> None:
         if dist.is_initialized():
-            raise RuntimeError("this process already has a torch.distributed process group (another "
-                               "tensor-parallel LLM?); shut that one down (llm.shutdown()) first")
+            raise RuntimeError("this process already has a torch.distributed process group: another "
+                               "tensor-parallel LLM is still alive. Call .shutdown() on it first (in a notebook: "
+                               "run `llm.shutdown()` before re-running `llm = LLM(...)`, or create engines with "
+                               "`with LLM(...) as llm:`)")
         w = self._workers
         ctx = torch.multiprocessing.get_context("spawn")
         w.store = store = start_store()
         for rank in range(1, size):
             mine, theirs = ctx.Pipe(duplex=True)
             p = ctx.Process(target=_worker_main, name=f"tensor-parallel worker rank {rank}",
-                            args=(rank, size, store.port, config, model_config, model_path, theirs))
+                            args=(rank, size, store.port, config, model_config, model_path, theirs, os.getpid()))
             p.start()
             theirs.close()
             w.procs.append(p)
@@ -305,15 +391,24 @@ class TPModelRunner(ShardRunner):
     def worker_processes(self) -> list:
         return list(self._workers.procs)
 
-    def shutdown(self) -> None:
-        """Stop the workers and leave the process group (also runs when the runner is collected)."""
-        self._finalizer()
+    def _free_device(self) -> None:
+        if hasattr(self, "_release"):  # started: one finalizer frees rank 0's memory, then stops the workers
+            return super()._free_device()
+        # start-up failed: free what rank 0 built; the workers go once _fail has read their own errors
+        memory = getattr(self, "memory", None)
+        self.model = self.graphs = self.kv_cache = None
+        self.attention_layers = []
+        if memory is not None:
+            memory.release()
+        if self.broken:
+            self._finalizer()
 
     # ---- failure --------------------------------------------------------------------------------
     def _guarded(self, fn, *args, **kwargs):
         if self.broken:
             raise RuntimeError(f"the tensor-parallel engine has stopped after an error ({self.broken}); "
                                f"create a new LLM")
+        self._check_alive()
         self._check_workers()
         try:
             return fn(*args, **kwargs)
@@ -360,8 +455,86 @@ class TPModelRunner(ShardRunner):
         if chosen is None:
             chosen = RuntimeError("the tensor-parallel engine failed for an unknown reason")
         self.broken = f"{type(chosen).__name__}: {str(chosen).splitlines()[0] if str(chosen) else ''}"
-        self._finalizer()
+        self._workers.broken = True
+        self.shutdown()
         chosen._minillm_tp_reported = True
         if chosen is exc:
             raise exc
         raise chosen from exc
+
+
+# ---- timing a decode step (notebook 04), the same calls on every rank -----------------------------
+def decode_step_times(runner: ShardRunner, batch_sizes: list[int], context_len: int, iters: int = 20) -> dict:
+    """For collective_rpc (or a plain ModelRunner): milliseconds per decode step at each batch size,
+    and for tensor parallel the part of it spent in collectives. Needs CUDA graphs.
+
+    A step is one replay of the decode graph of that size, every row at `context_len` tokens in blocks
+    of its own (as many as the cache holds: rows reading the same blocks would hit in L2). The
+    collectives alone are a
+    graph of the same all-reduces and gather the step makes (2 per layer, 1 for the embedding, the LM
+    head's gather), on tensors of the step's shapes. Every rank replays the same graphs the same number
+    of times (a count picked from a measurement would differ between ranks and hang them).
+    -> {"batch_sizes", "step_ms", "comm_ms"} (comm_ms all 0.0 at one rank)."""
+    graphs = runner.graphs
+    if graphs is None:
+        raise ValueError("decode_step_times replays the decode CUDA graphs: run on CUDA without enforce_eager")
+    group = getattr(runner, "group", None)
+    size = dist.get_world_size(group) if group is not None else 1
+    mc, blocks, num_blocks = runner.model_config, -(-context_len // runner.block_size), runner.num_kvcache_blocks
+    if blocks > min(num_blocks, graphs.max_blocks):
+        raise ValueError(f"context_len={context_len} needs {blocks} KV blocks per row; a row can have "
+                         f"{min(num_blocks, graphs.max_blocks)}")
+    step_ms, comm_ms = [], []
+    for bs in batch_sizes:
+        padded = graphs.padded_size(bs)
+        if padded is None:
+            raise ValueError(f"batch {bs} is larger than the largest decode graph ({graphs.sizes[-1]})")
+        lens = np.full(bs, context_len, dtype=np.int32)
+        batch = Batch(is_prefill=False, input_ids=np.zeros(bs, dtype=np.int64),
+                      positions=lens.astype(np.int64) - 1, slot_mapping=np.full(bs, -1, dtype=np.int64),
+                      context_lens=lens,
+                      block_tables=((np.arange(bs)[:, None] * blocks + np.arange(blocks)) % num_blocks).astype(np.int32))
+        temps, seeds = np.zeros(bs, dtype=np.float32), np.zeros(bs, dtype=np.int64)
+        step_ms.append(_replay_ms(lambda: graphs.run(batch, None, None, temps, seeds), iters))
+        if size == 1:
+            comm_ms.append(0.0)
+            continue
+        comm = _collectives_graph(padded, mc, runner.dtype, size, group)
+        comm_ms.append(_replay_ms(comm.replay, iters))
+        del comm
+    return {"batch_sizes": list(batch_sizes), "step_ms": step_ms, "comm_ms": comm_ms}
+
+
+def _replay_ms(fn, iters: int) -> float:
+    """Median milliseconds of fn over `iters` timed calls after 3 warm-up calls (CUDA events)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _collectives_graph(bs: int, mc: ModelConfig, dtype: torch.dtype, size: int, group) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of one decode step's collectives at batch bs: (2 x layers + 1) all-reduces of
+    [bs, hidden] and the LM head's gather of [bs, vocab / size] to rank 0."""
+    hidden = torch.zeros(bs, mc.hidden_size, dtype=dtype, device="cuda")
+    logits = torch.zeros(bs, mc.vocab_size // size, dtype=dtype, device="cuda")
+    parts = [torch.empty_like(logits) for _ in range(size)] if dist.get_rank(group) == 0 else None
+
+    def collectives():
+        for _ in range(2 * mc.num_hidden_layers + 1):
+            dist.all_reduce(hidden, group=group)
+        dist.gather(logits, parts, group_dst=0, group=group)
+    collectives()  # warm-up outside the graph (NCCL sets up its channels on first use)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        collectives()
+    graph.keep_alive = (hidden, logits, parts)  # the graph reads and writes them
+    return graph
