@@ -50,6 +50,24 @@ def suspects(function: str, *args, **kwargs) -> dict[str, Callable]:
             for m in all_mistakes().values() if function in m.replaces}
 
 
+def suspects_of(function: str, run: Callable) -> dict[str, Callable]:
+    """diagnosis -> run(wrong version) for every known wrong version of `function` (computed only if
+    the student's result is wrong): for results that are not simply function(*args)."""
+    return {m.hint: (lambda fn=m.replaces[function]: run(fn))
+            for m in all_mistakes().values() if function in m.replaces}
+
+
+def then(suspected: dict[str, Callable], part: Callable) -> dict[str, Callable]:
+    """The same suspects, each output passed through part() (the piece of it a check compares)."""
+    return {hint: (lambda run=run: part(run())) for hint, run in suspected.items()}
+
+
+def wrong_versions(function: str) -> dict[str, Callable]:
+    """diagnosis -> each known wrong version of `function` itself, for checks that call it their own way
+    (a kernel launch, the inputs after a call)."""
+    return {m.hint: m.replaces[function] for m in all_mistakes().values() if function in m.replaces}
+
+
 def with_mistake(impl: types.SimpleNamespace, mistake: Mistake) -> types.SimpleNamespace:
     """A copy of an implementation namespace with the mistake's wrong functions in it."""
     return types.SimpleNamespace(**{**vars(impl), **mistake.replaces})

@@ -25,14 +25,9 @@ from minillm.model_zoo import QWEN_PATTERN, QWEN_SPECIAL, qwen_tiktoken_file
 from minillm.models.qwen3 import Qwen3ForCausalLM
 from minillm.runtime_v0 import one_sequence_runner, prefill_batch
 
-from mistakes import suspects
+from mistakes import suspects, then
 
 CH1 = ref_path("ch1")
-
-
-def _then(suspected: dict, part) -> dict:
-    """The same suspects, each output passed through part() (the piece of it a check compares)."""
-    return {hint: (lambda run=run: part(run())) for hint, run in suspected.items()}
 
 
 # ---- 1.1 byte-level BPE ------------------------------------------------------------------------
@@ -109,13 +104,13 @@ def test_header_matches_safetensors(impl, tmp_path):
         suspected = suspects("parse_safetensors_header", data)
         with safe_open(tmp_path / f"f{i}.safetensors", "pt") as f:
             check_equal(sorted(header), sorted(f.keys()), "1.2", "tensor names (without __metadata__)",
-                        suspects=_then(suspected, lambda out: sorted(out[0])))
+                        suspects=then(suspected, lambda out: sorted(out[0])))
             for name in f.keys():
                 s = f.get_slice(name)
                 check_equal((header[name]["dtype"], header[name]["shape"]), (s.get_dtype(), s.get_shape()),
                             "1.2", f"dtype and shape of {name!r}")
         (n,) = struct.unpack("<Q", data[:8])
-        check_equal(start, 8 + n, "1.2", "data_start", suspects=_then(suspected, lambda out: out[1]))
+        check_equal(start, 8 + n, "1.2", "data_start", suspects=then(suspected, lambda out: out[1]))
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -136,7 +131,7 @@ def test_read_tensor_matches_safetensors(impl, tmp_path):
             check_equal((type(g), getattr(g, "dtype", None), tuple(getattr(g, "shape", ()))),
                         (torch.Tensor, w.dtype, tuple(w.shape)), "1.2", f"type, dtype and shape of {name!r}")
             check_equal(_bytes(g), _bytes(w), "1.2", f"bytes of {name!r}",
-                        suspects=_then(suspects("read_tensor", buf, header[name], start, name), _bytes))
+                        suspects=then(suspects("read_tensor", buf, header[name], start, name), _bytes))
 
 
 @pytest.mark.ex1_2
@@ -154,7 +149,7 @@ def test_read_tensor_is_a_view_not_a_copy(impl):
     buf[start + info["data_offsets"][0]:start + info["data_offsets"][0] + 4] = struct.pack("<f", 42.0)
     check_equal(float(t[0]), 42.0, "1.2", "the tensor after its bytes in the buffer changed (a view "
                                           "of the buffer, as mmap loading needs, not a copy)",
-                suspects=_then(suspected, lambda out: float(out[0])))
+                suspects=then(suspected, lambda out: float(out[0])))
 
 
 def _corrupt_cases() -> dict[str, bytes]:
@@ -227,7 +222,7 @@ PACKED = Qwen3ForCausalLM.packed_modules_mapping
 ])
 def test_checkpoint_param_name(impl, ckpt, want):
     check_equal(tuple(impl.checkpoint_param_name(ckpt, PACKED)), want, "1.3", f"route of {ckpt!r}",
-                suspects=_then(suspects("checkpoint_param_name", ckpt, PACKED), tuple))
+                suspects=then(suspects("checkpoint_param_name", ckpt, PACKED), tuple))
 
 
 def _engine_model(name: str) -> Qwen3ForCausalLM:
@@ -369,7 +364,7 @@ def _check_generate(impl, function: str, name, exercise_id, per_call):
             got = getattr(impl, function)(runner, prompt, n)
         check_equal(list(got), want, exercise_id, f"greedy tokens of {name} after a {len(prompt)}-token prompt "
                                                   f"(transformers' generate)",
-                    suspects=_then(suspects(function, runner, prompt, n), list))
+                    suspects=then(suspects(function, runner, prompt, n), list))
         check_equal(sizes, per_call(len(prompt), n), exercise_id, "tokens fed to the model at each step")
 
 

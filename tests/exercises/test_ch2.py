@@ -23,7 +23,7 @@ from minillm.layers.attention import varlen_attention
 from minillm.layers.layernorm import rms_norm as rms_norm_ref
 from minillm.layers.rotary import apply_rotary as apply_rotary_ref, rope_cos_sin as rope_cos_sin_ref
 from minillm.models.qwen3 import DecoderLayerParams
-from mistakes import all_mistakes, suspects
+from mistakes import suspects, then, wrong_versions
 
 # named fp32 tolerances (absolute, relative): the same math in another order differs by a few ulps
 TOL_NORM = dict(atol=1e-5, rtol=1e-5)  # one reduction over d
@@ -74,17 +74,6 @@ def packed_positions(offsets=(0, 0, 0, 0)) -> torch.Tensor:
 def causal_mask(n: int) -> torch.Tensor:
     """Additive [1, 1, n, n] mask for transformers' eager attention."""
     return torch.full((n, n), float("-inf")).triu(1)[None, None]
-
-
-def _then(suspected: dict, part) -> dict:
-    """The same suspects, each output passed through part() (the piece of it a check compares)."""
-    return {hint: (lambda run=run: part(run())) for hint, run in suspected.items()}
-
-
-def _wrong_versions(function: str) -> dict:
-    """hint -> each known wrong version of `function` itself, for checks that call it their own way
-    (a kernel launch, the inputs after a call)."""
-    return {m.hint: m.replaces[function] for m in all_mistakes().values() if function in m.replaces}
 
 
 def hf_per_sequence(fn, x: torch.Tensor, positions: torch.Tensor, rotary: Qwen3RotaryEmbedding) -> torch.Tensor:
@@ -147,11 +136,11 @@ def test_add_rms_norm_matches_qwen3_rmsnorm_of_the_sum(impl):
         want = ref(want_res)
         # the wrong versions run on copies, so one that adds in place cannot change what the next one sees
         suspected = {hint: (lambda fn=fn: fn(x.clone(), res.clone(), ref.weight, 1e-6))
-                     for hint, fn in _wrong_versions("add_rms_norm").items()}
+                     for hint, fn in wrong_versions("add_rms_norm").items()}
         normed, new_res = impl.add_rms_norm(x, res, ref.weight, 1e-6)
         check_close(new_res, want_res, "2.2", "new residual (x + residual)", **EXACT,
-                    suspects=_then(suspected, lambda out: out[1]))
-        check_close(normed, want, "2.2", "normed output", **TOL_NORM, suspects=_then(suspected, lambda out: out[0]))
+                    suspects=then(suspected, lambda out: out[1]))
+        check_close(normed, want, "2.2", "normed output", **TOL_NORM, suspects=then(suspected, lambda out: out[0]))
 
 
 @pytest.mark.ex2_2
@@ -168,7 +157,7 @@ def test_add_rms_norm_leaves_its_inputs_alone(impl):
             fn(*args)
         return args
 
-    wrong = _wrong_versions("add_rms_norm")
+    wrong = wrong_versions("add_rms_norm")
     check_close(x, x0, "2.2", "x after the call (must not be modified in place)", **EXACT,
                 suspects={hint: (lambda fn=fn: inputs_after(fn)[0]) for hint, fn in wrong.items()})
     check_close(res, res0, "2.2", "residual after the call (must not be modified in place)", **EXACT,
@@ -259,7 +248,7 @@ def test_attention_block_on_a_packed_batch_matches_qwen3_attention(impl):
             o = torch.cat([attention(q[s:e], k[s:e], v[s:e], 16 ** -0.5) for s, e in zip(CU[:-1], CU[1:])])
             return F.linear(o.reshape(18, 64), attn.o_proj.weight)
 
-        wrong = _wrong_versions("causal_attention")
+        wrong = wrong_versions("causal_attention")
         check_close(block(impl.causal_attention), want, "2.4", "attention block output", **TOL_ATTN,
                     suspects={hint: (lambda fn=fn: block(fn)) for hint, fn in wrong.items()})
 
@@ -275,7 +264,7 @@ def test_silu_and_mul_makes_qwen3_mlp(impl, shape):
         packed = F.linear(x, gate_up)
         got = F.linear(impl.silu_and_mul(packed), mlp.down_proj.weight)
         check_close(got, mlp(x), "2.5", "down_proj(silu_and_mul(gate_up_proj(x)))", **TOL_MLP,
-                    suspects=_then(suspects("silu_and_mul", packed), lambda out: F.linear(out, mlp.down_proj.weight)))
+                    suspects=then(suspects("silu_and_mul", packed), lambda out: F.linear(out, mlp.down_proj.weight)))
 
 
 # ---- 2.6 the decoder layer -----------------------------------------------------------------------
@@ -313,9 +302,9 @@ def test_decoder_layer_on_a_packed_batch_matches_qwen3_decoder_layer(impl, first
         mlp_out, new_residual = impl.decoder_layer(positions, hidden, residual, params)
         suspected = suspects("decoder_layer", positions, hidden, residual, params)
         check_close(new_residual, torch.cat(mid), "2.6", "returned residual (the stream after attention)",
-                    **TOL_LAYER, suspects=_then(suspected, lambda out: out[1]))
+                    **TOL_LAYER, suspects=then(suspected, lambda out: out[1]))
         check_close(mlp_out + new_residual, want, "2.6", "layer output (mlp_out + residual)", **TOL_LAYER,
-                    suspects=_then(suspected, lambda out: out[0] + out[1]))
+                    suspects=then(suspected, lambda out: out[0] + out[1]))
 
 
 @pytest.mark.ex2_6
@@ -332,7 +321,7 @@ def test_decoder_layer_without_qk_norm(impl):
                                positions, rot)
         mlp_out, new_residual = impl.decoder_layer(positions, hidden, None, params)
         check_close(mlp_out + new_residual, want, "2.6", "layer output without QK-norm", **TOL_LAYER,
-                    suspects=_then(suspects("decoder_layer", positions, hidden, None, params),
+                    suspects=then(suspects("decoder_layer", positions, hidden, None, params),
                                    lambda out: out[0] + out[1]))
 
 
@@ -373,7 +362,7 @@ def test_triton_kernel_reads_strided_rows_and_writes_only_its_rows(impl):
 
     out_buf, res_buf = launch(impl.add_rms_norm_kernel)
     out, res_out = out_buf[:n * d].view(n, d), res_buf[:n * d].view(n, d)
-    wrong = _wrong_versions("add_rms_norm_kernel")  # run on failure only, each into its own guarded buffers
+    wrong = wrong_versions("add_rms_norm_kernel")  # run on failure only, each into its own guarded buffers
 
     def suspected(part):
         return {hint: (lambda k=k: part(*launch(k))) for hint, k in wrong.items()}
@@ -400,9 +389,9 @@ def test_triton_add_rms_norm_matches_qwen3_rmsnorm(impl, d):
     suspected = suspects("rms_norm_triton", x, ref.weight.detach(), 1e-6, res)
     with torch.no_grad():
         check_close(new_res, x + res, "2.7", f"new residual, d={d}", **TOL_NORM,
-                    suspects=_then(suspected, lambda out: out[1]))
+                    suspects=then(suspected, lambda out: out[1]))
         check_close(normed, ref(x + res), "2.7", f"normed output, d={d}", **TOL_NORM,
-                    suspects=_then(suspected, lambda out: out[0]))
+                    suspects=then(suspected, lambda out: out[0]))
 
 
 @pytest.mark.ex2_7
@@ -416,9 +405,9 @@ def test_triton_rms_norm_fp16_large_activations(impl):
     suspected = suspects("rms_norm_triton", x, w, 1e-6, res)
     with torch.no_grad():
         check_close(new_res, x + res, "2.7", "new residual in fp16", **TOL_FP16,
-                    suspects=_then(suspected, lambda out: out[1]))
+                    suspects=then(suspected, lambda out: out[1]))
         check_close(normed, ref(x + res), "2.7", f"normed output in fp16 of activations near {LARGE:g}",
-                    **TOL_FP16, suspects=_then(suspected, lambda out: out[0]))
+                    **TOL_FP16, suspects=then(suspected, lambda out: out[0]))
 
 
 @pytest.mark.ex2_7

@@ -24,7 +24,7 @@ from minillm import LLM, SamplingParams
 from minillm.course.grading import check_close, check_equal
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.sequence import Sequence, SequenceStatus
-from mistakes import all_mistakes, suspects
+from mistakes import suspects, suspects_of
 
 SENTINEL = 77.0
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=2e-3, rtol=2e-3)}
@@ -33,13 +33,6 @@ SHARED_PREFIX = list(range(10, 80))  # 70 tokens: 4 full blocks of 16, shared by
 PREFIX_PROMPTS = [SHARED_PREFIX + [100 + i, 200 + i] for i in range(3)]
 PREFIX_HIT_TOKENS = 3 * 64  # prefix-cache hits of PREFIX_PROMPTS: 3 prompts x 4 shared full blocks of 16
 PREFIX_PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-
-
-def suspects_of(function: str, run) -> dict:
-    """diagnosis -> run(wrong version) for every known wrong version of `function` (computed only
-    if the student's result is wrong): for results that are not simply function(*args)."""
-    return {m.hint: (lambda fn=m.replaces[function]: run(fn))
-            for m in all_mistakes().values() if function in m.replaces}
 
 
 def engine_tokens(monkeypatch, patches: dict, **engine_args) -> tuple[list, list]:

@@ -28,19 +28,12 @@ import torch.nn.functional as F
 from minillm.course.exercises import load_impl
 from minillm.course.grading import check_close, check_equal
 from minillm.distributed import run_on_ranks, tensor_parallel
-from mistakes import all_mistakes, suspects
+from mistakes import suspects, suspects_of
 
 TP = 2
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 64, 96, 4, 2, 16, 512
 ATOL, RTOL = 1e-5, 1e-4  # fp32; the all-reduce sums partial products in another order
 THREAD_RANKS_TIMEOUT_S = 60.0  # a rank waiting in a collective the other rank never calls gives up after this
-
-
-def suspects_of(function: str, run) -> dict:
-    """diagnosis -> run(wrong version) for every known wrong version of `function` (computed only
-    if the student's result is wrong): for results that are not simply function(*args)."""
-    return {m.hint: (lambda fn=m.replaces[function]: run(fn))
-            for m in all_mistakes().values() if function in m.replaces}
 
 
 @pytest.fixture(scope="module")
