@@ -65,12 +65,7 @@ class Tokenizer:
         tok_file = os.path.join(path, "tokenizer.json")
         if not os.path.lexists(tok_file):
             raise ValueError(f"{path!r} has no tokenizer.json; minillm reads fast (tokenizers) tokenizers only")
-        text = read_text(tok_file)
-        try:
-            self._tok = HFTokenizer.from_str(text)
-        except Exception as e:  # noqa: BLE001 -- the tokenizers library raises a bare Exception
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ValueError(f"{tok_file} is not a valid tokenizer.json ({reason})") from None
+        # the small files first: their errors should not wait for the vocabulary to be parsed
         cfg_file = os.path.join(path, "tokenizer_config.json")
         cfg = read_json_object(cfg_file) if os.path.lexists(cfg_file) else {}
         self.chat_template = _chat_template(cfg.get("chat_template"), cfg_file)
@@ -79,6 +74,12 @@ class Tokenizer:
             self.chat_template = read_text(jinja_file)
         self.bos_token = _token_str(cfg.get("bos_token"), "bos_token", cfg_file)
         self.eos_token = _token_str(cfg.get("eos_token"), "eos_token", cfg_file)
+        text = read_text(tok_file)
+        try:
+            self._tok = HFTokenizer.from_str(text)
+        except Exception as e:  # noqa: BLE001 -- the tokenizers library raises a bare Exception
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ValueError(f"{tok_file} is not a valid tokenizer.json ({reason})") from None
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         added = self._tok.get_added_tokens_decoder()
         self.special_ids = {i for i, t in added.items() if t.special}

@@ -704,8 +704,8 @@ def test_threads_each_get_exactly_their_own_tokens(qwen):
     """Issue repro 2: generate from several threads gave wrong tokens, 51 tokens for max_tokens=50, or
     Index/Type/OverflowError. Now each call gets exactly its own tokens, and a stream can run beside."""
     prompts = [["Hello", "Once upon a time"], ["1 2 3", "def f(x):"], ["Paris is", "A"], ["Why?", "Yes"]]
-    want = [qwen.generate(p, LONG, use_tqdm=False) for p in prompts]
-    want_stream = qwen.generate("Streaming along", LONG, use_tqdm=False)
+    alone = qwen.generate(sum(prompts, []) + ["Streaming along"], LONG, use_tqdm=False)  # one call, one thread
+    want, want_stream = [alone[2 * i:2 * i + 2] for i in range(len(prompts))], alone[-1]
     got, errors = {}, []
     start = threading.Barrier(len(prompts) + 1)
 
@@ -757,6 +757,8 @@ def test_a_bad_sampling_value_does_not_stop_a_tensor_parallel_engine():
 
 
 # ---- 10. stream and generate agree, stop strings included (a real model) ----------------------------
+# SmolLM2 counts "1. 1\n2. 2\n3. 3\n4" in 16 tokens, five a line: stops in one token and across several,
+# the earliest of two, one a prefix of the text seen so far that never completes, and none at all
 STOP_PATTERNS = [["3"], ["\n2"], [". 2\n3"], ["4. 4\n", "3"], ["zzz"], ["1. 2"], ["1"], [" "]]
 
 
@@ -766,7 +768,7 @@ def test_stream_and_generate_give_the_same_text_for_every_stop_pattern():
     The streams run interleaved, so they share the batch (and one engine run)."""
     llm = LLM("smollm2-135m", **small_engine_args(max_model_len=128))
     conv = [{"role": "user", "content": "Count from 1 to 20"}]
-    params = [SamplingParams(temperature=0.0, max_tokens=24, stop=s) for s in STOP_PATTERNS]
+    params = [SamplingParams(temperature=0.0, max_tokens=16, stop=s) for s in STOP_PATTERNS]
     want = llm.chat([conv] * len(params), params)
     streams = [llm.stream(conv, p) for p in params]
     texts = [[] for _ in streams]
@@ -801,33 +803,19 @@ def _cli_folders(root) -> dict:
 # (id, argv, stdin bytes, key phrase of the one error line); {name} is one of _cli_folders' paths
 CLI_ERRORS = [
     ("temperature-nan", ["generate", "Hi", "--temperature", "nan"], None, "temperature must be a finite number"),
-    ("max-tokens-0", ["generate", "Hi", "--max-tokens", "0"], None, "max_tokens must be an integer >= 1"),
     ("seed-2**64", ["generate", "Hi", "--seed", str(2**64)], None, "seed must be None or an integer"),
-    ("top-k-0", ["generate", "Hi", "--top-k", "0"], None, "top_k must be -1"),
-    ("top-p-2", ["generate", "Hi", "--top-p", "2"], None, "top_p must be"),
     ("empty-prompt", ["generate", "", "--model", "qwen3-tiny"], None, "the prompt is empty"),
     ("argv-not-utf8", ["generate", b"caf\xe9", "--model", "qwen3-tiny"], None, "not valid Unicode"),
-    ("max-model-len-1", ["generate", "Hi", "--model", "qwen3-tiny", "--max-model-len", "1"], None,
-     "max_model_len must be an integer >= 2"),
     ("dtype-float64", ["generate", "Hi", "--model", "qwen3-tiny", "--dtype", "float64"], None, "dtype must be one of"),
-    ("tp-0", ["generate", "Hi", "--model", "qwen3-tiny", "--tensor-parallel-size", "0"], None,
-     "tensor_parallel_size must be a positive integer"),
-    ("tp-3", ["generate", "Hi", "--model", "qwen3-tiny", "--tensor-parallel-size", "3"], None, "does not divide"),
     ("corrupt-tokenizer", ["generate", "Hi", "--model", "{corrupt-tokenizer}"], None, "not a valid tokenizer.json"),
     ("no-vocab-size", ["generate", "Hi", "--model", "{no-vocab-size}"], None, "vocab_size must be"),
     ("safetensors-folder", ["generate", "Hi", "--model", "{safetensors-folder}"], None, "is a folder, not a file"),
     ("unknown-model", ["generate", "Hi", "--model", "/no/such/folder"], None, "unknown model"),
     ("chat-empty-message", ["chat", "--message", "", "--model", "qwen3-tiny"], None, "--message is empty"),
-    ("chat-blank-message", ["chat", "--message", "  ", "--model", "qwen3-tiny"], None, "--message is empty"),
     ("chat-stdin-not-utf8", ["chat", "--model", "qwen3-tiny"], b"caf\xe9 \xff\n", "not valid"),
     ("bench-min-above-max", ["bench", "--min-len", "2000"], None, "--max-input-len=1024 is below --min-len=2000"),
-    ("bench-min-above-output", ["bench", "--min-len", "50", "--max-output-len", "10"], None,
-     "--max-output-len=10 is below --min-len=50"),
-    ("bench-min-0", ["bench", "--min-len", "0"], None, "--min-len must be at least 1"),
     ("bench-temperature-nan", ["bench", "--temperature", "nan"], None, "--temperature must be a finite number"),
     ("bad-int", ["generate", "Hi", "--max-tokens", "many"], None, "invalid int value"),
-    ("no-command", [], None, "the following arguments are required"),
-    ("unknown-command", ["serve"], None, "invalid choice"),
 ]
 
 
