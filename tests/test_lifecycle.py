@@ -189,9 +189,10 @@ def test_notebook_rerun_on_cuda_builds_beside_the_old_engine_then_frees_it():
     llm.shutdown()
     assert _free_gib() > start - 1.0, "the first engine's memory was not given back when it was replaced"
 
-    # when the old engine leaves too little even for the weights or one sequence, the error says what to do
-    hog = LLM("qwen3-0.6b-random", gpu_memory_utilization=0.995, **GPU_ARGS)
-    with pytest.raises(ValueError, match=r"llm\.shutdown\(\)"):
+    # when the old engine leaves room for the weights but not for their activations and one sequence's
+    # KV cache, the error says what to do (a KV cache that leaves ~5 GiB free; the weights take ~2)
+    hog = LLM("qwen3-0.6b-random", kv_cache_memory=int((_free_gib() - 5) * GIB), **GPU_ARGS)
+    with pytest.raises(ValueError, match=r"other minillm engine.*llm\.shutdown\(\)"):
         LLM("qwen3-0.6b-random", **GPU_ARGS)
     hog.shutdown()
     assert _free_gib() > start - 1.0
