@@ -246,8 +246,9 @@ class ModelConfig:
 def available_memory(device: str) -> int | None:
     """Bytes free for a new engine: the CUDA device's free memory, or on CPU the kernel's MemAvailable
     (lowered to a cgroup's limit when it has one). None when unknown."""
-    if device == "cuda":
-        return torch.cuda.mem_get_info()[0]
+    if device == "cuda":  # under torchrun this rank's GPU (not selected yet), else the current one
+        local = os.environ.get("LOCAL_RANK")
+        return torch.cuda.mem_get_info(int(local) if local is not None else torch.cuda.current_device())[0]
     free = None
     try:
         with open("/proc/meminfo") as fh:
@@ -308,7 +309,8 @@ class EngineConfig:
             need(is_integer(v) and 1 <= v <= MAX_CONFIG_INT,
                  f"{name} must be a positive integer (at most 2**31 - 1), got {describe(v)}")
         for name in ("enforce_eager", "enable_prefix_caching", "async_scheduling"):
-            need(isinstance(getattr(self, name), bool), f"{name} must be True or False, got {describe(getattr(self, name))}")
+            v = getattr(self, name)
+            need(isinstance(v, bool), f"{name} must be True or False, got {describe(v)}")
         for name, choices in (("attention_backend", ATTENTION_BACKENDS), ("device", ("auto", "cpu", "cuda")),
                               ("dtype", ("auto", *DTYPES))):
             v = getattr(self, name)
@@ -382,8 +384,8 @@ class EngineConfig:
             raise ValueError(
                 f"config.json describes about {_readable_bytes(weights)} of {self.dtype} weights (num_hidden_layers="
                 f"{mc.num_hidden_layers}, hidden_size={mc.hidden_size}, intermediate_size={mc.intermediate_size}, "
-                f"vocab_size={mc.vocab_size}) but only {_readable_bytes(free)} of memory is available on {self.device}; "
-                f"check config.json, or use a smaller dtype or more tensor-parallel GPUs")
+                f"vocab_size={mc.vocab_size}) but only {_readable_bytes(free)} of memory is available on "
+                f"{self.device}; check config.json, or use a smaller dtype or more tensor-parallel GPUs")
         block_bytes = mc.kv_bytes_per_token(tp, self.torch_dtype) * self.kvcache_block_size
         if self.num_kvcache_blocks is not None:
             kv, what = self.num_kvcache_blocks * block_bytes, f"num_kvcache_blocks={self.num_kvcache_blocks}"
@@ -392,8 +394,9 @@ class EngineConfig:
         else:
             return  # sized by the runner from what is left
         if weights + kv * ranks_here > free:
-            raise ValueError(f"{what} asks for {_readable_bytes(kv * ranks_here)} of KV cache on top of {_readable_bytes(weights)} of "
-                             f"weights, but only {_readable_bytes(free)} of memory is available on {self.device}; lower it")
+            raise ValueError(f"{what} asks for {_readable_bytes(kv * ranks_here)} of KV cache on top of "
+                             f"{_readable_bytes(weights)} of weights, but only {_readable_bytes(free)} of memory is "
+                             f"available on {self.device}; lower it")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -110,7 +110,8 @@ def check_safetensors_header(header: dict, data_start: int, file_size: int) -> N
     for name, info in sorted(header.items(), key=lambda item: tuple(item[1]["data_offsets"])):
         dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
         if dtype not in SAFETENSORS_DTYPES:
-            raise ValueError(f"tensor {name!r}: unknown dtype {dtype!r} (minillm reads {', '.join(SAFETENSORS_DTYPES)})")
+            raise ValueError(f"tensor {name!r}: unknown dtype {dtype!r} (minillm reads "
+                             f"{', '.join(SAFETENSORS_DTYPES)})")
         if begin != end_so_far:
             where = ("overlaps the tensor before it" if begin < end_so_far
                      else f"leaves {begin - end_so_far} bytes before it that no tensor owns")

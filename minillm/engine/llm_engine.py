@@ -136,12 +136,11 @@ class LLMEngine:
     @contextmanager
     def _owned(self):
         """Hold the engine for one state change; apply the aborts queued meanwhile, before and after."""
-        self.lock.acquire()
         try:
-            self._apply_aborts()
-            yield
+            with self.lock:
+                self._apply_aborts()
+                yield
         finally:
-            self.lock.release()
             self._apply_queued_aborts()
 
     def _apply_queued_aborts(self) -> None:
