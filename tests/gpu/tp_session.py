@@ -40,6 +40,7 @@ TOTAL_BUDGET_S = 555.0  # the lead's command may run 600 s: keep a margin for st
 SHM_NEEDED_BYTES = 40 << 30  # the 16 GB model plus room to spare
 STEP_LIMITS_S = {"env": 60, "models": 120, "lifecycle": 200, "tp": 260, "notebook": 420}
 CELL_TIMEOUT_S = 400
+MIN_STEP_S = 20  # a step with less time than this left is not started (it says so)
 
 ENV_CHECK = r"""
 import importlib.util, os, shutil, subprocess, sys
@@ -116,6 +117,12 @@ class Session:
         """Run cmd with the step's time limit (capped by what is left of the budget), logging to
         $OUT/logs/<name>.log. background=True returns the Popen (finish it with wait())."""
         limit = min(limit or STEP_LIMITS_S[name], self.left())
+        if limit < MIN_STEP_S:
+            self.results.append({"step": name, "ok": False, "rc": "not run: the session's time budget is spent"})
+            print(f"[{name}] NOT RUN: {self.left():.0f} s left of the session's {TOTAL_BUDGET_S:.0f} s; run this step "
+                  f"alone: python tests/gpu/tp_session.py {name.split('-')[0]}", flush=True)
+            self.save()
+            return None if background else False
         log_path = os.path.join(LOGS, f"{name}.log")
         print(f"[{name}] start (limit {limit:.0f} s): {' '.join(cmd)[:200]}", flush=True)
         log = open(log_path, "w")
@@ -125,6 +132,8 @@ class Session:
         return job if background else self.wait(job)
 
     def wait(self, job) -> bool:
+        if job is None:  # a background step that was not started
+            return False
         name, proc, log, log_path, t0, limit = job
         try:
             rc = proc.wait(timeout=max(1.0, limit - (time.monotonic() - t0)))
