@@ -202,6 +202,8 @@ def write_random_qwen3(out_dir: str, shape: dict, seed: int = 0, device: str | N
         del data
     with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the drawing's cached blocks go back to the device (an engine comes next)
 
 
 def _numel(dims: tuple[int, ...]) -> int:
