@@ -173,3 +173,12 @@ def test_async_scheduling_gives_the_same_outputs_as_sync():
     assert outs[True] == outs[False]
     assert outs[True][2]["token_ids"][-1] == stop_tok and outs[True][2]["finish_reason"] == "stop"
     assert len(outs[True][1]["token_ids"]) == 1
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_phase_seconds_are_charged_with_and_without_async(async_scheduling):
+    """The engine's prefill/decode wall-time counters (the bench's phase split) count every step."""
+    llm = LLM(ref_path("tiny-qwen3"), async_scheduling=async_scheduling, **small_engine_args())
+    llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    seconds = llm.engine.phase_seconds
+    assert seconds["prefill"] > 0 and seconds["decode"] > 0, seconds

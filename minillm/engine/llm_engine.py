@@ -202,7 +202,10 @@ class LLMEngine:
         if self.pending is not None:
             ran = self.pending.seqs
             self._fill_tokens(self.pending, self.model_runner.resolve(self.pending), finished)
-        waited = self.pending if self.async_scheduling and self.model_runner.device.type == "cuda" else launched
+        if not self.async_scheduling:  # this call launched the step and read it back
+            waited = self.pending
+        else:  # a GPU runs the step launched the call before while this one prepared the next
+            waited = self.pending if self.model_runner.device.type == "cuda" else launched
         if waited is not None:
             self.phase_seconds["prefill" if waited.is_prefill else "decode"] += time.perf_counter() - t0
         self.pending = launched
