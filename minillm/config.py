@@ -243,6 +243,10 @@ class ModelConfig:
         return 2 * self.num_hidden_layers * (self.num_key_value_heads // tp) * self.head_dim * dtype.itemsize
 
 
+# the notebook re-run case: `llm = LLM(...)` run twice builds the new engine while the old one still holds memory
+_OTHER_ENGINE_HINT = " (if another LLM in this process still holds the GPU's memory, call its shutdown() first)"
+
+
 def available_memory(device: str) -> int | None:
     """Bytes free for a new engine: the CUDA device's free memory, or on CPU the kernel's MemAvailable
     (lowered to a cgroup's limit when it has one). None when unknown."""
@@ -385,7 +389,8 @@ class EngineConfig:
                 f"config.json describes about {_readable_bytes(weights)} of {self.dtype} weights (num_hidden_layers="
                 f"{mc.num_hidden_layers}, hidden_size={mc.hidden_size}, intermediate_size={mc.intermediate_size}, "
                 f"vocab_size={mc.vocab_size}) but only {_readable_bytes(free)} of memory is available on "
-                f"{self.device}; check config.json, or use a smaller dtype or more tensor-parallel GPUs")
+                f"{self.device}; check config.json, or use a smaller dtype or more tensor-parallel GPUs"
+                f"{_OTHER_ENGINE_HINT if self.device == 'cuda' else ''}")
         block_bytes = mc.kv_bytes_per_token(tp, self.torch_dtype) * self.kvcache_block_size
         if self.num_kvcache_blocks is not None:
             kv, what = self.num_kvcache_blocks * block_bytes, f"num_kvcache_blocks={self.num_kvcache_blocks}"
@@ -396,7 +401,8 @@ class EngineConfig:
         if weights + kv * ranks_here > free:
             raise ValueError(f"{what} asks for {_readable_bytes(kv * ranks_here)} of KV cache on top of "
                              f"{_readable_bytes(weights)} of weights, but only {_readable_bytes(free)} of memory is "
-                             f"available on {self.device}; lower it")
+                             f"available on {self.device}; lower it"
+                             f"{_OTHER_ENGINE_HINT if self.device == 'cuda' else ''}")
 
     @property
     def torch_dtype(self) -> torch.dtype:
