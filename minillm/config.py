@@ -360,9 +360,9 @@ class EngineConfig:
                  f"{torch.cuda.device_count()} are visible")
         if self.attention_backend == "flash_attn":
             try:
-                import flash_attn  # noqa: F401
+                from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: F401 (flash-attn 2)
             except ImportError:
-                raise ValueError("attention_backend='flash_attn' but flash_attn is not installed; "
+                raise ValueError("attention_backend='flash_attn' but flash-attn 2 is not installed; "
                                  "pip install flash-attn, or use 'triton'/'torch'") from None
             need(self.device == "cuda", "attention_backend='flash_attn' needs device='cuda'")
             need(self.kvcache_block_size % 256 == 0, "flash-attn's paged KV cache needs kvcache_block_size to be a "

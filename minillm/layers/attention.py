@@ -135,7 +135,7 @@ def get_backend(name: str, device: str, block_size: int | None = None):
             name = "torch"
         else:
             try:
-                import flash_attn  # noqa: F401
+                from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: F401 (flash-attn 2)
                 name = "flash_attn" if block_size is None or block_size % 256 == 0 else "triton"
             except ImportError:
                 name = "triton"
