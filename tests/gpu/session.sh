@@ -4,19 +4,20 @@
 # 30 s, so each call follows the last at once). Each call's files come back as one archive in $OUT.
 #
 #   bash tests/gpu/session.sh call1   carry .whl .carry/smolA   env; flash-attn's lean build started in the
-#                                                               background; the two-GPU TP session (tp_session.py:
-#                                                               lifecycle and NCCL tests, notebook 04)
-#   bash tests/gpu/session.sh call2   carry .carry/smolB        GPU 0: the single-GPU gpu tests;
-#                                                               GPU 1: notebooks 02 and 03 (executed in place)
-#   bash tests/gpu/session.sh call3   carry .carry/smolC        GPU 0: notebooks 00 and 01; GPU 1: notebook 05;
-#                                                               then the flash_attn gpu tests on GPU 0
-#   bash tests/gpu/session.sh call4                             the bench alone on GPU 0: minillm (triton and
-#                                                               flash_attn), nano-vLLM and HF on one workload
+#                                                               background; tp_session.py's tests (models,
+#                                                               lifecycle and NCCL tensor parallel)
+#   bash tests/gpu/session.sh call2   carry .carry/smolB        notebook 04 on both GPUs (tp_session.py notebook)
+#   bash tests/gpu/session.sh call3   carry .carry/smolC        GPU 0: the single-GPU gpu tests; GPU 1: notebooks
+#                                                               02 and 03 (executed in place), then the flash_attn
+#                                                               gpu tests
+#   bash tests/gpu/session.sh call4                             GPU 0: notebooks 00, 01 and 05; GPU 1: the bench:
+#                                                               minillm (triton, flash_attn), nano-vLLM and HF on
+#                                                               one workload
 #
 # SmolLM2's GGUF (98 MB) is larger than one call may carry: its parts come one per call and
-# tests/gpu/env.sh reassembles it, so notebooks 00 and 01 (which run SmolLM2) wait for call 3.
-# Timings of the notebooks and tests running beside each other on the two GPUs share the machine's
-# 32 CPU cores with each other and with the flash-attn build; the bench (call 4) runs alone.
+# tests/gpu/env.sh reassembles it, so notebooks 00 and 01 (which run SmolLM2) wait for call 4.
+# Work on the two GPUs runs side by side and shares the machine's 32 CPU cores (and, until it ends,
+# the flash-attn build's jobs): GPU timings are per device, host-side overheads see the neighbour.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source tests/gpu/env.sh
@@ -43,40 +44,42 @@ case ${1:-} in
 call1)
     stamp "env"; nvidia-smi -L; python3 -c "import torch; print(torch.__version__, torch.cuda.device_count())"
     MAX_JOBS=${FLASH_JOBS:-12} bash tests/gpu/build_flash_attn.sh start lean
-    stamp "tp session"
-    OUT=$WORK/tp python3 tests/gpu/tp_session.py
+    stamp "tp session: env models lifecycle tp"
+    OUT=$WORK/tp TP_SESSION_BUDGET_S=${TP_BUDGET_S:-540} python3 tests/gpu/tp_session.py env models lifecycle tp
     stamp "tp session: exit $?"
     bash tests/gpu/build_flash_attn.sh status
-    pack call1 "$NB/04_tensor_parallel.ipynb"
+    pack call1
     ;;
 call2)
-    stamp "gpu tests on GPU 0, notebooks 02 03 on GPU 1"
-    notebooks 1 "$WORK/notebooks.log" "$NB/02_decoder_layer.ipynb" "$NB/03_paged_kv_cache.ipynb" &
+    stamp "tp session: notebook 04"
+    OUT=$WORK/tp TP_SESSION_BUDGET_S=${TP_BUDGET_S:-540} python3 tests/gpu/tp_session.py notebook
+    stamp "tp session: exit $?"
+    bash tests/gpu/build_flash_attn.sh status
+    pack call2 "$NB/04_tensor_parallel.ipynb"
+    ;;
+call3)
+    stamp "gpu tests on GPU 0; notebooks 02 03, then the flash_attn gpu tests, on GPU 1"
+    ( notebooks 1 "$WORK/notebooks.log" "$NB/02_decoder_layer.ipynb" "$NB/03_paged_kv_cache.ipynb"
+      bash tests/gpu/build_flash_attn.sh wait 30 > "$WORK/flash_build.log" 2>&1 && \
+          CUDA_VISIBLE_DEVICES=1 OUT=$WORK/flash timeout 200 bash tests/gpu/bench_session.sh env tests ) &
     CUDA_VISIBLE_DEVICES=0 timeout --kill-after=10 540 python3 -m pytest $GPU_TESTS -k "(cuda or gpu) and not flash" \
         -q -rs --impl=ref -p no:cacheprovider > "$WORK/gpu_tests.log" 2>&1
     echo "gpu tests: exit $?" >> "$WORK/gpu_tests.log"
     wait
-    tail -n 5 "$WORK/gpu_tests.log" "$WORK/notebooks.log"
+    tail -n 5 "$WORK/gpu_tests.log" "$WORK/notebooks.log" "$WORK/flash/steps.tsv"
     bash tests/gpu/build_flash_attn.sh status
-    pack call2 "$NB/02_decoder_layer.ipynb" "$NB/03_paged_kv_cache.ipynb"
-    ;;
-call3)
-    stamp "notebooks 00 01 on GPU 0, notebook 05 on GPU 1"
-    notebooks 0 "$WORK/notebooks01.log" "$NB/00_tour.ipynb" "$NB/01_vocab_weights_runtime.ipynb" &
-    notebooks 1 "$WORK/notebooks05.log" "$NB/05_engine_performance.ipynb"
-    wait
-    tail -n 3 "$WORK"/notebooks*.log
-    stamp "flash-attn"
-    bash tests/gpu/build_flash_attn.sh wait 60 && \
-        CUDA_VISIBLE_DEVICES=0 OUT=$WORK/flash timeout 240 bash tests/gpu/bench_session.sh env tests
-    pack call3 "$NB/00_tour.ipynb" "$NB/01_vocab_weights_runtime.ipynb" "$NB/05_engine_performance.ipynb"
+    pack call3 "$NB/02_decoder_layer.ipynb" "$NB/03_paged_kv_cache.ipynb"
     ;;
 call4)
-    stamp "bench"
+    stamp "notebooks 00 01 05 on GPU 0; the bench on GPU 1"
+    notebooks 0 "$WORK/notebooks.log" "$NB/00_tour.ipynb" "$NB/01_vocab_weights_runtime.ipynb" \
+        "$NB/05_engine_performance.ipynb" &
     bash tests/gpu/build_flash_attn.sh status
-    CUDA_VISIBLE_DEVICES=0 OUT=$WORK/bench bash tests/gpu/bench_session.sh bench
+    CUDA_VISIBLE_DEVICES=1 OUT=$WORK/bench bash tests/gpu/bench_session.sh env bench
     cp "$WORK/bench/bench.json" "$OUT/" 2>/dev/null
-    pack call4
+    wait
+    tail -n 3 "$WORK/notebooks.log"
+    pack call4 "$NB/00_tour.ipynb" "$NB/01_vocab_weights_runtime.ipynb" "$NB/05_engine_performance.ipynb"
     ;;
 *)
     echo "usage: bash tests/gpu/session.sh call1|call2|call3|call4" >&2; exit 64 ;;
