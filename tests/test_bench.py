@@ -336,9 +336,9 @@ def test_bench_skips_what_cannot_run_and_says_why(tmp_path, isolated_imports, mo
     result = bench.run_bench(args)
     err = capsys.readouterr().err
     engines = result["engines"]
-    assert "flash_attn is not installed" in engines["minillm-flash_attn"]["skipped"]
+    assert "flash-attn 2 is not installed" in engines["minillm-flash_attn"]["skipped"]
     assert "holds no nanovllm package" in engines["nanovllm"]["skipped"]
     assert "minillm-flash_attn skipped:" in err and "nanovllm skipped:" in err
     assert engines["minillm-torch"]["complete"] and result["ratios"] == {}
-    with pytest.raises(ValueError, match="flash_attn is not installed"):  # the only backend asked for
+    with pytest.raises(ValueError, match="flash-attn 2 is not installed"):  # the only backend asked for
         bench.run_bench(parse("--model", "qwen3-tiny", "--device", "cpu", "--attention-backend", "flash_attn"))

@@ -21,6 +21,17 @@ from minillm.engine.model_runner import FREE_MEMORY_RESERVE, GIB, ModelRunner
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def only_this_modules_engines():
+    """The engine registry sees only the engines this module creates: other test modules keep theirs
+    alive on purpose (cached runners, module fixtures), and the counts below must not depend on the
+    order pytest runs the files in."""
+    saved = model_runner._LIVE_RUNNERS
+    model_runner._LIVE_RUNNERS = weakref.WeakSet()
+    yield
+    model_runner._LIVE_RUNNERS = saved
+
+
 def engine_tensors(llm) -> list[weakref.ref]:
     """Weak references to every tensor the engine holds: weights, buffers, the KV cache."""
     runner = llm.engine.model_runner
@@ -144,7 +155,7 @@ def test_kv_budget_shrinks_to_the_free_memory_beside_another_engine(device_memor
 def test_no_live_runner_is_left_behind():
     gc.collect()
     assert not [r for r in model_runner._LIVE_RUNNERS if r.memory.model is not None], \
-        "an engine of an earlier test still holds its memory"
+        "an engine of an earlier test of this module still holds its memory"
 
 
 # ---- CUDA: free memory comes back ------------------------------------------------------------------
