@@ -60,7 +60,7 @@ lab: setup  ## JupyterLab on the notebooks, with .venv's Python as the kernel; o
 	$(PY) -m jupyterlab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
 grade: setup  ## grade your exercises (make grade EX=2.3: one exercise)
-	$(PY) -m minillm.course.grade $(if $(EX),--exercise $(EX),)
+	$(PY) -m minillm.course.grade $(if $(EX),--exercise $(EX),) $(if $(VERBOSE),--verbose,) $(if $(JSON),--json $(JSON),)
 
 exercises: setup  ## maintainer: regenerate exercises/ and solutions/ from minillm/
 	$(PY) -m minillm.course.exercises

@@ -1,0 +1,94 @@
+"""The student's grading path, end to end: `make grade` / `python -m minillm.course.grade` and a plain
+`pytest tests/exercises` grade the student's own exercises/, an exercise still raising its stub's
+NotImplementedError is "not started", and a solved exercise runs in the engine on its own.
+
+The solved-exercise cases run in a copy of the repository (the real exercises/ stays untouched),
+with that copy first on PYTHONPATH."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from minillm.course.exercises import REPO_DIR, find_exercises
+from minillm.course.grade import gradescope_json, grade
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # the subprocesses run tiny models
+
+
+def _function_source(path: str, name: str) -> str:
+    """A top-level function of a generated file, from its `def` to the next top-level block."""
+    text = open(path).read()
+    m = re.search(rf"\ndef {name}\(.*?(?=\n\n\n|\n# ----)", text, re.S)
+    assert m, f"{name} not found in {path}"
+    return m.group(0)
+
+
+@pytest.fixture(scope="module")
+def repo_copy(tmp_path_factory):
+    """The repository's tracked files, copied; exercise 3.1 solved in its exercises/ch3.py."""
+    root = tmp_path_factory.mktemp("repo")
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO_DIR, capture_output=True, check=True).stdout
+    for rel in filter(None, files.decode().split("\0")):
+        if os.path.exists(os.path.join(REPO_DIR, rel)):
+            os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
+            shutil.copy2(os.path.join(REPO_DIR, rel), os.path.join(root, rel))
+    stub = os.path.join(root, "exercises", "ch3.py")
+    solved = _function_source(os.path.join(root, "solutions", "ch3.py"), "slot_mapping_for")
+    text = open(stub).read().replace(_function_source(stub, "slot_mapping_for"), solved)
+    with open(stub, "w") as f:
+        f.write(text)
+    return str(root)
+
+
+def run_in(root: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": root}
+    env.pop("MINILLM_IMPL", None)
+    return subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_untouched_stubs_are_all_not_started():
+    results = grade("exercises")
+    assert [r.id for r in results] == [e.id for e in find_exercises()]
+    assert {r.status for r in results} == {"not started"}
+    assert all("still raise NotImplementedError" in r.message for r in results)
+    report = gradescope_json(results)
+    assert report["score"] == 0 and report["max_score"] == len(results)
+    assert all(t["status"] == "failed" and t["score"] == 0 for t in report["tests"])
+
+
+def test_make_grade_on_the_stubs_exits_nonzero_and_writes_the_json(tmp_path):
+    out = tmp_path / "results.json"
+    r = run_in(REPO_DIR, "-m", "minillm.course.grade", "--json", str(out))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "0 passed, 0 failed, 23 not started" in r.stdout.replace(str(len(find_exercises())), "23")
+    assert len(json.loads(out.read_text())["tests"]) == len(find_exercises())
+
+
+def test_a_plain_pytest_grades_the_students_stub_and_names_its_file():
+    r = run_in(REPO_DIR, "-m", "pytest", "tests/exercises", "-m", "ex3_2", "-q", "-p", "no:cacheprovider")
+    assert r.returncode != 0, "a plain pytest on an unsolved exercise must fail"
+    assert "--impl=exercises (your code)" in r.stdout
+    assert "implement compute_block_hash in exercises/ch3.py" in r.stdout
+
+
+def test_only_the_solved_exercise_passes_and_the_rest_are_not_started(repo_copy):
+    r = run_in(repo_copy, "-m", "minillm.course.grade")
+    assert r.returncode == 1, r.stdout + r.stderr  # 22 exercises are not started
+    rows = {line.split()[0]: line for line in r.stdout.splitlines() if re.match(r"\d\.\d ", line)}
+    assert "passed" in rows["3.1"] and "4/4" in rows["3.1"], rows["3.1"]
+    assert all("not started" in row for ex, row in rows.items() if ex != "3.1"), r.stdout
+    one = run_in(repo_copy, "-m", "minillm.course.grade", "--exercise", "3.1")
+    assert one.returncode == 0 and "1 passed, 0 failed, 0 not started (of 1)" in one.stdout, one.stdout + one.stderr
+
+
+def test_the_solved_exercise_alone_runs_in_the_engine(repo_copy):
+    """3.1's engine test (prefix-cache hits included) passes with only 3.1 written: the engine falls
+    back to minillm's reference for every other exercise."""
+    r = run_in(repo_copy, "-m", "pytest", "tests/exercises/test_ch3.py", "-k", "engine", "-m", "ex3_1", "-q",
+               "-p", "no:cacheprovider")
+    assert r.returncode == 0 and "passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
