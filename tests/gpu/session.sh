@@ -14,6 +14,10 @@
 #                                                               minillm (triton, flash_attn), nano-vLLM and HF on
 #                                                               one workload
 #
+# On one GPU (kind nvidia-h200) the same work runs as named steps, one after another, on GPU 0:
+#   bash tests/gpu/session.sh steps NAME STEP...   STEP: flash-start gpu-tests lifecycle notebooks=02,03
+#                                                  flash-tests bench; the archive is $OUT/NAME.tar.gz
+#
 # SmolLM2's GGUF (98 MB) is larger than one call may carry: its parts come one per call and
 # tests/gpu/env.sh reassembles it, so notebooks 00 and 01 (which run SmolLM2) wait for call 4.
 # Work on the two GPUs runs side by side and shares the machine's 32 CPU cores (and, until it ends,
@@ -22,7 +26,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source tests/gpu/env.sh
 OUT=${OUT:-$PWD/.out}
-WORK=/tmp/session/$1
+WORK=/tmp/session/${2:-$1}
 mkdir -p "$OUT" "$WORK"
 NB=notebooks
 GPU_TESTS="tests/test_fused_kernels.py tests/test_backends.py tests/test_engine.py tests/test_kernels.py
@@ -81,6 +85,40 @@ call4)
     tail -n 3 "$WORK/notebooks.log"
     pack call4 "$NB/00_tour.ipynb" "$NB/01_vocab_weights_runtime.ipynb" "$NB/05_engine_performance.ipynb"
     ;;
+steps)
+    name=$2; shift 2
+    touched=()
+    for step in "$@"; do
+        stamp "$step"
+        case $step in
+        flash-start) MAX_JOBS=${FLASH_JOBS:-10} bash tests/gpu/build_flash_attn.sh start lean ;;
+        gpu-tests)
+            timeout --kill-after=10 420 python3 -m pytest $GPU_TESTS -k "(cuda or gpu) and not flash" \
+                -q -rs --impl=ref -p no:cacheprovider > "$WORK/gpu_tests.log" 2>&1
+            echo "gpu tests: exit $?" | tee -a "$WORK/gpu_tests.log"; tail -n 4 "$WORK/gpu_tests.log" ;;
+        lifecycle)
+            timeout --kill-after=10 200 python3 -m pytest tests/test_lifecycle.py -m gpu -v -rs --impl=ref \
+                -p no:cacheprovider > "$WORK/lifecycle.log" 2>&1
+            echo "lifecycle tests: exit $?" | tee -a "$WORK/lifecycle.log"; tail -n 6 "$WORK/lifecycle.log" ;;
+        notebooks=*)
+            paths=()
+            for n in $(echo "${step#notebooks=}" | tr ',' ' '); do paths+=($NB/${n}_*.ipynb); done
+            touched+=("${paths[@]}")
+            notebooks 0 "$WORK/notebooks_${step#notebooks=}.log" "${paths[@]}"
+            tail -n 4 "$WORK/notebooks_${step#notebooks=}.log" ;;
+        flash-tests)
+            bash tests/gpu/build_flash_attn.sh wait 20 > "$WORK/flash_build.log" 2>&1 && \
+                OUT=$WORK/flash timeout 200 bash tests/gpu/bench_session.sh env tests
+            bash tests/gpu/build_flash_attn.sh status ;;
+        bench)
+            OUT=$WORK/bench bash tests/gpu/bench_session.sh env bench
+            cp "$WORK/bench/bench.json" "$OUT/" 2>/dev/null ;;
+        *) echo "unknown step $step" >&2 ;;
+        esac
+    done
+    bash tests/gpu/build_flash_attn.sh status
+    pack "$name" "${touched[@]}"
+    ;;
 *)
-    echo "usage: bash tests/gpu/session.sh call1|call2|call3|call4" >&2; exit 64 ;;
+    echo "usage: bash tests/gpu/session.sh call1|call2|call3|call4 | steps NAME STEP..." >&2; exit 64 ;;
 esac
