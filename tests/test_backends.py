@@ -183,12 +183,25 @@ def _standin_flash_attn() -> types.ModuleType:
     return mod
 
 
-def test_flash_backend_calls_flash_attn_2_as_documented(monkeypatch):
+@pytest.fixture
+def flash_backend_imported_here(monkeypatch):
+    """minillm.kernels.flash_backend imported afresh inside the test (against its stand-in flash_attn)
+    and forgotten afterwards: a module bound to a stand-in must never reach a later test, where the
+    GPU tests would run the stand-in instead of flash-attn."""
+    import minillm.kernels as kernels
+    monkeypatch.delitem(sys.modules, "minillm.kernels.flash_backend", raising=False)
+    monkeypatch.delattr(kernels, "flash_backend", raising=False)
+    yield
+    sys.modules.pop("minillm.kernels.flash_backend", None)  # monkeypatch then puts back what was there
+    if hasattr(kernels, "flash_backend"):
+        delattr(kernels, "flash_backend")
+
+
+def test_flash_backend_calls_flash_attn_2_as_documented(monkeypatch, flash_backend_imported_here):
     """CPU: FlashAttnBackend driving the stand-in above: the arguments it passes (by flash-attn
     2.8.3's names), the K/V it chooses (this step's, or the caches with block tables on a prefix hit)
     and its decode reshapes give SDPA's answer at Qwen3-0.6B's attention shapes."""
     monkeypatch.setitem(sys.modules, "flash_attn", _standin_flash_attn())
-    monkeypatch.delitem(sys.modules, "minillm.kernels.flash_backend", raising=False)
     from minillm.kernels.flash_backend import FlashAttnBackend
     scale = QWEN_ATTN[2] ** -0.5
     for cached in ([0, 0, 0], [512, 0, 256]):
@@ -205,6 +218,18 @@ def test_flash_backend_calls_flash_attn_2_as_documented(monkeypatch):
     want = torch.cat([sdpa_reference(qd[i:i + 1], ks[i], vs[i]) for i in range(3)])
     torch.testing.assert_close(got[:3].float(), want, **FLASH_TOL)
     assert got.shape == qd.shape and not got[3].float().abs().max().item()
+
+
+def test_no_stand_in_outlives_its_test():
+    """Runs after the stand-in test above (file order): a minillm.kernels.flash_backend still
+    imported must be bound to the real flash-attn. (On the H200 a leftover module bound to the
+    stand-in once made the GPU tests below run the stand-in on CPU tensors.)"""
+    module = sys.modules.get("minillm.kernels.flash_backend")
+    if module is None:
+        return
+    flash_attn = sys.modules.get("flash_attn")
+    assert flash_attn is not None and getattr(flash_attn, "__file__", None), "bound to a stand-in flash_attn"
+    assert module.flash_attn_with_kvcache is flash_attn.flash_attn_with_kvcache
 
 
 @pytest.mark.gpu
@@ -335,10 +360,9 @@ def test_flash_attn_greedy_tokens_equal_triton_bf16():
             llm.shutdown()
 
 
-def test_flash_backend_names_flash_attn_2_when_only_flash_attn_4_is_there(monkeypatch):
+def test_flash_backend_names_flash_attn_2_when_only_flash_attn_4_is_there(monkeypatch, flash_backend_imported_here):
     """flash-attn-4 installs flash_attn.cute only: `import flash_attn` then succeeds (a namespace
     package) but the backend's two functions are missing; the import must say what is needed."""
     monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
-    monkeypatch.delitem(sys.modules, "minillm.kernels.flash_backend", raising=False)
     with pytest.raises(ImportError, match="needs flash-attn 2 .flash_attn_varlen_func and flash_attn_with_kvcache"):
         import minillm.kernels.flash_backend  # noqa: F401
