@@ -574,7 +574,7 @@ def _prepare(args) -> dict:
             continue
         if backend == "auto":  # name the run after what 'auto' picks here
             from minillm.layers.attention import get_backend
-            backend = get_backend("auto", cfg.device, cfg.kvcache_block_size).name
+            backend = get_backend("auto", cfg.device, cfg.kvcache_block_size, cfg.torch_dtype).name
         if backend in plan["backends"]:
             continue
         plan["backends"].append(backend)

@@ -62,13 +62,19 @@ def test_backends_agree_on_prefill_and_decode():
                                TritonBackend.decode(qd, k_cache, v_cache, dec, 0.2), atol=2e-5, rtol=2e-5)
 
 
-def test_auto_backend_choice(monkeypatch):
+def test_auto_backend_choice(monkeypatch, flash_backend_imported_here):
     assert get_backend("auto", "cpu") is TorchBackend
     assert get_backend("triton", "cpu") is TritonBackend
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # import fails as where it is not installed
     assert get_backend("auto", "cuda") is TritonBackend
-    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))  # installed ...
+    flash = types.ModuleType("flash_attn")  # flash-attn 2 installed ...
+    flash.flash_attn_varlen_func = flash.flash_attn_with_kvcache = lambda *a, **k: None
+    monkeypatch.setitem(sys.modules, "flash_attn", flash)
     assert get_backend("auto", "cuda", block_size=16) is TritonBackend  # ... but its paged KV needs 256-multiples
+    # ... and it computes in fp16/bf16 only: an fp32 engine gets triton (on the H200, with flash-attn
+    # installed, 'auto' once handed an fp32 engine to flash_attn, which refused it)
+    assert get_backend("auto", "cuda", block_size=256, dtype=torch.float32) is TritonBackend
+    assert get_backend("auto", "cuda", block_size=256, dtype=torch.bfloat16).name == "flash_attn"
     with pytest.raises(ValueError, match="unknown attention backend"):
         get_backend("flash", "cpu")
 

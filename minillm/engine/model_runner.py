@@ -96,7 +96,8 @@ class ModelRunner:
         self.model.eval()
         self.sampler = Sampler()
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.backend = get_backend(config.attention_backend, config.device, config.kvcache_block_size)
+        self.backend = get_backend(config.attention_backend, config.device, config.kvcache_block_size,
+                                   config.torch_dtype)
         for layer in self.attention_layers:
             layer.backend = self.backend
         self.num_kvcache_blocks = self.allocate_kv_cache()

@@ -127,16 +127,18 @@ class TorchBackend:
         return paged_decode_torch(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
 
 
-def get_backend(name: str, device: str, block_size: int | None = None):
+def get_backend(name: str, device: str, block_size: int | None = None, dtype: torch.dtype | None = None):
     """Resolve an attention_backend name ('auto' included) to a backend object. 'auto' takes
-    flash_attn only where it imports and can read the cache (block_size a multiple of 256)."""
+    flash_attn only where it imports and can run this engine: a cache it can read (block_size a
+    multiple of 256) in a dtype it computes in (fp16/bf16; an fp32 engine gets triton)."""
     if name == "auto":
         if device != "cuda":
             name = "torch"
         else:
             try:
                 from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: F401 (flash-attn 2)
-                name = "flash_attn" if block_size is None or block_size % 256 == 0 else "triton"
+                fits = (block_size is None or block_size % 256 == 0) and dtype in (None, torch.float16, torch.bfloat16)
+                name = "flash_attn" if fits else "triton"
             except ImportError:
                 name = "triton"
     if name == "torch":
