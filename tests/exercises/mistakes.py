@@ -13,6 +13,9 @@ These wrong versions live here, in the tests, never in exercises/.
 """
 from __future__ import annotations
 
+import glob
+import importlib
+import os
 import types
 from dataclasses import dataclass, field
 from typing import Callable
@@ -29,13 +32,11 @@ class Mistake:
 
 
 def all_mistakes() -> dict[str, Mistake]:
-    """Every chapter's mistakes by name."""
-    import mistakes_ch1
-    import mistakes_ch2
-    import mistakes_ch3
-    import mistakes_ch4
+    """Every chapter's mistakes (every mistakes_ch*.py beside this file) by name."""
+    here = os.path.dirname(os.path.abspath(__file__))
     found: dict[str, Mistake] = {}
-    for mod in (mistakes_ch1, mistakes_ch2, mistakes_ch3, mistakes_ch4):
+    for path in sorted(glob.glob(os.path.join(here, "mistakes_ch*.py"))):
+        mod = importlib.import_module(os.path.basename(path)[:-3])
         for m in mod.MISTAKES:
             if m.name in found:
                 raise ValueError(f"mistake name {m.name!r} is used twice")
