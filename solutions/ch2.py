@@ -7,7 +7,7 @@ Exercise 2.3: rope_cos_sin, apply_rotary  (notebooks/02_decoder_layer.ipynb, sec
 Exercise 2.4: causal_attention  (notebooks/02_decoder_layer.ipynb, section '5. Attention: GQA and the causal mask')
 Exercise 2.5: silu_and_mul  (notebooks/02_decoder_layer.ipynb, section '6. The MLP: SwiGLU')
 Exercise 2.6: decoder_layer  (notebooks/02_decoder_layer.ipynb, section '7. The whole decoder layer')
-Exercise 2.7: add_rms_norm_kernel  (notebooks/02_decoder_layer.ipynb, section '8. A Triton kernel for add+RMSNorm')
+Exercise 2.12: add_rms_norm_kernel  (notebooks/02_decoder_layer.ipynb, section '8. A Triton kernel for add+RMSNorm')
 """
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def decoder_layer(positions: torch.Tensor, hidden_states: torch.Tensor, residual
         return down_proj(silu_and_mul(gate_up_proj(h))), residual
 
     Hints: every norm goes through apply_rms_norm(x, weight, eps, residual=None)
-    (minillm.layers.layernorm: the torch functions of 2.1/2.2 on CPU, the Triton kernel of 2.7 on
+    (minillm.layers.layernorm: the torch functions of 2.1/2.2 on CPU, the Triton kernel of 2.12 on
     CUDA); apply_rotary and silu_and_mul are exercises 2.3 and 2.5. QK-norm comes before RoPE.
     """
     if residual is None:
@@ -166,7 +166,7 @@ def decoder_layer(positions: torch.Tensor, hidden_states: torch.Tensor, residual
     return p.down_proj(silu_and_mul(p.gate_up_proj(h))), residual
 
 
-# ---- Exercise 2.7 (notebooks/02_decoder_layer.ipynb, section '8. A Triton kernel for add+RMSNorm'), from minillm.kernels.rmsnorm ----
+# ---- Exercise 2.12 (notebooks/02_decoder_layer.ipynb, section '8. A Triton kernel for add+RMSNorm'), from minillm.kernels.rmsnorm ----
 @triton.jit
 def add_rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,

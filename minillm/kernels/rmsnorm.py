@@ -32,7 +32,7 @@ def add_rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual
     return out if residual is None else (out, residual)
 
 
-# >>> exercise 2.7 | notebooks/02_decoder_layer.ipynb | 8. A Triton kernel for add+RMSNorm
+# >>> exercise 2.12 | notebooks/02_decoder_layer.ipynb | 8. A Triton kernel for add+RMSNorm
 @triton.jit
 def add_rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
@@ -101,4 +101,4 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
         HAS_RESIDUAL=residual is not None, BLOCK_N=block, num_warps=num_warps,
     )
     return out if residual is None else (out, r_out)
-# <<< exercise 2.7
+# <<< exercise 2.12

@@ -176,7 +176,7 @@ def layer_post_norm_without_residual(positions, hidden_states, residual, p):
     return _layer(positions, hidden_states, residual, p, post_norm_without_residual=True)
 
 
-# ---- 2.7 the Triton kernel -----------------------------------------------------------------------
+# ---- 2.12 the Triton kernel ----------------------------------------------------------------------
 @triton.jit
 def kernel_store_unmasked(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x,
                           stride_residual, eps, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -338,20 +338,20 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_layer_post_norm_without_residual", "2.6", {"decoder_layer": layer_post_norm_without_residual},
             "the attention output never joins the residual stream: post_attention_layernorm is a fused add + "
             "norm, h, residual = apply_rms_norm(h, p.post_norm, p.eps, residual)", LAYER, {"first": True}),
-    Mistake("ch2_triton_store_unmasked", "2.7", {"add_rms_norm_kernel": kernel_store_unmasked},
+    Mistake("ch2_triton_store_unmasked", "2.12", {"add_rms_norm_kernel": kernel_store_unmasked},
             "a tl.store without mask=cols < n_cols writes all BLOCK_N lanes, past the end of the row (and of "
             "the tensor): pass the mask to every store as to every load",
             "test_ch2.py::test_triton_kernel_reads_strided_rows_and_writes_only_its_rows"),
-    Mistake("ch2_triton_mean_over_block", "2.7",
+    Mistake("ch2_triton_mean_over_block", "2.12",
             {"add_rms_norm_kernel": kernel_mean_over_block, "rms_norm_triton": launcher_of(kernel_mean_over_block)},
             "the mean of squares divides by BLOCK_N: the row has n_cols elements (BLOCK_N is the next power of "
             "two), so tl.sum(h * h, axis=0) / n_cols", TRITON_NORM, {"d": 100}),
-    Mistake("ch2_triton_input_dtype_math", "2.7",
+    Mistake("ch2_triton_input_dtype_math", "2.12",
             {"add_rms_norm_kernel": kernel_input_dtype_math, "rms_norm_triton": launcher_of(kernel_input_dtype_math)},
             "the kernel computes in the inputs' dtype: in fp16 h * h overflows and the sum loses precision; "
             ".to(tl.float32) after every load, and cast to the output dtype only to store",
             "test_ch2.py::test_triton_rms_norm_fp16_large_activations"),
-    Mistake("ch2_triton_residual_out_is_x", "2.7",
+    Mistake("ch2_triton_residual_out_is_x", "2.12",
             {"add_rms_norm_kernel": kernel_residual_out_is_x, "rms_norm_triton": launcher_of(kernel_residual_out_is_x)},
             "residual_out holds x: store the sum h = x + residual there (the new residual stream)", TRITON_NORM,
             {"d": 64}),

@@ -340,9 +340,9 @@ def test_your_layer_in_the_engine_gives_the_same_greedy_tokens(impl_name):
     check_equal(got, want, "2.6", "greedy tokens of the engine running your functions")
 
 
-# ---- 2.7 the Triton kernel (interpreter on CPU: fp32 and fp16) -----------------------------------
+# ---- 2.12 the Triton kernel (interpreter on CPU: fp32 and fp16) ----------------------------------
 # the guard test first: a kernel that stores out of bounds is named before the launcher tests run it
-@pytest.mark.ex2_7
+@pytest.mark.ex2_12
 def test_triton_kernel_reads_strided_rows_and_writes_only_its_rows(impl):
     """Rows of x are 128 elements apart (a slice of a wider tensor); the outputs sit in buffers
     with a guard region after them that the kernel must not touch (the interpreter does not
@@ -367,20 +367,20 @@ def test_triton_kernel_reads_strided_rows_and_writes_only_its_rows(impl):
     def suspected(part):
         return {hint: (lambda k=k: part(*launch(k))) for hint, k in wrong.items()}
 
-    check_close(out_buf[n * d:], torch.full((256,), guard), "2.7", "guard region after out (masked stores?)",
+    check_close(out_buf[n * d:], torch.full((256,), guard), "2.12", "guard region after out (masked stores?)",
                 **EXACT, suspects=suspected(lambda o, r: o[n * d:]))
-    check_close(res_buf[n * d:], torch.full((256,), guard), "2.7", "guard region after residual_out", **EXACT,
+    check_close(res_buf[n * d:], torch.full((256,), guard), "2.12", "guard region after residual_out", **EXACT,
                 suspects=suspected(lambda o, r: r[n * d:]))
     ref = Qwen3RMSNorm(d, eps=1e-6)
     with torch.no_grad():
         ref.weight.copy_(w)
-        check_close(res_out, x + res, "2.7", "residual_out from strided rows", **TOL_NORM,
+        check_close(res_out, x + res, "2.12", "residual_out from strided rows", **TOL_NORM,
                     suspects=suspected(lambda o, r: r[:n * d].view(n, d)))
-        check_close(out, ref(x + res), "2.7", "out from strided rows", **TOL_NORM,
+        check_close(out, ref(x + res), "2.12", "out from strided rows", **TOL_NORM,
                     suspects=suspected(lambda o, r: o[:n * d].view(n, d)))
 
 
-@pytest.mark.ex2_7
+@pytest.mark.ex2_12
 @pytest.mark.parametrize("d", [64, 576, 100], ids=["pow2", "smollm2-576", "odd-100"])
 def test_triton_add_rms_norm_matches_qwen3_rmsnorm(impl, d):
     ref = seeded(Qwen3RMSNorm(d, eps=1e-6))
@@ -388,13 +388,13 @@ def test_triton_add_rms_norm_matches_qwen3_rmsnorm(impl, d):
     normed, new_res = impl.rms_norm_triton(x, ref.weight.detach(), 1e-6, res)
     suspected = suspects("rms_norm_triton", x, ref.weight.detach(), 1e-6, res)
     with torch.no_grad():
-        check_close(new_res, x + res, "2.7", f"new residual, d={d}", **TOL_NORM,
+        check_close(new_res, x + res, "2.12", f"new residual, d={d}", **TOL_NORM,
                     suspects=then(suspected, lambda out: out[1]))
-        check_close(normed, ref(x + res), "2.7", f"normed output, d={d}", **TOL_NORM,
+        check_close(normed, ref(x + res), "2.12", f"normed output, d={d}", **TOL_NORM,
                     suspects=then(suspected, lambda out: out[0]))
 
 
-@pytest.mark.ex2_7
+@pytest.mark.ex2_12
 def test_triton_rms_norm_fp16_large_activations(impl):
     """fp16 rows whose squares overflow fp16: the kernel must compute in fp32 (the interpreter
     runs fp16 faithfully; bf16 it does not)."""
@@ -404,17 +404,17 @@ def test_triton_rms_norm_fp16_large_activations(impl):
     normed, new_res = impl.rms_norm_triton(x, w, 1e-6, res)
     suspected = suspects("rms_norm_triton", x, w, 1e-6, res)
     with torch.no_grad():
-        check_close(new_res, x + res, "2.7", "new residual in fp16", **TOL_FP16,
+        check_close(new_res, x + res, "2.12", "new residual in fp16", **TOL_FP16,
                     suspects=then(suspected, lambda out: out[1]))
-        check_close(normed, ref(x + res), "2.7", f"normed output in fp16 of activations near {LARGE:g}",
+        check_close(normed, ref(x + res), "2.12", f"normed output in fp16 of activations near {LARGE:g}",
                     **TOL_FP16, suspects=then(suspected, lambda out: out[0]))
 
 
-@pytest.mark.ex2_7
+@pytest.mark.ex2_12
 def test_triton_rms_norm_without_residual_per_head(impl):
     ref = seeded(Qwen3RMSNorm(16, eps=1e-6))
     x = randn(6, 4, 16, seed=21)
     with torch.no_grad():
-        check_close(impl.rms_norm_triton(x, ref.weight.detach(), 1e-6), ref(x), "2.7",
+        check_close(impl.rms_norm_triton(x, ref.weight.detach(), 1e-6), ref(x), "2.12",
                     "QK-norm shape [N, heads, head_dim] without residual", **TOL_NORM,
                     suspects=suspects("rms_norm_triton", x, ref.weight.detach(), 1e-6))
