@@ -10,6 +10,7 @@
 Tests marked `gpu` skip (with the reason) where torch sees no CUDA device.
 """
 import os
+import sys
 
 import pytest
 import torch
@@ -96,3 +97,11 @@ def pytest_pyfunc_call(pyfuncitem):
         if any(f"Exercise {i}" in str(exc) for i in ids):
             outcome.force_result(True)  # the stub's own message, as a student will see it
     # anything else (a crash before reaching the stub) stays a failure
+
+
+def pytest_runtest_logreport(report):
+    # A GPU session's call can be cut off before pytest prints its summary: with MINILLM_EARLY_FAILURES=1
+    # (tests/gpu/env.sh sets it) each failure's traceback is written when it happens.
+    if report.failed and os.environ.get("MINILLM_EARLY_FAILURES"):
+        sys.stderr.write(f"\n==== {report.nodeid} FAILED ({report.when}) ====\n{report.longreprtext}\n")
+        sys.stderr.flush()

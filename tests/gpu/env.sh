@@ -10,10 +10,11 @@ if [ ! -e "$SITE/.installed" ] && ls .whl/*.whl >/dev/null 2>&1; then
         && touch "$SITE/.installed"
 fi
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export MINILLM_EARLY_FAILURES=1  # tests/conftest.py: a failure's traceback when it happens (a call can be cut off)
 export MINILLM_CACHE="${MINILLM_CACHE:-$HOME/.cache/minillm}"  # one model cache for every call of the session
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the host's rule: no NVLink multicast
 SMOL_DIR=/tmp/smollm2 SMOL_GGUF=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-mkdir -p "$SMOL_DIR"
+mkdir -p "$SMOL_DIR" "$MINILLM_CACHE"
 for part in .carry/smol*/part*; do [ -e "$part" ] && cp -n "$part" "$SMOL_DIR/"; done
 for sha in .carry/smol*/SHA256; do [ -e "$sha" ] && cp -n "$sha" "$SMOL_DIR/"; done
 if [ ! -e "$SMOL_GGUF" ] && [ -e "$SMOL_DIR/SHA256" ] && [ "$(ls "$SMOL_DIR"/part* 2>/dev/null | wc -l)" = 4 ]; then

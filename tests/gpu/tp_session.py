@@ -44,6 +44,7 @@ TOTAL_BUDGET_S = float(os.environ.get("TP_SESSION_BUDGET_S", "555"))
 SHM_NEEDED_BYTES = 40 << 30  # the 16 GB model plus room to spare
 STEP_LIMITS_S = {"env": 60, "models": 120, "lifecycle": 200, "tp": 260, "notebook": 420}
 CELL_TIMEOUT_S = 400
+TEST_TIMEOUT_S = 150  # one test; the longest (TP=2 with graphs vs TP=1 on the 0.6B model) took about 90 s
 MIN_STEP_S = 20  # a step with less time than this left is not started (it says so)
 
 ENV_CHECK = r"""
@@ -194,7 +195,9 @@ def main(steps: list[str]) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
     py = sys.executable
     s = Session()
-    pytest = [py, "-m", "pytest", "-v", "-s", "-rA", "-p", "no:cacheprovider"]
+    # --timeout: one stuck test must not eat the step's budget (a cut-off step prints no summary)
+    pytest = [py, "-m", "pytest", "-v", "-s", "-rA", "-p", "no:cacheprovider", f"--timeout={TEST_TIMEOUT_S}"]
+    os.environ["MINILLM_EARLY_FAILURES"] = "1"  # tracebacks as they happen (tests/conftest.py)
     if "env" in steps and not s.run("env", [py, "-c", ENV_CHECK]):
         return 1  # nothing else can work
     if "models" in steps:
