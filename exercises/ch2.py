@@ -8,14 +8,28 @@ Exercise 2.3: rope_cos_sin, apply_rotary  (notebooks/02_decoder_layer.ipynb, sec
 Exercise 2.4: causal_attention  (notebooks/02_decoder_layer.ipynb, section '5. Attention: GQA and the causal mask')
 Exercise 2.5: silu_and_mul  (notebooks/02_decoder_layer.ipynb, section '6. The MLP: SwiGLU')
 Exercise 2.6: decoder_layer  (notebooks/02_decoder_layer.ipynb, section '7. The whole decoder layer')
+Exercise 2.7: add_kernel  (notebooks/02a_triton_primer.ipynb, section '1. Programs, offsets and masks: a vector add')
+Exercise 2.8: softmax_kernel  (notebooks/02a_triton_primer.ipynb, section '2. One program per row: softmax')
+Exercise 2.9: gather_pages_kernel  (notebooks/02a_triton_primer.ipynb, section '3. A gather through an index table: pages')
+Exercise 2.10: matmul_kernel  (notebooks/02a_triton_primer.ipynb, section '4. Tiles and tl.dot: a matmul')
+Exercise 2.11: online_softmax_kernel  (notebooks/02a_triton_primer.ipynb, section '5. Online softmax over tiles')
 Exercise 2.12: add_rms_norm_kernel  (notebooks/02_decoder_layer.ipynb, section '8. A Triton kernel for add+RMSNorm')
 """
 from __future__ import annotations
 
+import math
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from minillm.course.triton_primer import ADD_BLOCK
+from minillm.course.triton_primer import GATHER_BLOCK_T
+from minillm.course.triton_primer import MATMUL_TILES_CPU
+from minillm.course.triton_primer import MATMUL_TILES_CUDA
+from minillm.course.triton_primer import MIN_DOT_DIM
+from minillm.course.triton_primer import ONLINE_BLOCK_N
+from minillm.course.triton_primer import _output
+from minillm.course.triton_primer import _warps_for
 from minillm.layers.layernorm import apply_rms_norm
 from minillm.models.qwen3 import DecoderLayerParams
 
@@ -137,6 +151,184 @@ def decoder_layer(positions: torch.Tensor, hidden_states: torch.Tensor, residual
     CUDA); apply_rotary and silu_and_mul are exercises 2.3 and 2.5. QK-norm comes before RoPE.
     """
     raise NotImplementedError("Exercise 2.6: implement decoder_layer in exercises/ch2.py (see notebooks/02_decoder_layer.ipynb, section '7. The whole decoder layer')")
+
+
+# ---- Exercise 2.7 (notebooks/02a_triton_primer.ipynb, section '1. Programs, offsets and masks: a vector add'), from minillm.course.triton_primer ----
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """out[i] = x[i] + y[i] for i < n. Program p (p = tl.program_id(0)) owns elements
+    p*BLOCK .. p*BLOCK + BLOCK - 1; the launcher starts cdiv(n, BLOCK) programs, so the last one
+    may run past n. x_ptr, y_ptr, out_ptr: contiguous [n], one dtype.
+
+    Hints: offsets = p * BLOCK + tl.arange(0, BLOCK); mask = offsets < n on the loads and on the
+    store (lanes past n must read nothing and write nothing: another tensor may live there).
+    """
+    raise NotImplementedError("Exercise 2.7: implement add_kernel in exercises/ch2.py (see notebooks/02a_triton_primer.ipynb, section '1. Programs, offsets and masks: a vector add')")
+
+
+# exercise: given
+def vector_add(x: torch.Tensor, y: torch.Tensor, block: int = ADD_BLOCK, out: torch.Tensor | None = None):
+    """x, y: [n] contiguous, same dtype -> x + y [n] (written into `out` if given), by add_kernel
+    with cdiv(n, block) programs of `block` elements (block: a power of two)."""
+    if x.shape != y.shape or x.dim() != 1 or x.dtype != y.dtype or not (x.is_contiguous() and y.is_contiguous()):
+        raise ValueError(f"vector_add needs two contiguous 1-D tensors of one shape and dtype, got "
+                         f"{tuple(x.shape)} {x.dtype} and {tuple(y.shape)} {y.dtype}")
+    n = x.numel()
+    out = _output(out, (n,), x)
+    if n:
+        add_kernel[(triton.cdiv(n, block),)](x, y, out, n, BLOCK=block)
+    return out
+
+
+# ---- Exercise 2.8 (notebooks/02a_triton_primer.ipynb, section '2. One program per row: softmax'), from minillm.course.triton_primer ----
+@triton.jit
+def softmax_kernel(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
+    """Softmax of one row per program (row = tl.program_id(0)), the whole row held in registers:
+        out[row, :] = exp(x[row, :] - max) / sum(exp(x[row, :] - max))
+    x_ptr: [n_rows, n_cols], rows `stride_x` elements apart (columns contiguous); out_ptr: rows
+    `stride_out` apart. BLOCK_N: a power of two >= n_cols. Compute in fp32; store in out's dtype.
+
+    Hints: cols = tl.arange(0, BLOCK_N), mask = cols < n_cols. The lanes past n_cols must not
+    count: load them as -inf (other=float("-inf")), so exp gives 0 there. Subtract the row's max
+    (tl.max(x, axis=0)) before tl.exp: exp(89) already overflows fp32. tl.sum(e, axis=0).
+    Row offsets come from the strides, not from n_cols (a row may be a slice of a wider tensor).
+    """
+    raise NotImplementedError("Exercise 2.8: implement softmax_kernel in exercises/ch2.py (see notebooks/02a_triton_primer.ipynb, section '2. One program per row: softmax')")
+
+
+# exercise: given
+def softmax_rows(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [R, C] (columns contiguous) -> softmax over each row [R, C] in x.dtype (into `out` if
+    given), by softmax_kernel with one program per row."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"softmax_rows needs a 2-D tensor with contiguous rows, got {tuple(x.shape)} "
+                         f"with strides {x.stride()}")
+    rows, cols = x.shape
+    out = _output(out, (rows, cols), x)
+    if rows and cols:
+        block = triton.next_power_of_2(cols)
+        softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), BLOCK_N=block,
+                                num_warps=_warps_for(block, x.element_size()))
+    return out
+
+
+# ---- Exercise 2.9 (notebooks/02a_triton_primer.ipynb, section '3. A gather through an index table: pages'), from minillm.course.triton_primer ----
+@triton.jit
+def gather_pages_kernel(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out,
+                        PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Copy tokens BLOCK_T at a time (program p owns tokens p*BLOCK_T .. p*BLOCK_T + BLOCK_T - 1)
+    from a paged cache into a contiguous output, through the page table:
+        out[t, :] = cache[table[t // PAGE], t % PAGE, :]          for t < n_tokens
+    cache_ptr: [num_pages, PAGE, n_cols], element (page, row, c) at page*stride_page + row*stride_row + c;
+    table_ptr: int32 page ids (entries past the last page in use are -1: never follow them);
+    out_ptr: [n_tokens, n_cols], rows stride_out apart. BLOCK_D: a power of two >= n_cols.
+
+    Hints: tokens = p * BLOCK_T + tl.arange(0, BLOCK_T) and cols = tl.arange(0, BLOCK_D) make a 2-D
+    tile with tokens[:, None] and cols[None, :]. Load the page ids with tl.load(table_ptr + tokens // PAGE,
+    mask=tokens < n_tokens) and cast them to int64 before multiplying by stride_page (a big cache
+    overflows int32). Mask the tile on both axes, loads and store alike.
+    """
+    raise NotImplementedError("Exercise 2.9: implement gather_pages_kernel in exercises/ch2.py (see notebooks/02a_triton_primer.ipynb, section '3. A gather through an index table: pages')")
+
+
+# exercise: given
+def gather_pages(cache: torch.Tensor, page_table: torch.Tensor, n_tokens: int, block_t: int = GATHER_BLOCK_T,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """cache: [num_pages, PAGE, d] (last dim contiguous); page_table: [max_pages] int32 (-1 past the
+    last page in use); n_tokens <= max_pages * PAGE -> the sequence's tokens [n_tokens, d] in
+    order (into `out` if given), by gather_pages_kernel with cdiv(n_tokens, block_t) programs."""
+    num_pages, page, d = cache.shape
+    if cache.stride(2) != 1 or page_table.dim() != 1 or page_table.dtype != torch.int32:
+        raise ValueError("gather_pages needs a cache with a contiguous last dimension and a 1-D int32 page table")
+    if n_tokens > page_table.numel() * page:
+        raise ValueError(f"{n_tokens} tokens need {math.ceil(n_tokens / page)} pages; the table holds "
+                         f"{page_table.numel()}")
+    out = _output(out, (n_tokens, d), cache)
+    if n_tokens:
+        gather_pages_kernel[(triton.cdiv(n_tokens, block_t),)](
+            cache, page_table, out, n_tokens, d, cache.stride(0), cache.stride(1), out.stride(0),
+            PAGE=page, BLOCK_T=block_t, BLOCK_D=triton.next_power_of_2(d))
+    return out
+
+
+# ---- Exercise 2.10 (notebooks/02a_triton_primer.ipynb, section '4. Tiles and tl.dot: a matmul'), from minillm.course.triton_primer ----
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """C = A @ B, one [BLOCK_M, BLOCK_N] tile of C per program: (pid_m, pid_n) = (tl.program_id(0),
+    tl.program_id(1)) owns rows pid_m*BLOCK_M .. +BLOCK_M and columns pid_n*BLOCK_N .. +BLOCK_N.
+    a_ptr: [M, K], b_ptr: [K, N], c_ptr: [M, N], each element (i, j) at i*stride_0 + j*stride_1.
+    Walk K in steps of BLOCK_K: load an A tile [BLOCK_M, BLOCK_K] and a B tile [BLOCK_K, BLOCK_N],
+    acc += tl.dot(a, b). Store acc in C's dtype. Every BLOCK_* is a power of two >= 16.
+
+    Hints: keep acc in fp32 (acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)): a half-precision
+    accumulator rounds at every step. The loop covers all of K, the last partial tile too
+    (range(0, K, BLOCK_K)), and masks it: k = k0 + tl.arange(0, BLOCK_K), mask k < K on both tiles with
+    other=0.0 (zeros add nothing to the dot). Mask rows >= M, columns >= N on the loads and the store.
+    """
+    raise NotImplementedError("Exercise 2.10: implement matmul_kernel in exercises/ch2.py (see notebooks/02a_triton_primer.ipynb, section '4. Tiles and tl.dot: a matmul')")
+
+
+# exercise: given
+def tiled_matmul(a: torch.Tensor, b: torch.Tensor, tiles: dict | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """a: [M, K] @ b: [K, N] (same dtype, any strides) -> [M, N] in a.dtype (into `out` if given),
+    by matmul_kernel with one program per output tile. tiles: BLOCK_M/N/K (and num_warps,
+    num_stages) overriding the device's defaults (MATMUL_TILES_CUDA or MATMUL_TILES_CPU)."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype:
+        raise ValueError(f"tiled_matmul needs [M, K] and [K, N] of one dtype, got {tuple(a.shape)} {a.dtype} "
+                         f"and {tuple(b.shape)} {b.dtype}")
+    cfg = {**(MATMUL_TILES_CUDA if a.is_cuda else MATMUL_TILES_CPU), **(tiles or {})}
+    if min(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]) < MIN_DOT_DIM:
+        raise ValueError(f"tl.dot needs tiles of at least {MIN_DOT_DIM} on every side, got {cfg}")
+    (M, K), N = a.shape, b.shape[1]
+    out = _output(out, (M, N), a)
+    if M and N:
+        grid = (triton.cdiv(M, cfg["BLOCK_M"]), triton.cdiv(N, cfg["BLOCK_N"]))
+        matmul_kernel[grid](a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                            out.stride(0), out.stride(1), **cfg)
+    return out
+
+
+# ---- Exercise 2.11 (notebooks/02a_triton_primer.ipynb, section '5. Online softmax over tiles'), from minillm.course.triton_primer ----
+@triton.jit
+def online_softmax_kernel(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One row (query) per program, row = tl.program_id(0), in ONE pass over its keys, BLOCK_N at a time:
+        out[row, :] = sum_j softmax(scores[row, :])[j] * values[j, :]
+    scores_ptr: [R, n_keys], rows stride_s apart; values_ptr: [n_keys, head_dim], rows stride_v apart;
+    out_ptr: [R, head_dim], rows stride_out apart, in its own dtype. BLOCK_D: a power of two >= head_dim.
+    Keep three running quantities in fp32 over the tiles seen so far: m (the max score), l (the
+    sum of exp(score - m)) and acc[head_dim] (the sum of exp(score - m) * value). When a tile raises
+    the max from m to m_new, everything summed so far was scaled by exp(-m): rescale l and acc by
+    alpha = exp(m - m_new) before adding the tile's terms. At the end, out = acc / l.
+
+    Hints: m = -inf (a scalar: tl.full([], float("-inf"), tl.float32) or float("-inf")), l = 0.0,
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32). Per tile: keys = n0 + tl.arange(0, BLOCK_N); load the
+    scores with other=float("-inf") past n_keys (exp gives 0 there) and the values tile
+    [BLOCK_N, BLOCK_D] with other=0.0; p = tl.exp(s - m_new); l = l * alpha + tl.sum(p, axis=0);
+    acc = acc * alpha + tl.sum(p[:, None] * v, axis=0).
+    """
+    raise NotImplementedError("Exercise 2.11: implement online_softmax_kernel in exercises/ch2.py (see notebooks/02a_triton_primer.ipynb, section '5. Online softmax over tiles')")
+
+
+# exercise: given
+def softmax_weighted_sum(scores: torch.Tensor, values: torch.Tensor, block_n: int = ONLINE_BLOCK_N,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+    """scores: [R, L], values: [L, D] (last dims contiguous, L >= 1) -> softmax(scores, -1) @ values,
+    [R, D] in values.dtype (into `out` if given), by online_softmax_kernel: one program per row,
+    `block_n` keys per tile."""
+    if scores.dim() != 2 or values.dim() != 2 or scores.shape[1] != values.shape[0] or scores.shape[1] == 0:
+        raise ValueError(f"softmax_weighted_sum needs scores [R, L] and values [L, D] with L >= 1, got "
+                         f"{tuple(scores.shape)} and {tuple(values.shape)}")
+    if scores.stride(1) != 1 or values.stride(1) != 1:
+        raise ValueError("softmax_weighted_sum needs contiguous last dimensions")
+    (rows, n_keys), d = scores.shape, values.shape[1]
+    out = _output(out, (rows, d), values)
+    if rows and d:
+        online_softmax_kernel[(rows,)](scores, values, out, n_keys, d, scores.stride(0), values.stride(0),
+                                       out.stride(0), BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(d))
+    return out
 
 
 # ---- Exercise 2.12 (notebooks/02_decoder_layer.ipynb, section '8. A Triton kernel for add+RMSNorm'), from minillm.kernels.rmsnorm ----

@@ -35,6 +35,9 @@ REPO_DIR = os.path.dirname(PACKAGE_DIR)
 BEGIN = re.compile(r"^# >>> exercise (\d+)\.(\d+) \| (\S+) \| (.+)$")
 END = re.compile(r"^# <<< exercise (\d+)\.(\d+)$")
 GIVEN = "# exercise: given"
+# minillm/course/ modules that hold exercises: course material rather than engine code (the Triton
+# primer's kernels); the rest of course/ is tooling and is not searched
+COURSE_EXERCISE_MODULES = ("triton_primer.py",)
 
 
 @dataclass
@@ -66,13 +69,13 @@ def _module_name(path: str) -> str:
 
 
 def find_exercises() -> list[Exercise]:
-    """Every exercise region in minillm/, sorted by id."""
+    """Every exercise region in minillm/, sorted by id. Of minillm/course/ (the course's tooling,
+    whose docstrings show region markers as examples) only COURSE_EXERCISE_MODULES are read."""
     found = []
     for root, _, files in os.walk(PACKAGE_DIR):
-        if os.path.basename(root) == "course":
-            continue
+        in_course = os.path.basename(root) == "course"
         for fname in sorted(files):
-            if fname.endswith(".py"):
+            if fname.endswith(".py") and (not in_course or fname in COURSE_EXERCISE_MODULES):
                 found.extend(_parse_file(os.path.join(root, fname)))
     found.sort(key=lambda e: (e.chapter, e.number))
     ids = [e.id for e in found]

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from minillm.course import triton_primer as primer
 from minillm.kernels import rmsnorm as rmsnorm_kernels
 from minillm.layers.activation import silu_and_mul
 from minillm.layers.layernorm import apply_rms_norm, rms_norm
@@ -176,6 +177,232 @@ def layer_post_norm_without_residual(positions, hidden_states, residual, p):
     return _layer(positions, hidden_states, residual, p, post_norm_without_residual=True)
 
 
+# ---- 2.7-2.11 the Triton primer (minillm.course.triton_primer) ----------------------------------
+def with_kernel(launcher, kernel_name: str, kernel):
+    """The given launcher `launcher`, calling `kernel` where it calls `kernel_name` (what a student's
+    exercises/ch2.py does: its copy of the launcher calls the student's kernel)."""
+    return types.FunctionType(launcher.__code__, {**launcher.__globals__, kernel_name: kernel},
+                              launcher.__name__, launcher.__defaults__)
+
+
+@triton.jit
+def add_store_unmasked(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Masks the loads but not the store: the last program writes all BLOCK lanes."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + y)
+
+
+@triton.jit
+def add_offsets_without_program(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """offsets = tl.arange(0, BLOCK): every program adds the first block."""
+    offsets = tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+@triton.jit
+def add_offsets_not_scaled(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """offsets = program_id + tl.arange(0, BLOCK): programs start 1 element apart, not BLOCK."""
+    offsets = tl.program_id(0) + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+@triton.jit
+def softmax_pad_as_zero(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
+    """Loads the lanes past n_cols as 0.0 (other=0.0): each adds exp(0 - max) to the denominator."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(out_ptr + row * stride_out + cols, (e / tl.sum(e, axis=0)).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_without_max(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
+    """exp(x) / sum(exp(x)) without subtracting the row's max first."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x)
+    tl.store(out_ptr + row * stride_out + cols, (e / tl.sum(e, axis=0)).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_rows_n_cols_apart(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
+    """Finds row r of x at r * n_cols (as if x were contiguous), not r * stride_x."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(out_ptr + row * stride_out + cols, (e / tl.sum(e, axis=0)).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gather_table_ignored(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out,
+                         PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Uses the logical page t // PAGE as the physical page: never reads the page table."""
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (tokens < n_tokens)[:, None] & (cols < n_cols)[None, :]
+    page = (tokens // PAGE).to(tl.int64)
+    src = page[:, None] * stride_page + (tokens % PAGE)[:, None] * stride_row + cols[None, :]
+    rows = tl.load(cache_ptr + src, mask=mask)
+    tl.store(out_ptr + tokens[:, None] * stride_out + cols[None, :], rows, mask=mask)
+
+
+@triton.jit
+def gather_columns_unmasked(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out,
+                            PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Masks the tokens but not the columns: all BLOCK_D lanes of each row are read and written."""
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_D)
+    mask_t = tokens < n_tokens
+    page = tl.load(table_ptr + tokens // PAGE, mask=mask_t, other=0).to(tl.int64)
+    src = page[:, None] * stride_page + (tokens % PAGE)[:, None] * stride_row + cols[None, :]
+    rows = tl.load(cache_ptr + src, mask=mask_t[:, None])
+    tl.store(out_ptr + tokens[:, None] * stride_out + cols[None, :], rows, mask=mask_t[:, None])
+
+
+@triton.jit
+def gather_ignores_cache_strides(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row,
+                                 stride_out, PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Addresses the cache as if contiguous: page * PAGE * n_cols + row * n_cols, not its strides."""
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_D)
+    mask_t = tokens < n_tokens
+    mask = mask_t[:, None] & (cols < n_cols)[None, :]
+    page = tl.load(table_ptr + tokens // PAGE, mask=mask_t, other=0).to(tl.int64)
+    src = page[:, None] * (PAGE * n_cols) + (tokens % PAGE)[:, None] * n_cols + cols[None, :]
+    rows = tl.load(cache_ptr + src, mask=mask)
+    tl.store(out_ptr + tokens[:, None] * stride_out + cols[None, :], rows, mask=mask)
+
+
+@triton.jit
+def matmul_k_tail_unmasked(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                           stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Masks rows and columns but not k < K: the last K tile reads past the end of A's rows and B."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak, mask=mask_m[:, None], other=0.0)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn, mask=mask_n[None, :], other=0.0)
+        acc += tl.dot(a, b)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def matmul_last_tile_dropped(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                             stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Loops k0 over range(0, K // BLOCK_K * BLOCK_K, BLOCK_K): the partial tile at the end of K is skipped."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K // BLOCK_K * BLOCK_K, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=mask_m[:, None] & (k < K)[None, :], other=0.0)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=(k < K)[:, None] & mask_n[None, :], other=0.0)
+        acc += tl.dot(a, b)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def matmul_half_accumulator(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                            stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Accumulates in C's dtype: the running sum is rounded to fp16 after every K tile."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=c_ptr.dtype.element_ty)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=mask_m[:, None] & (k < K)[None, :], other=0.0)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=(k < K)[:, None] & mask_n[None, :], other=0.0)
+        acc = (acc + tl.dot(a, b)).to(c_ptr.dtype.element_ty)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc,
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, RESCALE_SUM: tl.constexpr,
+                            RESCALE_ACC: tl.constexpr, PAD_SCORE: tl.constexpr):
+    """The right online softmax, with one of its details switched off (see the wrappers below)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < head_dim
+    m = tl.full([], float("-inf"), tl.float32)
+    l = tl.full([], 0.0, tl.float32)  # noqa: E741
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for n0 in range(0, n_keys, BLOCK_N):
+        keys = n0 + offs_n
+        mask_n = keys < n_keys
+        s = tl.load(scores_ptr + row * stride_s + keys, mask=mask_n, other=PAD_SCORE).to(tl.float32)
+        v = tl.load(values_ptr + keys[:, None] * stride_v + offs_d[None, :],
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new)
+        if RESCALE_SUM:
+            l = l * alpha + tl.sum(p, axis=0)  # noqa: E741
+        else:
+            l = l + tl.sum(p, axis=0)  # noqa: E741
+        if RESCALE_ACC:
+            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        else:
+            acc = acc + tl.sum(p[:, None] * v, axis=0)
+        m = m_new
+    tl.store(out_ptr + row * stride_out + offs_d, (acc / l).to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
+@triton.jit
+def online_sum_not_rescaled(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """l = l + sum(p): the running sum is not rescaled by exp(m - m_new) when the max grows."""
+    _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                            BLOCK_N, BLOCK_D, False, True, float("-inf"))
+
+
+@triton.jit
+def online_acc_not_rescaled(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """acc = acc + sum(p * v): the weighted sum is not rescaled by exp(m - m_new) when the max grows."""
+    _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                            BLOCK_N, BLOCK_D, True, False, float("-inf"))
+
+
+@triton.jit
+def online_pad_as_zero(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Loads the scores past n_keys as 0.0: the padded keys add exp(0 - m) to the running sum."""
+    _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                            BLOCK_N, BLOCK_D, True, True, 0.0)
+
+
 # ---- 2.12 the Triton kernel ----------------------------------------------------------------------
 @triton.jit
 def kernel_store_unmasked(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x,
@@ -268,6 +495,15 @@ PREFILL_ATTN = "test_ch2.py::test_causal_attention_prefill_matches_sdpa"
 MLP = "test_ch2.py::test_silu_and_mul_makes_qwen3_mlp"
 LAYER = "test_ch2.py::test_decoder_layer_on_a_packed_batch_matches_qwen3_decoder_layer"
 TRITON_NORM = "test_ch2.py::test_triton_add_rms_norm_matches_qwen3_rmsnorm"
+PRIMER = "test_ch2_primer.py::"
+ADD_GUARDED = PRIMER + "test_vector_add_writes_only_its_n_elements"
+ADD = PRIMER + "test_vector_add_matches_torch"
+SOFTMAX_GUARDED = PRIMER + "test_softmax_of_strided_rows_writes_only_its_rows"
+SOFTMAX = PRIMER + "test_softmax_rows_matches_torch"
+GATHER_GUARDED = PRIMER + "test_gather_from_a_strided_cache_writes_only_its_tokens"
+GATHER = PRIMER + "test_gather_pages_matches_torch_indexing"
+MATMUL_GUARDED = PRIMER + "test_matmul_of_odd_shapes_writes_only_its_tiles"
+ONLINE = PRIMER + "test_softmax_weighted_sum_matches_torch"
 
 MISTAKES: list[Mistake] = [
     Mistake("ch2_rms_norm_no_fp32_upcast", "2.1", {"rms_norm": rms_norm_in_input_dtype},
@@ -338,6 +574,89 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_layer_post_norm_without_residual", "2.6", {"decoder_layer": layer_post_norm_without_residual},
             "the attention output never joins the residual stream: post_attention_layernorm is a fused add + "
             "norm, h, residual = apply_rms_norm(h, p.post_norm, p.eps, residual)", LAYER, {"first": True}),
+    Mistake("ch2_primer_add_store_unmasked", "2.7",
+            {"add_kernel": add_store_unmasked, "vector_add": with_kernel(primer.vector_add, "add_kernel",
+                                                                         add_store_unmasked)},
+            "the store has no mask: the last program writes all BLOCK lanes, past element n-1 into whatever "
+            "lies after the output; pass mask=offsets < n to tl.store as to the loads", ADD_GUARDED),
+    Mistake("ch2_primer_add_offsets_without_program", "2.7",
+            {"add_kernel": add_offsets_without_program,
+             "vector_add": with_kernel(primer.vector_add, "add_kernel", add_offsets_without_program)},
+            "every program works on the first BLOCK elements: offsets must start at the program's own block, "
+            "tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)", ADD, {"n": 1000}),
+    Mistake("ch2_primer_add_offsets_not_scaled", "2.7",
+            {"add_kernel": add_offsets_not_scaled,
+             "vector_add": with_kernel(primer.vector_add, "add_kernel", add_offsets_not_scaled)},
+            "program p starts at element p, so the programs overlap and most of the tensor is never written: "
+            "program p owns elements p * BLOCK .. p * BLOCK + BLOCK - 1 (multiply the program id by BLOCK)",
+            ADD, {"n": 1000}),
+    Mistake("ch2_primer_softmax_pad_as_zero", "2.8",
+            {"softmax_kernel": softmax_pad_as_zero,
+             "softmax_rows": with_kernel(primer.softmax_rows, "softmax_kernel", softmax_pad_as_zero)},
+            "the masked lanes past n_cols are loaded as 0.0, so each adds exp(0 - max) to the denominator: "
+            "load them as -inf (other=float(\"-inf\")), which exp turns into 0", SOFTMAX, {"cols": 100}),
+    Mistake("ch2_primer_softmax_without_max", "2.8",
+            {"softmax_kernel": softmax_without_max,
+             "softmax_rows": with_kernel(primer.softmax_rows, "softmax_kernel", softmax_without_max)},
+            "exp of the raw scores overflows fp32 past 88 (inf / inf = NaN): subtract the row's maximum first, "
+            "x - tl.max(x, axis=0), which leaves the softmax unchanged",
+            PRIMER + "test_softmax_rows_of_large_logits"),
+    Mistake("ch2_primer_softmax_rows_n_cols_apart", "2.8",
+            {"softmax_kernel": softmax_rows_n_cols_apart,
+             "softmax_rows": with_kernel(primer.softmax_rows, "softmax_kernel", softmax_rows_n_cols_apart)},
+            "row r is read at r * n_cols, as if x were contiguous: rows of a slice are stride_x elements apart, "
+            "so the row starts at x_ptr + row * stride_x", SOFTMAX_GUARDED),
+    Mistake("ch2_primer_gather_table_ignored", "2.9",
+            {"gather_pages_kernel": gather_table_ignored,
+             "gather_pages": with_kernel(primer.gather_pages, "gather_pages_kernel", gather_table_ignored)},
+            "the page table is never read: token t's logical page t // PAGE is not where it lives; its "
+            "physical page is tl.load(table_ptr + t // PAGE)", GATHER, {"case": "partial-last-page"}),
+    Mistake("ch2_primer_gather_columns_unmasked", "2.9",
+            {"gather_pages_kernel": gather_columns_unmasked,
+             "gather_pages": with_kernel(primer.gather_pages, "gather_pages_kernel", gather_columns_unmasked)},
+            "the columns are not masked: with n_cols below BLOCK_D every row writes BLOCK_D values, spilling "
+            "into the next row and past the output; mask the tile on both axes, (tokens < n_tokens)[:, None] & "
+            "(cols < n_cols)[None, :]", GATHER_GUARDED),
+    Mistake("ch2_primer_gather_ignores_cache_strides", "2.9",
+            {"gather_pages_kernel": gather_ignores_cache_strides,
+             "gather_pages": with_kernel(primer.gather_pages, "gather_pages_kernel", gather_ignores_cache_strides)},
+            "the cache is addressed as if it were contiguous (page * PAGE * n_cols + row * n_cols): use its "
+            "strides, page * stride_page + row * stride_row (a cache slice, such as one head's K, has wider rows)",
+            GATHER_GUARDED),
+    Mistake("ch2_primer_matmul_k_tail_unmasked", "2.10",
+            {"matmul_kernel": matmul_k_tail_unmasked,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_k_tail_unmasked)},
+            "the last K tile reads past K (into the next row of A and past the end of B): mask k < K on both "
+            "tiles with other=0.0, so the extra lanes add 0 to the dot", MATMUL_GUARDED),
+    Mistake("ch2_primer_matmul_last_tile_dropped", "2.10",
+            {"matmul_kernel": matmul_last_tile_dropped,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_last_tile_dropped)},
+            "the K loop stops at the last full tile, so the partial tile at the end of K is never added: loop "
+            "over range(0, K, BLOCK_K) and mask that last tile", MATMUL_GUARDED),
+    Mistake("ch2_primer_matmul_half_accumulator", "2.10",
+            {"matmul_kernel": matmul_half_accumulator,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_half_accumulator)},
+            "the accumulator is kept in fp16 and rounded after every K tile, so the error grows with K: keep "
+            "acc = tl.zeros(..., dtype=tl.float32) and cast to C's dtype once, at the store",
+            PRIMER + "test_matmul_fp16_accumulates_in_fp32"),
+    Mistake("ch2_primer_online_sum_not_rescaled", "2.11",
+            {"online_softmax_kernel": online_sum_not_rescaled,
+             "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",
+                                                 online_sum_not_rescaled)},
+            "the running sum l is not rescaled when a tile raises the max: its terms are exp(s - m_old), so "
+            "l = l * exp(m_old - m_new) + sum(p), like acc", ONLINE, {"case": "max-grows"}),
+    Mistake("ch2_primer_online_acc_not_rescaled", "2.11",
+            {"online_softmax_kernel": online_acc_not_rescaled,
+             "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",
+                                                 online_acc_not_rescaled)},
+            "the weighted sum acc is not rescaled when a tile raises the max: acc = acc * exp(m_old - m_new) + "
+            "sum(p[:, None] * v, axis=0), with the same factor as l", ONLINE, {"case": "max-grows"}),
+    Mistake("ch2_primer_online_pad_as_zero", "2.11",
+            {"online_softmax_kernel": online_pad_as_zero,
+             "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",
+                                                 online_pad_as_zero)},
+            "the keys past n_keys in the last tile are loaded as score 0.0 and add exp(0 - m) to the running "
+            "sum: load them as -inf (other=float(\"-inf\"))", ONLINE, {"case": "max-grows"}),
     Mistake("ch2_triton_store_unmasked", "2.12", {"add_rms_norm_kernel": kernel_store_unmasked},
             "a tl.store without mask=cols < n_cols writes all BLOCK_N lanes, past the end of the row (and of "
             "the tensor): pass the mask to every store as to every load",

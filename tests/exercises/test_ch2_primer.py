@@ -1,0 +1,282 @@
+"""Chapter 2 graded tests, the Triton primer (exercises 2.7-2.11, notebooks/02a_triton_primer.ipynb).
+
+Each kernel runs through its given launcher in Triton's interpreter on CPU, in fp32 (fp16 for the
+matmul's accumulator: the interpreter computes bf16 wrongly), on odd sizes that end in a partial
+block. References nobody here wrote: torch itself (x + y, torch.softmax, tensor indexing, matmul).
+
+The interpreter does not catch out-of-bounds access, so every tensor a kernel sees sits in a buffer
+with guard regions before and after it, filled with SENTINEL: outputs must leave their guards
+untouched, and a read past an input's end reads the guard (known values, not junk or an unmapped
+page), so a wrong kernel's output is the same on every run and the grader can name its bug.
+
+    pytest tests/exercises/test_ch2_primer.py --impl=exercises -m ex2_7
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+import torch
+
+from minillm.course.grading import check_close
+from mistakes import then, wrong_versions
+
+SENTINEL = 77.0  # what every guard region holds
+GUARD = 1024  # elements of guard on each side: more than any tile in these tests overhangs its tensor
+EXACT = dict(atol=0.0, rtol=0.0)
+TOL_SOFTMAX = dict(atol=1e-6, rtol=1e-5)  # one exp and one sum per row, in another order than torch's
+TOL_MATMUL = dict(atol=1e-4, rtol=1e-4)  # fp32 dot products of <= 64 terms of size ~1
+TOL_ONLINE = dict(atol=1e-5, rtol=1e-5)  # the same softmax, rescaled tile by tile
+# fp16 matmul: the kernel rounds once, at the store (half an fp16 ulp, 2**-11 relative); a kernel
+# that rounds its fp16 running sum after each of the 32 K tiles drifts by several ulps
+TOL_FP16_MATMUL = dict(atol=1e-3, rtol=2 ** -10)
+
+
+def randn(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def guarded(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A copy of t placed, contiguous, between two guard regions of SENTINEL in one flat buffer.
+    -> (buffer [GUARD + t.numel() + GUARD], the copy: a view of it shaped like t)."""
+    buf = torch.full((GUARD + t.numel() + GUARD,), SENTINEL, dtype=t.dtype)
+    view = buf[GUARD:GUARD + t.numel()].view(t.shape)
+    view.copy_(t)
+    return buf, view
+
+
+def guarded_output(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """An output tensor filled with SENTINEL inside a guarded buffer (an element the kernel should
+    write but does not keeps SENTINEL). -> (buffer, output view)."""
+    return guarded(torch.full(shape, SENTINEL, dtype=dtype))
+
+
+def guards_of(buf: torch.Tensor) -> torch.Tensor:
+    """The two guard regions of a guarded buffer, concatenated."""
+    return torch.cat([buf[:GUARD], buf[-GUARD:]])
+
+
+def interior(buf: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The tensor between the guards of a guarded buffer."""
+    return buf[GUARD:-GUARD].view(shape)
+
+
+def check_guarded(exercise_id: str, what: str, launch: Callable[[Callable], torch.Tensor], launcher: str,
+                  shape: tuple[int, ...], want: torch.Tensor, got_launcher: Callable, **tol) -> None:
+    """Run launch(got_launcher) -> its guarded output buffer; its guards must hold SENTINEL and its
+    interior `want`. On failure each known wrong version of `launcher` runs through launch() the
+    same way (into fresh buffers), so a student's output that equals one of them names the bug."""
+    buf = launch(got_launcher)
+    suspected = {hint: (lambda fn=fn: launch(fn)) for hint, fn in wrong_versions(launcher).items()}
+    check_close(guards_of(buf), torch.full((2 * GUARD,), SENTINEL, dtype=buf.dtype), exercise_id,
+                f"guard regions around the output of {what} (a store without its mask?)", **EXACT,
+                suspects=then(suspected, guards_of))
+    check_close(interior(buf, shape), want, exercise_id, f"output of {what}", **tol,
+                suspects=then(suspected, lambda b: interior(b, shape)))
+
+
+# ---- 2.7 masked vector add -----------------------------------------------------------------------
+ADD_BLOCK = 256  # small blocks: 1000 elements take 4 programs, the last one three-quarters masked
+
+
+def add_launch(n: int) -> tuple[Callable[[Callable], torch.Tensor], torch.Tensor]:
+    """-> (launch(vector_add) -> guarded output buffer, the torch reference x + y)."""
+    _, x = guarded(randn(n, seed=n))
+    _, y = guarded(randn(n, seed=n + 1))
+
+    def launch(vector_add: Callable) -> torch.Tensor:
+        buf, out = guarded_output((n,))
+        vector_add(x, y, block=ADD_BLOCK, out=out)
+        return buf
+
+    return launch, x + y
+
+
+# the guard test first: a kernel that stores out of bounds is named before the value tests run it
+@pytest.mark.ex2_7
+def test_vector_add_writes_only_its_n_elements(impl):
+    launch, want = add_launch(1000)
+    check_guarded("2.7", f"vector_add of 1000 elements in blocks of {ADD_BLOCK}", launch, "vector_add", (1000,), want,
+                  impl.vector_add, **EXACT)
+
+
+@pytest.mark.ex2_7
+@pytest.mark.parametrize("n", [1, ADD_BLOCK, 1000], ids=["one-element", "one-full-block", "odd-1000"])
+def test_vector_add_matches_torch(impl, n):
+    launch, want = add_launch(n)
+    check_guarded("2.7", f"vector_add of {n} elements in blocks of {ADD_BLOCK}", launch, "vector_add", (n,), want,
+                  impl.vector_add, **EXACT)
+
+
+# ---- 2.8 softmax, one program per row ------------------------------------------------------------
+ROWS = 5
+
+
+def softmax_launch(x: torch.Tensor) -> Callable[[Callable], torch.Tensor]:
+    """launch(softmax_rows) -> the guarded output buffer of softmax_rows(x, out=...)."""
+    def launch(softmax_rows: Callable) -> torch.Tensor:
+        buf, out = guarded_output(tuple(x.shape))
+        softmax_rows(x, out=out)
+        return buf
+
+    return launch
+
+
+@pytest.mark.ex2_8
+def test_softmax_of_strided_rows_writes_only_its_rows(impl):
+    """x is a [5, 100] slice of a [5, 128] tensor: its rows are 128 elements apart."""
+    _, wide = guarded(randn(ROWS, 128, seed=30) * 3)
+    x = wide[:, :100]
+    check_guarded("2.8", "softmax_rows of [5, 100] rows 128 elements apart", softmax_launch(x), "softmax_rows",
+                  (ROWS, 100), torch.softmax(x, dim=-1), impl.softmax_rows, **TOL_SOFTMAX)
+
+
+@pytest.mark.ex2_8
+@pytest.mark.parametrize("cols", [64, 100, 1], ids=["pow2-64", "odd-100", "one-column"])
+def test_softmax_rows_matches_torch(impl, cols):
+    _, x = guarded(randn(ROWS, cols, seed=31) * 3)
+    check_guarded("2.8", f"softmax_rows of [{ROWS}, {cols}]", softmax_launch(x), "softmax_rows", (ROWS, cols),
+                  torch.softmax(x, dim=-1), impl.softmax_rows, **TOL_SOFTMAX)
+
+
+@pytest.mark.ex2_8
+def test_softmax_rows_of_large_logits(impl):
+    """Logits near 100 (an LM head's can reach that): exp(100) overflows fp32 (max 3.4e38)."""
+    _, x = guarded(randn(ROWS, 100, seed=32) * 5 + 100)
+    check_guarded("2.8", "softmax_rows of logits near 100", softmax_launch(x), "softmax_rows", (ROWS, 100),
+                  torch.softmax(x, dim=-1), impl.softmax_rows, **TOL_SOFTMAX)
+
+
+# ---- 2.9 a gather through the page table ---------------------------------------------------------
+GATHER_BLOCK_T = 8  # tokens per program: 13 tokens take 2 programs, the second partly masked
+# name -> (tokens, page size, row width d, the page table: a permutation, -1 past the last page in use)
+GATHER_CASES = {
+    "whole-pages": (16, 4, 32, [2, 0, 3, 1]),
+    "partial-last-page": (13, 4, 40, [5, 0, 3, 1, -1, -1]),
+    "one-token": (1, 8, 16, [1, -1]),
+}
+NUM_PAGES = 6
+
+
+def gather_launch(cache: torch.Tensor, table: torch.Tensor, n_tokens: int) -> Callable[[Callable], torch.Tensor]:
+    """launch(gather_pages) -> the guarded output buffer of gather_pages(cache, table, n_tokens, out=...)."""
+    def launch(gather_pages: Callable) -> torch.Tensor:
+        buf, out = guarded_output((n_tokens, cache.shape[2]))
+        gather_pages(cache, table, n_tokens, block_t=GATHER_BLOCK_T, out=out)
+        return buf
+
+    return launch
+
+
+def gathered(cache: torch.Tensor, table: list[int], n_tokens: int) -> torch.Tensor:
+    """The reference: token t is row t % page of page table[t // page], by torch indexing."""
+    page = cache.shape[1]
+    return torch.stack([cache[table[t // page], t % page] for t in range(n_tokens)])
+
+
+@pytest.mark.ex2_9
+def test_gather_from_a_strided_cache_writes_only_its_tokens(impl):
+    """The cache is [6, 4, 40] cut from a [6, 4, 56] tensor (as one head's K is cut from a cache of
+    several heads): its rows are 56 elements apart and its pages 224."""
+    n_tokens, page, d, table = GATHER_CASES["partial-last-page"]
+    _, wide = guarded(randn(NUM_PAGES, page, 56, seed=33))
+    cache = wide[:, :, :d]
+    _, table_t = guarded(torch.tensor(table, dtype=torch.int32))
+    check_guarded("2.9", f"gather_pages of {n_tokens} tokens from a strided cache",
+                  gather_launch(cache, table_t, n_tokens), "gather_pages", (n_tokens, d),
+                  gathered(cache, table, n_tokens), impl.gather_pages, **EXACT)
+
+
+@pytest.mark.ex2_9
+@pytest.mark.parametrize("case", list(GATHER_CASES))
+def test_gather_pages_matches_torch_indexing(impl, case):
+    n_tokens, page, d, table = GATHER_CASES[case]
+    _, cache = guarded(randn(NUM_PAGES, page, d, seed=34))
+    _, table_t = guarded(torch.tensor(table, dtype=torch.int32))
+    check_guarded("2.9", f"gather_pages of {n_tokens} tokens, pages of {page}, table {table}",
+                  gather_launch(cache, table_t, n_tokens), "gather_pages", (n_tokens, d),
+                  gathered(cache, table, n_tokens), impl.gather_pages, **EXACT)
+
+
+# ---- 2.10 a tiled matmul with tl.dot -------------------------------------------------------------
+MATMUL_TILES = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)  # the smallest tl.dot tiles a GPU accepts
+
+
+def matmul_launch(a: torch.Tensor, b: torch.Tensor) -> Callable[[Callable], torch.Tensor]:
+    """launch(tiled_matmul) -> the guarded output buffer of tiled_matmul(a, b, MATMUL_TILES, out=...)."""
+    def launch(tiled_matmul: Callable) -> torch.Tensor:
+        buf, out = guarded_output((a.shape[0], b.shape[1]), a.dtype)
+        tiled_matmul(a, b, MATMUL_TILES, out=out)
+        return buf
+
+    return launch
+
+
+@pytest.mark.ex2_10
+def test_matmul_of_odd_shapes_writes_only_its_tiles(impl):
+    """[40, 50] @ [50, 36] in 16 x 16 x 16 tiles: every dimension ends in a partial tile, and A is a
+    transposed view (its strides are (1, 40))."""
+    M, K, N = 40, 50, 36
+    _, a_t = guarded(randn(K, M, seed=35))
+    _, b = guarded(randn(K, N, seed=36))
+    a = a_t.t()
+    check_guarded("2.10", f"tiled_matmul [{M}, {K}] @ [{K}, {N}]", matmul_launch(a, b), "tiled_matmul", (M, N), a @ b,
+                  impl.tiled_matmul, **TOL_MATMUL)
+
+
+@pytest.mark.ex2_10
+@pytest.mark.parametrize("mkn", [(16, 16, 16), (32, 64, 48), (17, 20, 33)],
+                         ids=["one-tile", "whole-tiles", "K-of-two-tiles"])
+def test_tiled_matmul_matches_torch(impl, mkn):
+    M, K, N = mkn
+    _, a = guarded(randn(M, K, seed=37))
+    _, b = guarded(randn(K, N, seed=38))
+    check_guarded("2.10", f"tiled_matmul [{M}, {K}] @ [{K}, {N}]", matmul_launch(a, b), "tiled_matmul", (M, N), a @ b,
+                  impl.tiled_matmul, **TOL_MATMUL)
+
+
+@pytest.mark.ex2_10
+def test_matmul_fp16_accumulates_in_fp32(impl):
+    """fp16 [32, 512] @ [512, 32]: 32 K tiles of positive terms, sums near 128 where an fp16 ulp is 0.125."""
+    M, K, N = 32, 512, 32
+    _, a = guarded(torch.rand(M, K, generator=torch.Generator().manual_seed(39)).half())
+    _, b = guarded(torch.rand(K, N, generator=torch.Generator().manual_seed(40)).half())
+    want = (a.double() @ b.double()).half()
+    check_guarded("2.10", f"tiled_matmul in fp16 [{M}, {K}] @ [{K}, {N}]", matmul_launch(a, b), "tiled_matmul",
+                  (M, N), want, impl.tiled_matmul, **TOL_FP16_MATMUL)
+
+
+# ---- 2.11 online softmax over tiles --------------------------------------------------------------
+ONLINE_BLOCK_N = 16  # keys per tile: 100 keys take 7 tiles, the last one 4 keys long
+ONLINE_ROWS, ONLINE_DIM = 5, 24  # head_dim 24: the values tile [16, 32] is masked on its columns too
+# the scores' ramp runs from -4 to 4: the max grows by ~8 over the keys (a running sum that is not
+# rescaled is off by up to e**8), and padded keys scored 0 instead of -inf would weigh e**-9 or more each
+ONLINE_RAMP = 4.0
+
+
+def online_scores(case: str, n_keys: int) -> torch.Tensor:
+    """Scores [ONLINE_ROWS, n_keys]: noise plus a ramp, so the max grows (or shrinks) tile by tile
+    and the running sums must be rescaled."""
+    noise = randn(ONLINE_ROWS, n_keys, seed=41) * 2
+    ramp = torch.linspace(-ONLINE_RAMP, ONLINE_RAMP, n_keys)
+    return noise + (ramp if case == "max-grows" else ramp.flip(0))
+
+
+@pytest.mark.ex2_11
+@pytest.mark.parametrize("case", ["max-grows", "max-first", "one-partial-tile"])
+def test_softmax_weighted_sum_matches_torch(impl, case):
+    """Rows of scores 104 elements apart (a slice), values rows 32 apart (a slice), 100 keys in tiles
+    of 16; 'one-partial-tile' has 5 keys: a single tile, mostly masked."""
+    n_keys = 5 if case == "one-partial-tile" else 100
+    _, wide_scores = guarded(torch.cat([online_scores(case, n_keys), torch.zeros(ONLINE_ROWS, 4)], dim=1))
+    _, wide_values = guarded(randn(n_keys, 32, seed=42))
+    scores, values = wide_scores[:, :n_keys], wide_values[:, :ONLINE_DIM]
+
+    def launch(softmax_weighted_sum: Callable) -> torch.Tensor:
+        buf, out = guarded_output((ONLINE_ROWS, ONLINE_DIM))
+        softmax_weighted_sum(scores, values, block_n=ONLINE_BLOCK_N, out=out)
+        return buf
+
+    check_guarded("2.11", f"softmax_weighted_sum of {n_keys} keys in tiles of {ONLINE_BLOCK_N} ({case})", launch,
+                  "softmax_weighted_sum", (ONLINE_ROWS, ONLINE_DIM), torch.softmax(scores, dim=-1) @ values,
+                  impl.softmax_weighted_sum, **TOL_ONLINE)
