@@ -1,14 +1,13 @@
 """Notebook provenance: every notebook records the machine that produced its outputs, and the README's
 "where the outputs come from" table is exactly what that metadata says."""
-import glob
 import os
 
-from minillm.course.notebooks import BEGIN, NOTEBOOKS, provenance, readme_table, table
+from minillm.course.notebooks import BEGIN, NOTEBOOKS, course_notebooks, provenance, readme_table, table
 
 
 def test_every_notebook_records_its_device():
-    missing = [os.path.basename(p) for p in sorted(glob.glob(os.path.join(NOTEBOOKS, "[0-9][0-9]_*.ipynb")))
-               if not (provenance(p) or {}).get("device")]
+    assert course_notebooks(), f"no course notebooks found in {NOTEBOOKS}"
+    missing = [os.path.basename(p) for p in course_notebooks() if not (provenance(p) or {}).get("device")]
     assert not missing, (f"notebooks without a recorded device: {missing}; execute them with "
                          f"`python -m minillm.course.notebooks run <notebook>` on the machine whose outputs you keep")
 

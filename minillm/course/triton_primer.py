@@ -318,3 +318,66 @@ def softmax_weighted_sum(scores: torch.Tensor, values: torch.Tensor, block_n: in
                                        out.stride(0), BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(d))
     return out
 # <<< exercise 2.11
+
+
+# ---- check your understanding: the notebook's last section ---------------------------------------
+# The questions are in the notebook, the worked answers in notebooks/lecturer/02a_triton_primer.md;
+# here the numbers are computed from the questions' givens, so a reader's answers can be checked.
+ANSWER_RTOL = 0.005  # a non-integer answer within 0.5% is right (0.05 for 0.0498 is)
+QWEN3_VOCAB = 151_936
+QWEN3_HIDDEN = 1024
+BF16_BYTES = 2
+Q6_BANDWIDTH = 4.2e12  # bytes per second: about an H200's measured copy bandwidth
+
+
+def expected_answers() -> dict[str, float]:
+    """Question key -> its answer, from the givens of each question in the notebook's section 7."""
+    n, block = 1_000_000, 1024  # Q1: a vector add
+    programs = math.ceil(n / block)
+    block_n = triton.next_power_of_2(QWEN3_VOCAB)  # Q2: one program per row of Qwen3's logits
+    page, table, token, col = 256, [7, 2, 9, 4], 700, 5  # Q3: token 700's K, column 5, KV width 1024
+    stride_row, stride_page = QWEN3_HIDDEN, page * QWEN3_HIDDEN
+    phys = table[token // page]
+    size, tile_mn, tile_k = 4096, 128, 64  # Q4: a 4096-cubed matmul in 128 x 128 tiles, BLOCK_K 64
+    m_old, l_old, tile = 2.0, 3.0, [5.0, 1.0]  # Q5: the online softmax meets a larger max
+    m_new = max(m_old, max(tile))
+    rows, d = 16_384, QWEN3_HIDDEN  # Q6: add+RMSNorm over a 16k-token prefill at hidden size 1024, bf16
+    return {
+        "q1_programs": programs,
+        "q1_masked_lanes": programs * block - n,
+        "q2_block_n": block_n,
+        "q2_masked_percent": 100 * (block_n - QWEN3_VOCAB) / block_n,
+        "q3_page": phys,
+        "q3_row": token % page,
+        "q3_offset": phys * stride_page + (token % page) * stride_row + col,
+        "q4_programs": (size // tile_mn) ** 2,
+        "q4_loads_of_each_a_element": size // tile_mn,
+        "q4_k_steps_per_program": size // tile_k,
+        "q5_alpha": math.exp(m_old - m_new),
+        "q5_new_l": l_old * math.exp(m_old - m_new) + sum(math.exp(s - m_new) for s in tile),
+        "q6_fused_bytes": (4 * rows * d + d) * BF16_BYTES,  # read x, residual, weight; write out, residual
+        "q6_unfused_bytes": (5 * rows * d + d) * BF16_BYTES,  # + the add's own write of h and the norm's read of it
+        "q6_difference_us": rows * d * BF16_BYTES / Q6_BANDWIDTH * 1e6,  # the one extra pass over [N, d]
+    }
+
+
+def check_answers(answers: dict[str, float | None]) -> int:
+    """Print, for each answer given, whether it is right, without printing the right value: integers
+    must be exact, other numbers within ANSWER_RTOL. None means not answered yet. -> the number right."""
+    want = expected_answers()
+    unknown = sorted(set(answers) - set(want))
+    if unknown:
+        raise ValueError(f"no question has the key(s) {unknown}; the keys are {sorted(want)}")
+    right = 0
+    for key, expected in want.items():
+        given = answers.get(key)
+        if given is None:
+            verdict = "not answered yet"
+        elif isinstance(expected, int):
+            verdict = "right" if given == expected else "not right: count again (an exact integer)"
+        else:
+            verdict = "right" if abs(given - expected) <= ANSWER_RTOL * abs(expected) else "not right"
+        right += verdict == "right"
+        print(f"{key:<28} {'' if given is None else given!s:>14}  {verdict}")
+    print(f"{right} of {len(want)} right")
+    return right
