@@ -716,3 +716,6 @@ register("04", [
              traps=lambda: [(_break_even_latency_us(_qwen3_8b()) * 2, "TP = 2 saves half of TP = 1's read time, "
                                                                       "not all of it")]),)),
 ])
+
+# notebooks whose questions are defined beside their material: importing the module registers them
+from minillm.course import triton_primer as _triton_primer  # noqa: E402,F401  (notebook 02a, the Triton primer)

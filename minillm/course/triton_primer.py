@@ -320,64 +320,115 @@ def softmax_weighted_sum(scores: torch.Tensor, values: torch.Tensor, block_n: in
 # <<< exercise 2.11
 
 
-# ---- check your understanding: the notebook's last section ---------------------------------------
-# The questions are in the notebook, the worked answers in notebooks/lecturer/02a_triton_primer.md;
-# here the numbers are computed from the questions' givens, so a reader's answers can be checked.
-ANSWER_RTOL = 0.005  # a non-integer answer within 0.5% is right (0.05 for 0.0498 is)
+# ---- check your understanding: the questions that end the notebook -------------------------------
+# Registered with minillm.course.questions as notebook "02a"; the notebook's last cell checks the
+# reader's answers with check_answers("02a", ANSWERS). The expected values are computed here from
+# the questions' givens; the worked answers are in notebooks/lecturer/02a_triton_primer.md.
 QWEN3_VOCAB = 151_936
-QWEN3_HIDDEN = 1024
+QWEN3_KV_WIDTH = 1024  # Qwen3-0.6B: 8 KV heads x head_dim 128 = its hidden size too
 BF16_BYTES = 2
 Q6_BANDWIDTH = 4.2e12  # bytes per second: about an H200's measured copy bandwidth
+Q1_N, Q1_BLOCK = 1_000_000, 1024
+Q3_PAGE, Q3_TABLE, Q3_TOKEN, Q3_COLUMN = 256, (7, 2, 9, 4), 700, 5
+Q4_SIZE, Q4_TILE, Q4_BLOCK_K = 4096, 128, 64
+Q5_M, Q5_L, Q5_TILE = 2.0, 3.0, (5.0, 1.0)
+Q6_ROWS = 16_384
 
 
-def expected_answers() -> dict[str, float]:
-    """Question key -> its answer, from the givens of each question in the notebook's section 7."""
-    n, block = 1_000_000, 1024  # Q1: a vector add
-    programs = math.ceil(n / block)
-    block_n = triton.next_power_of_2(QWEN3_VOCAB)  # Q2: one program per row of Qwen3's logits
-    page, table, token, col = 256, [7, 2, 9, 4], 700, 5  # Q3: token 700's K, column 5, KV width 1024
-    stride_row, stride_page = QWEN3_HIDDEN, page * QWEN3_HIDDEN
-    phys = table[token // page]
-    size, tile_mn, tile_k = 4096, 128, 64  # Q4: a 4096-cubed matmul in 128 x 128 tiles, BLOCK_K 64
-    m_old, l_old, tile = 2.0, 3.0, [5.0, 1.0]  # Q5: the online softmax meets a larger max
-    m_new = max(m_old, max(tile))
-    rows, d = 16_384, QWEN3_HIDDEN  # Q6: add+RMSNorm over a 16k-token prefill at hidden size 1024, bf16
-    return {
-        "q1_programs": programs,
-        "q1_masked_lanes": programs * block - n,
-        "q2_block_n": block_n,
-        "q2_masked_percent": 100 * (block_n - QWEN3_VOCAB) / block_n,
-        "q3_page": phys,
-        "q3_row": token % page,
-        "q3_offset": phys * stride_page + (token % page) * stride_row + col,
-        "q4_programs": (size // tile_mn) ** 2,
-        "q4_loads_of_each_a_element": size // tile_mn,
-        "q4_k_steps_per_program": size // tile_k,
-        "q5_alpha": math.exp(m_old - m_new),
-        "q5_new_l": l_old * math.exp(m_old - m_new) + sum(math.exp(s - m_new) for s in tile),
-        "q6_fused_bytes": (4 * rows * d + d) * BF16_BYTES,  # read x, residual, weight; write out, residual
-        "q6_unfused_bytes": (5 * rows * d + d) * BF16_BYTES,  # + the add's own write of h and the norm's read of it
-        "q6_difference_us": rows * d * BF16_BYTES / Q6_BANDWIDTH * 1e6,  # the one extra pass over [N, d]
-    }
+def _q3_offset(page: int) -> int:
+    """Element offset of column Q3_COLUMN of token Q3_TOKEN's row in `page` of a contiguous K cache."""
+    return page * Q3_PAGE * QWEN3_KV_WIDTH + (Q3_TOKEN % Q3_PAGE) * QWEN3_KV_WIDTH + Q3_COLUMN
 
 
-def check_answers(answers: dict[str, float | None]) -> int:
-    """Print, for each answer given, whether it is right, without printing the right value: integers
-    must be exact, other numbers within ANSWER_RTOL. None means not answered yet. -> the number right."""
-    want = expected_answers()
-    unknown = sorted(set(answers) - set(want))
-    if unknown:
-        raise ValueError(f"no question has the key(s) {unknown}; the keys are {sorted(want)}")
-    right = 0
-    for key, expected in want.items():
-        given = answers.get(key)
-        if given is None:
-            verdict = "not answered yet"
-        elif isinstance(expected, int):
-            verdict = "right" if given == expected else "not right: count again (an exact integer)"
-        else:
-            verdict = "right" if abs(given - expected) <= ANSWER_RTOL * abs(expected) else "not right"
-        right += verdict == "right"
-        print(f"{key:<28} {'' if given is None else given!s:>14}  {verdict}")
-    print(f"{right} of {len(want)} right")
-    return right
+def _q5_new_l(rescale: bool = True) -> float:
+    """The running sum after Q5_TILE: the old sum rescaled to the new max, plus the tile's terms."""
+    m_new = max(Q5_M, *Q5_TILE)
+    return Q5_L * (math.exp(Q5_M - m_new) if rescale else 1.0) + sum(math.exp(s - m_new) for s in Q5_TILE)
+
+
+def _norm_bytes(passes: int) -> int:
+    """bf16 bytes of add+RMSNorm over [Q6_ROWS, 1024] moving `passes` whole tensors, plus the weight."""
+    return (passes * Q6_ROWS * QWEN3_KV_WIDTH + QWEN3_KV_WIDTH) * BF16_BYTES
+
+
+def _primer_questions():
+    from minillm.course.questions import PERCENT_TOL, Approx, Part, Question
+    block_n = triton.next_power_of_2(QWEN3_VOCAB)
+    return [
+        Question("q1", "vector add of 1,000,000 elements in blocks of 1024: programs, masked lanes of the last", (
+            Part(lambda: math.ceil(Q1_N / Q1_BLOCK), label="programs",
+                 hint="every element needs a program, and the last block may be partly empty",
+                 traps=lambda: [(Q1_N // Q1_BLOCK, "the launcher rounds up (triton.cdiv): the elements past the last "
+                                                   "full block need a program too")]),
+            Part(lambda: math.ceil(Q1_N / Q1_BLOCK) * Q1_BLOCK - Q1_N, label="masked lanes",
+                 hint="the last program's block starts at (programs - 1) * BLOCK; count its lanes at or past n",
+                 traps=lambda: [(Q1_N - (math.ceil(Q1_N / Q1_BLOCK) - 1) * Q1_BLOCK,
+                                 "those are the lanes of the last program that do work; the question asks for the "
+                                 "ones the mask switches off")]),
+        )),
+        Question("q2", "one program per row of Qwen3's 151,936 logits: BLOCK_N, percent of lanes masked", (
+            Part(lambda: block_n, label="BLOCK_N",
+                 hint="a block is a power of two, at least as long as the row",
+                 traps=lambda: [(QWEN3_VOCAB, "tl.arange needs a power of two: round the row length up"),
+                                (block_n // 2, "that power of two is shorter than the row")]),
+            Part(lambda: 100 * (block_n - QWEN3_VOCAB) / block_n, Approx(rel=0, abs=PERCENT_TOL),
+                 label="percent masked", hint="masked lanes are the block's lanes past the row's end, over BLOCK_N",
+                 traps=lambda: [(100 * QWEN3_VOCAB / block_n, "that is the share of lanes in use"),
+                                ((block_n - QWEN3_VOCAB) / block_n, "give it in percent (0 to 100)")]),
+        )),
+        Question("q3", "token 700 through page table [7, 2, 9, 4], pages of 256: physical page, row, offset of "
+                       "column 5", (
+            Part(lambda: Q3_TABLE[Q3_TOKEN // Q3_PAGE], label="page",
+                 hint="the logical page is the token // the page size; the table maps it to the physical one",
+                 traps=lambda: [(Q3_TOKEN // Q3_PAGE, "that is the logical page: look it up in the table")]),
+            Part(lambda: Q3_TOKEN % Q3_PAGE, label="row",
+                 hint="the row within the page is what remains of the token after its whole pages"),
+            Part(lambda: _q3_offset(Q3_TABLE[Q3_TOKEN // Q3_PAGE]), label="offset",
+                 hint="offset = page * stride_page + row * stride_row + column, with the strides of a contiguous "
+                      "[num_pages, 256, 1024] cache",
+                 traps=lambda: [(_q3_offset(Q3_TOKEN // Q3_PAGE), "the offset uses the physical page, not the "
+                                                                  "logical one")]),
+        )),
+        Question("q4", "4096-cubed matmul in 128 x 128 tiles, BLOCK_K 64: programs, K steps, loads of each A element", (
+            Part(lambda: (Q4_SIZE // Q4_TILE) ** 2, label="programs",
+                 hint="one program per tile of C, a grid in two dimensions",
+                 traps=lambda: [(Q4_SIZE // Q4_TILE, "that is one side of the grid: it has two")]),
+            Part(lambda: Q4_SIZE // Q4_BLOCK_K, label="K steps", hint="each program walks all of K, BLOCK_K at a time"),
+            Part(lambda: Q4_SIZE // Q4_TILE, label="loads of each A element",
+                 hint="which programs read a given row strip of A? all those of one row of the grid",
+                 traps=lambda: [(Q4_SIZE // Q4_BLOCK_K, "that is the number of K steps of one program; count the "
+                                                        "programs that read the same A tile"),
+                                (1, "only an ideal cache reads each element once: every program loads its own tiles")]),
+        )),
+        Question("q5", "online softmax at m = 2, l = 3, next tile [5, 1]: the rescale factor, then l", (
+            Part(lambda: math.exp(Q5_M - max(Q5_M, *Q5_TILE)), Approx(), label="alpha",
+                 hint="alpha carries the old terms from the old max to the new one: exp(m_old - m_new)",
+                 traps=lambda: [(math.exp(max(Q5_M, *Q5_TILE) - Q5_M), "turn it over: exp(m_old - m_new), below 1 "
+                                                                       "when the max grows")]),
+            Part(lambda: _q5_new_l(), Approx(), label="new l",
+                 hint="l_new = l * alpha + the tile's exp(s - m_new)",
+                 traps=lambda: [(_q5_new_l(rescale=False), "the old sum must be rescaled by alpha before the tile's "
+                                                           "terms are added")]),
+        )),
+        Question("q6", "add+RMSNorm over [16384, 1024] bf16: bytes fused, bytes after a separate add, the µs "
+                       "between", (
+            Part(lambda: _norm_bytes(4), Approx(), label="fused bytes",
+                 hint="the fused kernel reads x, the residual and the weight, and writes the output and the new "
+                      "residual, once each",
+                 traps=lambda: [(_norm_bytes(4) // BF16_BYTES, "count bytes: bf16 is two per element"),
+                                (_norm_bytes(2), "four [N, d] tensors cross memory: two read, two written")]),
+            Part(lambda: _norm_bytes(5), Approx(), label="unfused bytes",
+                 hint="the add reads x and the residual and writes h; the norm then reads h and writes the output",
+                 traps=lambda: [(_norm_bytes(6), "the add's output h is the new residual: nothing else is written")]),
+            Part(lambda: (_norm_bytes(5) - _norm_bytes(4)) / Q6_BANDWIDTH * 1e6, Approx(), label="µs",
+                 hint="the difference in bytes over 4.2e12 bytes per second, in microseconds"),
+        )),
+    ]
+
+
+def _register_questions() -> None:
+    from minillm.course.questions import register
+    register("02a", _primer_questions())
+
+
+_register_questions()
