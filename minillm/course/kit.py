@@ -57,7 +57,10 @@ def notebooks_table() -> str:
         notes = f"[{stem}.md]({stem}.md)" if os.path.exists(os.path.join(KIT_DIR, stem + ".md")) else "–"
         p = provenance(path) or {}
         seconds = p.get("seconds")
-        run = "not recorded" if seconds is None else (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min")
+        if seconds is None:
+            run = "not recorded"
+        else:
+            run = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
         rows.append(f"| `{name}` | {notes} | {p.get('device', 'not recorded')} | {p.get('gpus', '')} | {run} | "
                     f"{p.get('executed', '')} |")
     return "\n".join(rows)
@@ -84,7 +87,8 @@ def _accepts(match) -> str:
         if match.abs and not match.rel:
             return f"within ±{match.abs:g}"
         return f"within {100 * match.rel:g}%" + (f" or ±{match.abs:g}" if match.abs else "")
-    return {Q.Exact: "exactly", Q.Choice: "the letter", Q.AnyOrder: "in any order"}.get(type(match), type(match).__name__)
+    words = {Q.Exact: "exactly", Q.Choice: "the letter", Q.AnyOrder: "in any order"}
+    return words.get(type(match), type(match).__name__)
 
 
 def answers_table(notebook: str) -> str:

@@ -198,7 +198,8 @@ class Question:
                     if len(parts) > 1:
                         notes.append(f"{name} correct")
                     continue
-                hint = next((h for wrong, h in (part.traps() if part.traps else []) if _matches(part.match, value, wrong)),
+                traps = part.traps() if part.traps else []
+                hint = next((h for wrong, h in traps if _matches(part.match, value, wrong)),
                             part.hint or "check your reasoning against the section the question names")
                 notes.append(f"{name}: {hint}" if len(parts) > 1 else hint)
         wrong = [n for n in notes if not n.endswith(" correct")]
@@ -322,7 +323,8 @@ register("00", [
              traps=lambda: [(30 * 3 * 64 * BF16, "that is the keys alone (or the values alone): the cache holds both"),
                             (2 * 30 * 9 * 64 * BF16, "the cache stores the KV heads, not the query heads: GQA shares "
                                                      "each KV head between several query heads"),
-                            (2 * 30 * 3 * 64 * 4, "the engine runs SmolLM2 in bf16 here: how many bytes is a bf16 number?"),
+                            (2 * 30 * 3 * 64 * 4, "the engine runs SmolLM2 in bf16 here: how many bytes is a bf16 "
+                                                  "number?"),
                             (2 * 3 * 64 * BF16, "that is one layer's share; every layer keeps its own K and V")]),)),
     Question("q2", "GiB of the tour's KV cache (10,069 blocks of 256 tokens)", (
         Part(_tour_gib, Approx(), hint="blocks x tokens per block x bytes per token (Q1), then divide by 2**30",
@@ -333,7 +335,8 @@ register("00", [
              hint="how many 256-token blocks does one 4,096-token request need? A request cannot use part of "
                   "a block that another holds",
              traps=lambda: [(MEASURED_00_KV_BLOCKS / (4096 // 256), "a request needs whole blocks: round down"),
-                            (MEASURED_00_KV_BLOCKS // (4096 // 256) + 1, "a request needs whole blocks: round down")]),)),
+                            (MEASURED_00_KV_BLOCKS // (4096 // 256) + 1,
+                             "a request needs whole blocks: round down")]),)),
     Question("q4", "engine.step() calls, and forward passes, for two requests of max_tokens=5", (
         Part(lambda: 5 + 1, label="calls",
              hint="follow section 7's printout: which call launches a request's first token, and which one reads "
@@ -467,8 +470,8 @@ register("02", [
              hint="each sequence counts its own positions, starting from its own offset, for as many tokens as it "
                   "has; the sequences are concatenated in order",
              traps=lambda: [(list(range(6)), "positions are not row indices: each sequence starts at its own offset"),
-                            ([0, 1, 0, 1, 2, 0], "these sequences do not start at 0: a cached prefix or a decode puts a "
-                                                 "sequence's first new token at its offset")]),)),
+                            ([0, 1, 0, 1, 2, 0], "these sequences do not start at 0: a cached prefix or a decode "
+                                                 "puts a sequence's first new token at its offset")]),)),
     Question("q2", "memory floor of add+RMSNorm on 16,384 x 576 bf16 at 4,155 GB/s, microseconds", (
         Part(lambda: _norm_floor_us(16384, 576, MEASURED_02_COPY_GBPS), Approx(),
              hint="the fused kernel reads x and the residual and writes the output and the new residual, once "
@@ -489,7 +492,8 @@ register("02", [
                              "that is Qwen3-0.6B's own 8 KV heads"),
                             (_decode_attention_intensity(_qwen3_06b(), kv_heads=8) / 2,
                              "fewer KV heads read fewer bytes for the same FLOPs: does the ratio go up or down?")]),)),
-    Question("q5", "one layer's weight-read floor at batch 1 (microseconds), and the share of it the graph replay reaches", (
+    Question("q5", "one layer's weight-read floor at batch 1 (microseconds), and the share of it the graph "
+                   "replay reaches", (
         Part(lambda: _layer_weight_floor_us(_qwen3_06b(), MEASURED_02_COPY_GBPS), Approx(rel=0.03), label="floor",
              hint="add the four projections' bf16 sizes that section 9 printed and divide by the bandwidth"),
         Part(lambda: 100 * _layer_weight_floor_us(_qwen3_06b(), MEASURED_02_COPY_GBPS) / MEASURED_02_LAYER_GRAPH_US,
