@@ -31,7 +31,6 @@ import sys
 from minillm.course.exercises import REPO_DIR, find_exercises
 
 KIT_DIR = os.path.join(REPO_DIR, "notebooks", "lecturer")
-NOTEBOOKS_DIR = os.path.join(REPO_DIR, "notebooks")
 MISTAKES_DIR = os.path.join(REPO_DIR, "tests", "exercises")
 COMMAND = "python -m minillm.course.kit"
 
@@ -48,10 +47,10 @@ SECTIONS = {  # name -> (opening marker, closing marker)
 # ------------------------------------------------------------------------------------------------ sections
 def notebooks_table() -> str:
     """Every notebook with its chapter file and its recorded execution (device, GPUs, run time, date)."""
-    from minillm.course.notebooks import provenance
+    from minillm.course.notebooks import course_notebooks, provenance
     rows = ["| notebook | lecture notes | outputs from | GPUs used | run time | executed |",
             "|---|---|---|---|---|---|"]
-    for path in sorted(glob.glob(os.path.join(NOTEBOOKS_DIR, "[0-9][0-9]*_*.ipynb"))):
+    for path in course_notebooks():
         name = os.path.basename(path)
         stem = name.removesuffix(".ipynb")
         notes = f"[{stem}.md]({stem}.md)" if os.path.exists(os.path.join(KIT_DIR, stem + ".md")) else "–"
