@@ -88,11 +88,28 @@ class Workload:
         return sum(self.output_lens)
 
 
+# >>> exercise 5.4 | notebooks/05_engine_performance.ipynb | 1. The floor: what "fast" can mean
 def model_bytes(mc, dtype_bytes: int) -> tuple[float, float, float]:
-    """-> (bytes of weights read per decode step, K/V bytes per token, non-embedding parameters)."""
+    """What one decode step must read, for a model config (minillm.config.ModelConfig).
+
+    mc: hidden_size h, intermediate_size i, num_hidden_layers L, num_attention_heads H,
+    num_key_value_heads Hkv, head_dim d, vocab_size, and the flags qk_norm (Qwen3: an RMSNorm
+    weight of d on q and one on k, per layer), qkv_bias (a bias on q, k and v), o_bias (a bias on
+    o_proj); dtype_bytes: bytes per weight and per cached K/V element (2 for bf16).
+    -> (weight bytes read per decode step, K/V bytes per token, non-embedding parameters).
+    Non-embedding parameters: every weight of the L decoder layers (q, k, v, o projections; the
+    MLP's gate, up and down; the two RMSNorms; QK-norms and biases when the flags say so) and the
+    final norm, i.e. everything but the embedding table and the LM head.
+    A decode step reads every non-embedding weight and the whole LM head (vocab_size x h: it
+    scores the entire vocabulary), but only B rows of the embedding table: count those as nothing.
+    With tied embeddings the LM head IS the embedding table; it is read once, as the LM head.
+    K/V bytes per token: the key and the value of every KV head of every layer.
+    Returns floats or ints (they are compared as numbers).
+    """
     h, i, L, d = mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, mc.head_dim
     H, Hkv = mc.num_attention_heads, mc.num_key_value_heads
     per_layer = h * (H + 2 * Hkv) * d + H * d * h + 2 * h * i + i * h + 2 * h
+    per_layer += 2 * d * mc.qk_norm + (H + 2 * Hkv) * d * mc.qkv_bias + h * mc.o_bias
     non_embedding = L * per_layer + h
     weights = (non_embedding + mc.vocab_size * h) * dtype_bytes  # + the LM head, read whole every step
     kv_per_token = 2 * L * Hkv * d * dtype_bytes
@@ -100,7 +117,20 @@ def model_bytes(mc, dtype_bytes: int) -> tuple[float, float, float]:
 
 
 def workload_floor(mc, dtype_bytes: int, prompt_lens, output_lens, copy_gbps: float, matmul_tflops: float) -> dict:
-    """Seconds the device needs at its ceilings for this workload (see the module docstring)."""
+    """Seconds the device needs for a workload at its ceilings: the bench's floor.
+
+    prompt_lens, output_lens: iterables of ints, one per request (request r prefills p_r tokens and
+    outputs o_r >= 1 tokens); copy_gbps: bytes/s / 1e9 the device moves; matmul_tflops: FLOP/s / 1e12.
+    Assume every request starts at once. The first token of each request comes from its prefill;
+    decode step t = 1, 2, ..., max(o) - 1 then makes one token for every request with o_r > t,
+    reading all weights once (model_bytes) plus the K/V of the p_r + t tokens each of them holds.
+    Prefill costs FLOPs only: 2 x non-embedding parameters per prompt token, plus attention,
+    2 x p_r^2 x H x d per layer for request r (QK^T and PV over the causal half).
+    -> {"floor_decode_s": decode bytes / copy rate, "floor_prefill_s": prefill FLOPs / matmul rate,
+        "floor_s": their sum, "floor_tok_s": total output tokens / floor_s}, floats.
+
+    Hints: the sums have closed forms per request; numpy float64 keeps 256 requests exact enough.
+    """
     weights, kv_tok, params = model_bytes(mc, dtype_bytes)
     p, o = np.asarray(list(prompt_lens), dtype=np.float64), np.asarray(list(output_lens))
     decode_bytes = 0.0
@@ -113,6 +143,7 @@ def workload_floor(mc, dtype_bytes: int, prompt_lens, output_lens, copy_gbps: fl
     prefill_s = prefill_flops / (matmul_tflops * 1e12)
     return {"floor_s": decode_s + prefill_s, "floor_decode_s": decode_s, "floor_prefill_s": prefill_s,
             "floor_tok_s": float(o.sum()) / (decode_s + prefill_s)}
+# <<< exercise 5.4
 
 
 # ---- arguments -------------------------------------------------------------------------------------

@@ -39,10 +39,54 @@ from minillm.kernels.sampling import pick_input_ids, sample_triton
 HEAD = 8  # int32 slots per row before the block table: seeds (2), ids, positions, slots, lens, src, temperatures
 
 
+# >>> exercise 5.1 | notebooks/05_engine_performance.ipynb | 3. CUDA graphs
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    """1, 2, 4, 8, then every multiple of 16 up to max_num_seqs (nano-vLLM's choice)."""
+    """The batch sizes that get a decode graph: 1, 2, 4, 8, then every multiple of 16 up to
+    max_num_seqs, and max_num_seqs itself (nano-vLLM's choice), ascending, each once, none larger
+    than max_num_seqs.  e.g. 64 -> [1, 2, 4, 8, 16, 32, 48, 64];  20 -> [1, 2, 4, 8, 16, 20];  3 -> [1, 2, 3]
+
+    Every size costs a capture at start-up and memory for its outputs; a batch runs the graph of the
+    next size up, so the gaps between sizes are rows of wasted work.
+    """
     sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs] + list(range(16, max_num_seqs + 1, 16))
     return sorted(set(sizes + [max_num_seqs]))
+
+
+def graph_size_for(sizes: list[int], batch_size: int) -> int | None:
+    """The captured size that runs a decode batch of batch_size rows: the smallest of `sizes` (ascending)
+    that is >= batch_size, or None when batch_size is larger than all of them (the batch runs eagerly).
+    e.g. sizes [1, 2, 4, 8, 16, 32]: 3 -> 4, 16 -> 16, 17 -> 32, 33 -> None.
+    """
+    return next((s for s in sizes if s >= batch_size), None)
+
+
+def pad_graph_inputs(input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
+                     context_lens: np.ndarray, block_tables: np.ndarray, padded: int,
+                     out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> None:
+    """Write a decode batch of B rows into a graph's host input buffers, padded to `padded` rows.
+
+    input_ids, positions, slot_mapping: [B] int64; context_lens: [B] int32;
+    block_tables: [B, W] int32 (-1 past each sequence's last block), W <= max_blocks; B <= padded.
+    out = (ids, pos, slots, lens, tables): the host buffers, [n] int32 each and tables [n, max_blocks]
+    int32, n >= padded. They still hold whatever an earlier step wrote.
+    Rows 0..B-1 get the batch, each block table followed by -1 up to max_blocks columns.
+    Rows B..padded-1 are padding, run by the graph but never read back: token 0 at position 0,
+    slot -1 (the KV store skips it), context length 0 (attends to nothing), block table all -1.
+    Rows from `padded` on are left alone (the graph of that size never reads them). Returns nothing.
+
+    Hints: numpy slice assignment casts int64 to the buffers' int32; a stale padding row is not
+    harmless: its old slot is a real sequence's cache row.
+    """
+    ids, pos, slots, lens, tables = out
+    bs = len(input_ids)
+    ids[:bs], pos[:bs], slots[:bs], lens[:bs] = input_ids, positions, slot_mapping, context_lens
+    # padding rows: a valid token at position 0 that stores nothing and attends to nothing
+    ids[bs:padded], pos[bs:padded], slots[bs:padded], lens[bs:padded] = 0, 0, -1, 0
+    width = block_tables.shape[1]
+    tables[:bs, :width] = block_tables
+    tables[:bs, width:] = -1
+    tables[bs:padded] = -1  # as at capture: a padding row points at no block
+# <<< exercise 5.1
 
 
 class DecodeGraphs:
@@ -53,7 +97,8 @@ class DecodeGraphs:
         # All inputs in one int32 buffer, so a step is one host->device copy from a pinned staging
         # twin. Two staging buffers alternate: with async scheduling the CPU fills step n+1's while
         # step n's copy may still be queued.
-        self.staging = [torch.zeros(n * (HEAD + max_blocks), dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        pinned = device.type == "cuda"  # (a CPU stand-in of the graphs, in the tests, has no pinned memory)
+        self.staging = [torch.zeros(n * (HEAD + max_blocks), dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
         self.hosts = [self._views(st.numpy(), n) for st in self.staging]
         self.step = 0
         self.buffer = torch.zeros_like(self.staging[0], device=device)
@@ -112,7 +157,7 @@ class DecodeGraphs:
 
     def padded_size(self, bs: int) -> int | None:
         """The captured size that runs a batch of bs, or None when bs is larger than any."""
-        return next((s for s in self.sizes if s >= bs), None)
+        return graph_size_for(self.sizes, bs)
 
     def run(self, batch, prev_ids: torch.Tensor | None = None, src_index=None, temperatures=None,
             seeds=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,9 +172,8 @@ class DecodeGraphs:
         padded = self.padded_size(bs)
         self.step ^= 1
         seed_h, ids, pos, slots, lens, src, temps, tables = self.hosts[self.step]
-        ids[:bs], pos[:bs], slots[:bs], lens[:bs] = batch.input_ids, batch.positions, batch.slot_mapping, batch.context_lens
-        # padding rows: a valid token at position 0 that stores nothing and attends to nothing
-        ids[bs:padded], pos[bs:padded], slots[bs:padded], lens[bs:padded] = 0, 0, -1, 0
+        pad_graph_inputs(batch.input_ids, batch.positions, batch.slot_mapping, batch.context_lens,
+                         batch.block_tables, padded, (ids, pos, slots, lens, tables))
         src[:padded] = -1
         if src_index is not None:
             src[:bs] = src_index
@@ -137,9 +181,6 @@ class DecodeGraphs:
                 self.tokens[:len(prev_ids)].copy_(prev_ids)
         if temperatures is not None:
             temps[:bs], seed_h[:bs] = temperatures, seeds
-        width = batch.block_tables.shape[1]
-        tables[:bs, :width] = batch.block_tables
-        tables[:bs, width:] = -1
         used = HEAD * self.sizes[-1] + padded * self.max_blocks  # copy only the rows this graph reads
         self.buffer[:used].copy_(self.staging[self.step][:used], non_blocking=True)
         self.graphs[padded].replay()

@@ -22,6 +22,73 @@ from minillm.sampling_params import SamplingParams, describe, is_integer
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
+# >>> exercise 5.2 | notebooks/05_engine_performance.ipynb | 4. Async scheduling: the CPU works while the GPU runs
+def append_placeholders(token_lists: list[list[int]], num_prompt_tokens: list[int], max_tokens: list[int],
+                        max_model_len: int) -> tuple[list[int], list[bool]]:
+    """Give every sequence of a step just launched a placeholder for the token that step will sample.
+
+    token_lists[i]: sequence i's tokens, prompt then completion (it may already end in the
+    placeholder of the step launched before, PLACEHOLDER_TOKEN = -1, not read back yet);
+    num_prompt_tokens[i], max_tokens[i]: its prompt length and its SamplingParams.max_tokens;
+    max_model_len: no sequence may grow longer than this.
+    In place: appends PLACEHOLDER_TOKEN to every list.
+    -> (positions, at_limit), one per sequence: positions[i] is the index of its new placeholder;
+       at_limit[i] is True when that placeholder is its last token: with it the completion
+       (tokens after the prompt) has max_tokens[i] tokens, or the sequence has max_model_len tokens.
+       The engine schedules such a sequence no more: its length is known now, its last token later.
+
+    Hints: a placeholder counts like a token; decide at_limit after appending it.
+    """
+    positions, at_limit = [], []
+    for tokens, prompt_len, limit in zip(token_lists, num_prompt_tokens, max_tokens):
+        positions.append(len(tokens))
+        tokens.append(PLACEHOLDER_TOKEN)
+        at_limit.append(len(tokens) - prompt_len >= limit or len(tokens) >= max_model_len)
+    return positions, at_limit
+
+
+def fill_placeholders(token_lists: list[list[int]], positions: list[int], sampled: list[int],
+                      at_limit: list[bool], eos_token_ids: set[int], params: list[SamplingParams]) -> list[str | None]:
+    """Write a step's sampled tokens over their placeholders, one step after it was launched.
+
+    With async scheduling the tokens of step n are read back while step n+1 runs, so a sequence can
+    end in two placeholders: step n's at positions[i] and step n+1's after it.
+    token_lists[i]: sequence i's tokens as they are now; positions[i]: the index of step n's
+    placeholder (append_placeholders' positions); sampled[i]: the token step n sampled there;
+    at_limit[i]: the sequence has reached its length limit (append_placeholders said so for its
+    newest placeholder); eos_token_ids: the model's EOS ids; params[i]: its SamplingParams
+    (ignore_eos, stop_token_ids).
+    -> one outcome per sequence, and in place:
+      "dropped": the sequence ended before this token (a stop one step earlier, an abort): an ended
+                 sequence keeps no placeholder, so positions[i] is past its end or holds a real
+                 token. Nothing is written.
+      "stop":    the token is written and stops the sequence: it is in eos_token_ids (unless
+                 params[i].ignore_eos) or in params[i].stop_token_ids. The placeholders after it
+                 are removed: the step launched meanwhile computed a token nobody will read.
+      "length":  the token is written and is the sequence's last: at_limit[i] and positions[i] is
+                 its last index. A stop token there is a "stop".
+      None:      the token is written; the sequence goes on.
+    (Stop strings need the decoded text: the engine checks them afterwards.)
+
+    Hints: the order of the checks above matters; `del tokens[i:]` removes a tail in place.
+    """
+    outcomes: list[str | None] = []
+    for tokens, pos, tok, limit, p in zip(token_lists, positions, sampled, at_limit, params):
+        if pos >= len(tokens) or tokens[pos] != PLACEHOLDER_TOKEN:
+            outcomes.append("dropped")
+            continue
+        tokens[pos] = tok
+        if (not p.ignore_eos and tok in eos_token_ids) or tok in p.stop_token_ids:
+            del tokens[pos + 1:]
+            outcomes.append("stop")
+        elif limit and pos == len(tokens) - 1:
+            outcomes.append("length")
+        else:
+            outcomes.append(None)
+    return outcomes
+# <<< exercise 5.2
+
+
 class LLMEngine:
     def __init__(self, model_path: str, config: EngineConfig):
         self.model_config = ModelConfig.from_folder(model_path)
@@ -215,11 +282,10 @@ class LLMEngine:
         """Give every launched sequence a placeholder for its coming token. One that reaches max_tokens
         or max_model_len with it is scheduled no more; it finishes when that token is read back.
         -> the placeholders' positions."""
-        positions = []
-        for seq in seqs:
-            positions.append(seq.num_tokens)
-            seq.append_token(PLACEHOLDER_TOKEN)
-            if seq.num_completion_tokens >= seq.params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+        positions, at_limit = append_placeholders([s.token_ids for s in seqs], [s.num_prompt_tokens for s in seqs],
+                                                  [s.params.max_tokens for s in seqs], self.config.max_model_len)
+        for seq, limit in zip(seqs, at_limit):
+            if limit:
                 self.scheduler.remove(seq)
                 seq.finish_reason = "length"  # final once its last token is read back
         return positions
@@ -227,18 +293,22 @@ class LLMEngine:
     def _fill_tokens(self, pending, token_ids: list[int], finished: list[Sequence]) -> None:
         """Write a read-back step's tokens over their placeholders; finish the requests that stop here
         (stop tokens, stop strings) or that got their last token."""
-        for seq, pos, tok in zip(pending.seqs, pending.positions, token_ids):
-            if seq.is_finished or pos >= seq.num_tokens or seq.token_ids[pos] != PLACEHOLDER_TOKEN:
-                continue  # the request ended before this token (a stop one step earlier, an abort): drop it
-            seq.token_ids[pos] = tok
-            p = seq.params
-            stop = (not p.ignore_eos and tok in self.eos_token_ids) or tok in p.stop_token_ids
+        rows = [(seq, pos, tok) for seq, pos, tok in zip(pending.seqs, pending.positions, token_ids)
+                if not seq.is_finished]  # a finished request (a stop one step earlier, an abort) drops its token
+        seqs = [seq for seq, _, _ in rows]
+        outcomes = fill_placeholders([s.token_ids for s in seqs], [pos for _, pos, _ in rows], [tok for _, _, tok in rows],
+                                     [s.finish_reason == "length" for s in seqs], self.eos_token_ids,
+                                     [s.params for s in seqs])
+        for seq, (_, _, tok), outcome in zip(seqs, rows, outcomes):
+            if outcome == "dropped":
+                continue
             detok = self.detokenizers.get(seq.seq_id)
-            if detok is not None and not stop:
+            if detok is not None and outcome != "stop":
                 detok.add([tok])
-                stop = any(s in detok.text for s in p.stop)
-            if stop or (seq.finish_reason == "length" and pos == seq.num_tokens - 1):
-                self._finish(seq, "stop" if stop else "length")  # drops a placeholder launched after this token
+                if any(s in detok.text for s in seq.params.stop):
+                    outcome = "stop"
+            if outcome is not None:
+                self._finish(seq, outcome)  # drops a placeholder launched after this token
                 finished.append(seq)
 
     def is_finished(self) -> bool:

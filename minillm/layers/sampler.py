@@ -12,9 +12,22 @@ from torch import nn
 from minillm.kernels.sampling import sample_triton
 
 
+# >>> exercise 5.3 | notebooks/05_engine_performance.ipynb | Sampling without a host sync: the Gumbel-max trick
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
-    """logits: [B, V] fp32; top_k: [B] int (V for off) or None; top_p: [B] float (1.0 for off) or None.
-    -> logits with every token outside each row's top-k / nucleus set to -inf."""
+    """Mask each row to its top-k and nucleus (top-p) tokens.
+
+    logits: [B, V] fp32 (already divided by the temperature); top_k: [B] int (V for off) or None;
+    top_p: [B] float in (0, 1] (1.0 for off) or None.
+    -> [B, V]: logits with every token outside the row's kept set at -inf, the rest unchanged.
+    Top-k keeps the k largest logits of the row. Top-p is applied after top-k, to the softmax of the
+    logits top-k kept: rank those tokens by probability, and keep each token whose strictly
+    better-ranked tokens hold less than top_p of the mass (the smallest prefix whose mass reaches
+    top_p; the best token always stays). These are transformers' TopKLogitsWarper then
+    TopPLogitsWarper, per row.
+
+    Hints: sort each row once (descending), build a boolean drop mask in sorted order, and scatter
+    the masked values back through the sort's indices; probs.cumsum(-1) - probs is the mass before.
+    """
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
     if top_k is not None:
@@ -26,6 +39,39 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
         drop |= mass_before >= top_p[:, None]  # keeps the smallest prefix whose mass reaches top_p
     return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
 
+
+def gumbel_sample(logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor | None = None,
+                  top_p: torch.Tensor | None = None, generators: list | None = None,
+                  any_greedy: bool | None = None) -> torch.Tensor:
+    """Sample one token per row with the Gumbel-max trick: no softmax, no cumulative sum, no host sync.
+
+    logits: [B, V] fp32; temperatures: [B] fp32 (0 = greedy: that row takes its plain argmax);
+    top_k, top_p: as apply_top_k_top_p, or None; generators: None, or per row a torch.Generator
+    (a seeded request's own stream) or None; any_greedy: False when the caller knows no row is
+    greedy (the argmax is then skipped), else None or True.
+    -> [B] int64 token ids. Row b is drawn from softmax(logits[b] / T_b) restricted to its
+    top-k / top-p set, because argmax_i (x_i + G_i) with independent Gumbel noise
+    G_i = -log(-log U_i), U_i ~ Uniform(0, 1), is distributed as softmax(x).
+    The noise is drawn exactly this way, so a seeded request gets the same tokens whatever else is
+    in the batch: U = torch.rand_like(logits) for the whole batch (the global generator), then
+    each row b with generators[b] not None replaces its row with
+    torch.rand(V, generator=generators[b], device=logits.device) (one draw per call).
+
+    Hints: divide by temperatures.clamp_min(1e-6)[:, None] so a greedy row does not divide by
+    zero; mask after dividing (top-p is defined on the tempered distribution); argmax(x - log(-log U)).
+    """
+    greedy = logits.argmax(dim=-1) if any_greedy is not False else None
+    logits = logits / temperatures.clamp_min(1e-6)[:, None]
+    if top_k is not None or top_p is not None:
+        logits = apply_top_k_top_p(logits, top_k, top_p)
+    uniform = torch.rand_like(logits)
+    if generators:
+        for row, gen in enumerate(generators):
+            if gen is not None:  # a seeded request draws from its own stream
+                uniform[row] = torch.rand(logits.shape[1], generator=gen, device=logits.device)
+    sampled = (logits - uniform.log_().neg_().log_()).argmax(dim=-1)  # + Gumbel noise
+    return sampled if greedy is None else torch.where(temperatures > 0, sampled, greedy)
+# <<< exercise 5.3
 
 class Sampler(nn.Module):
     def forward(self, logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor | None = None,
@@ -43,14 +89,4 @@ class Sampler(nn.Module):
             all_greedy = not bool((temperatures > 0).any())
         if all_greedy:
             return logits.argmax(dim=-1)
-        greedy = logits.argmax(dim=-1) if any_greedy is not False else None
-        logits = logits / temperatures.clamp_min(1e-6)[:, None]
-        if top_k is not None or top_p is not None:
-            logits = apply_top_k_top_p(logits, top_k, top_p)
-        uniform = torch.rand_like(logits)
-        if generators:
-            for row, gen in enumerate(generators):
-                if gen is not None:  # a seeded request draws from its own stream
-                    uniform[row] = torch.rand(logits.shape[1], generator=gen, device=logits.device)
-        sampled = (logits - uniform.log_().neg_().log_()).argmax(dim=-1)  # + Gumbel noise
-        return sampled if greedy is None else torch.where(temperatures > 0, sampled, greedy)
+        return gumbel_sample(logits, temperatures, top_k, top_p, generators, any_greedy)
