@@ -7,17 +7,19 @@ must reproduce them). The block manager and the scheduler are graded on behaviou
 requests against the block tables, hits and preemptions they must produce. Triton kernels run in
 the interpreter on CPU, in fp32 and fp16, with guard regions that must stay untouched. When a
 result is wrong, the known wrong versions in mistakes_ch3.py are run on the same input, and a
-failure that matches one of them names the bug.
+failure that matches one of them names the bug. Slot mapping and the block manager are also graded on
+inputs hypothesis draws (properties.for_all: seeded, bounded): a failure shrinks to a minimal case.
 
     pytest tests/exercises -m ex3_1 --impl=exercises
 """
-from collections import deque
+from collections import Counter, deque
 from itertools import islice
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import strategies as st
 
 from helpers import greedy_reference, ref_path, small_engine_args
 from minillm import LLM, SamplingParams
@@ -25,6 +27,7 @@ from minillm.course.grading import check_close, check_equal
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.sequence import Sequence, SequenceStatus
 from mistakes import suspects, suspects_of
+from properties import for_all, outcome
 
 SENTINEL = 77.0
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=2e-3, rtol=2e-3)}
@@ -92,6 +95,32 @@ def test_slot_mapping_round_trip_through_the_cache(impl):
     cache[torch.from_numpy(np.concatenate([first, rest]))] = values
     back = cache.view(10, block_size, 3)[torch.from_numpy(table).long()].reshape(-1, 3)[:n]
     check_close(back, values, "3.1", "rows read back through the block table", atol=0, rtol=0)
+
+
+@st.composite
+def slot_mapping_cases(draw):
+    """A block table (distinct physical blocks, any order) and a range of positions inside it."""
+    block_size = draw(st.sampled_from([1, 2, 3, 16, 256]))
+    table = np.asarray(draw(st.permutations(range(draw(st.integers(1, 12))))), dtype=np.int32)[
+        :draw(st.integers(1, 6))]
+    end = draw(st.integers(0, len(table) * block_size))
+    return table, draw(st.integers(0, end)), end, block_size
+
+
+@pytest.mark.ex3_1
+def test_slot_mapping_any_positions(impl):
+    """Any table, range and block size (hypothesis: a failure shrinks to the smallest)."""
+    def check(case):
+        table, start, end, block_size = case
+        slots = lambda fn: outcome(lambda: np.asarray(fn(table.copy(), start, end, block_size)))  # noqa: E731
+        got = slots(impl.slot_mapping_for)
+        want = [int(table[p // block_size]) * block_size + p % block_size for p in range(start, end)]
+        what = f"slot_mapping_for(table={table.tolist()}, start={start}, end={end}, block_size={block_size})"
+        as_list = lambda x: x.tolist() if isinstance(x, np.ndarray) else x  # noqa: E731
+        check_equal(as_list(got), want, "3.1", what,
+                    suspects=suspects_of("slot_mapping_for", lambda fn: as_list(slots(fn))))
+        check_equal(str(got.dtype), "int64", "3.1", f"dtype of {what}")
+    for_all(slot_mapping_cases(), check)
 
 
 @pytest.mark.ex3_1
@@ -198,6 +227,80 @@ def test_block_manager_script(impl, monkeypatch):
                 "(block 0 is still cached, block 1's hash now names C's block 4, then free blocks oldest-first)")
     check_equal((E.num_cached_tokens, bm.num_cached_tokens_total, bm.num_free_blocks), (8, 20, 1), "3.2",
                 "(E's cached tokens, total cached tokens, free blocks)")
+
+
+@st.composite
+def block_manager_scripts(draw):
+    """A cache (block size, blocks) and a script of allocations and frees. Each allocation takes one of
+    three token lists (2-letter alphabet), often as it is, sometimes with a few tokens added: the same
+    prompts and prefixes come back, so blocks get shared, freed, found again and handed out again."""
+    block_size, num_blocks = draw(st.integers(1, 4)), draw(st.integers(2, 10))
+    prompts = [draw(st.lists(st.integers(0, 1), min_size=1, max_size=3 * block_size)) for _ in range(3)]
+    extra = st.one_of(st.just([]), st.lists(st.integers(0, 1), min_size=1, max_size=block_size + 1))
+    ops = draw(st.lists(st.one_of(st.tuples(st.just("allocate"), st.integers(0, 2), extra),
+                                  st.tuples(st.just("free"), st.integers(0, 7))), min_size=1, max_size=12))
+    return block_size, num_blocks, [("allocate", prompts[op[1]] + op[2]) if op[0] == "allocate" else op
+                                    for op in ops]
+
+
+def block_manager_observations(compute_block_hash, match_prefix, case):
+    """Run a script on the real BlockManager with these two functions inside; yield (what, observed, expected)
+    against invariants and a model of the prefix cache keyed by whole token prefixes (no hashing): a cached
+    full block is found by its prefix until the block is handed out again, and a new sequence's leading
+    blocks (all but the one holding its last token) are hits exactly while the model finds them."""
+    import minillm.engine.block_manager as bm_mod
+    block_size, num_blocks, script = case
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bm_mod, "compute_block_hash", compute_block_hash)
+        mp.setattr(bm_mod, "match_prefix", match_prefix)
+        bm, live, cached = BlockManager(num_blocks, block_size), [], {}  # cached: prefix tuple -> block id
+        for k, (op, arg) in enumerate(script):
+            where = f"op {k} ({op} {arg}) of the script {script} (block size {block_size}, {num_blocks} blocks)"
+            if op == "allocate":
+                seq = Sequence(list(arg), SamplingParams(), block_size)
+                if not bm.can_allocate(seq):
+                    continue
+                hits = 0
+                while hits < (len(arg) - 1) // block_size and tuple(arg[:(hits + 1) * block_size]) in cached:
+                    hits += 1
+                shared = [cached[tuple(arg[:(i + 1) * block_size])] for i in range(hits)]
+                bm.allocate(seq)
+                yield (f"(cached tokens, shared blocks) of the sequence allocated at {where}: hits only for "
+                       f"blocks whose whole prefix is cached, all of them but the last token's block",
+                       (seq.num_cached_tokens, seq.block_table[:hits]), (hits * block_size, shared))
+                for i in range(hits, len(seq.block_table)):  # blocks handed out now lose their cached identity
+                    block_id = seq.block_table[i]
+                    cached = {prefix: b for prefix, b in cached.items() if b != block_id}
+                    if (i + 1) * block_size <= len(arg):
+                        cached[tuple(arg[:(i + 1) * block_size])] = block_id
+                live.append(seq)
+            elif live:
+                bm.deallocate(live.pop(arg % len(live)))
+            refs = Counter(b for s in live for b in s.block_table)
+            yield (f"free blocks + blocks in use after {where}", bm.num_free_blocks + len(refs), num_blocks)
+            yield (f"ref counts (block id: count) after {where}",
+                   {b.block_id: b.ref_count for b in bm.blocks if b.ref_count}, dict(refs))
+            yield (f"block-table lengths of the live sequences after {where}",
+                   [len(s.block_table) for s in live], [s.num_blocks for s in live])
+
+
+@pytest.mark.ex3_2
+def test_block_manager_random_scripts(impl):
+    """Random allocate/free scripts through the real BlockManager with your two functions (hypothesis: a
+    failure shrinks to the shortest script)."""
+    from minillm.engine.block_manager import compute_block_hash as right_hash, match_prefix as right_match
+
+    def observation(hash_fn, match_fn, case, i):
+        step = next(islice(block_manager_observations(hash_fn, match_fn, case), i, None), None)
+        return None if step is None else step[1]
+
+    def check(case):
+        for i, (what, got, expected) in enumerate(block_manager_observations(impl.compute_block_hash,
+                                                                             impl.match_prefix, case)):
+            suspected = {**suspects_of("compute_block_hash", lambda fn: observation(fn, right_match, case, i)),
+                         **suspects_of("match_prefix", lambda fn: observation(right_hash, fn, case, i))}
+            check_equal(got, expected, "3.2", what, suspects=suspected)
+    for_all(block_manager_scripts(), check)
 
 
 @pytest.mark.ex3_2

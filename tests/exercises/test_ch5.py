@@ -42,7 +42,7 @@ from minillm.engine.sequence import PLACEHOLDER_TOKEN
 from minillm.layers import sampler as sampler_module
 from minillm.model_zoo import QWEN3_06B, QWEN3_8B, resolve_model
 from mistakes import suspects, suspects_of
-from properties import for_all
+from properties import for_all, outcome
 
 EXACT = dict(atol=0.0, rtol=0.0)
 FLOAT_SUMS = dict(atol=0.0, rtol=1e-9)  # the same float64 sums in another order
@@ -117,13 +117,13 @@ def padded_by(fn, batch, padded: int, before) -> list[list]:
 
 def check_padding(impl, bs: int, padded: int, width: int, seed: int) -> None:
     batch, before = decode_batch(bs, width, seed), previous_step_buffers(seed)
-    got = padded_by(impl.pad_graph_inputs, batch, padded, before)
+    buffer = lambda fn, k: outcome(lambda: padded_by(fn, batch, padded, before)[k])  # noqa: E731
     want = padded_by_the_rule(batch, padded, before)
     for k, name in enumerate(BUFFER_NAMES):
-        check_equal(got[k], want[k], "5.1", f"the {name} buffer after padding a batch of {bs} rows (block tables "
-                    f"{width} wide) to {padded} rows; the buffers held an earlier step's 8 rows, and rows "
-                    f"{padded}.. must keep them", suspects=suspects_of(
-                        "pad_graph_inputs", lambda fn, k=k: padded_by(fn, batch, padded, before)[k]))
+        check_equal(buffer(impl.pad_graph_inputs, k), want[k], "5.1", f"the {name} buffer after padding a batch of "
+                    f"{bs} rows (block tables {width} wide) to {padded} rows; the buffers held an earlier step's 8 "
+                    f"rows, and rows {padded}.. must keep them",
+                    suspects=suspects_of("pad_graph_inputs", lambda fn, k=k: buffer(fn, k)))
 
 
 @pytest.mark.ex5_1
@@ -313,13 +313,14 @@ def test_async_loop_matches_the_synchronous_one(impl):
     def check(case):
         requests, max_model_len = case
         want = [generate_synchronously(n, s, p, max_model_len) for n, s, p in requests]
-        got = generate_asynchronously(impl.append_placeholders, impl.fill_placeholders, requests, max_model_len)
+        got = outcome(lambda: generate_asynchronously(impl.append_placeholders, impl.fill_placeholders, requests,
+                                                      max_model_len))
         described = [f"prompt {n}, samples {s[:len(w[0]) + 2]}..., max_tokens {p.max_tokens}, ignore_eos "
                      f"{p.ignore_eos}, stop_token_ids {p.stop_token_ids}" for (n, s, p), w in zip(requests, want)]
-        suspected = {**suspects_of("append_placeholders", lambda fn: generate_asynchronously(
-                        fn, right_fill, requests, max_model_len)),
-                     **suspects_of("fill_placeholders", lambda fn: generate_asynchronously(
-                        right_append, fn, requests, max_model_len))}
+        suspected = {**suspects_of("append_placeholders", lambda fn: outcome(lambda: generate_asynchronously(
+                        fn, right_fill, requests, max_model_len))),
+                     **suspects_of("fill_placeholders", lambda fn: outcome(lambda: generate_asynchronously(
+                        right_append, fn, requests, max_model_len)))}
         check_equal(got, want, "5.2", f"(completion, finish reason) of each request with async placeholders vs the "
                     f"synchronous loop (max_model_len {max_model_len}, EOS {sorted(EOS)}; requests: {described})",
                     suspects=suspected)
@@ -396,11 +397,11 @@ def mask_case() -> torch.Tensor:
 def check_masks(impl, logits: torch.Tensor, top_k: list[int], top_p: list[float], what: str) -> None:
     """impl.apply_top_k_top_p against transformers' warpers, row by row: which tokens stay, then their values."""
     want = torch.stack([warped(row, 0.0, k, p) for row, k, p in zip(logits, top_k, top_p)])
-    k, p = torch.tensor(top_k), torch.tensor(top_p, dtype=torch.float32)
-    got = impl.apply_top_k_top_p(logits.clone(), k, p)
-    check_equal(kept_by(impl.apply_top_k_top_p, logits, top_k, top_p), torch.isfinite(want).tolist(), "5.3",
+    kept = lambda fn: outcome(lambda: kept_by(fn, logits, top_k, top_p))  # noqa: E731
+    check_equal(kept(impl.apply_top_k_top_p), torch.isfinite(want).tolist(), "5.3",
                 f"tokens kept (True) {what} (vs transformers' TopKLogitsWarper then TopPLogitsWarper)",
-                suspects=suspects_of("apply_top_k_top_p", lambda fn: kept_by(fn, logits, top_k, top_p)))
+                suspects=suspects_of("apply_top_k_top_p", kept))
+    got = impl.apply_top_k_top_p(logits.clone(), torch.tensor(top_k), torch.tensor(top_p, dtype=torch.float32))
     check_close(got.masked_fill(~torch.isfinite(got), 0), want.masked_fill(~torch.isfinite(want), 0), "5.3",
                 f"values of the kept logits {what} (unchanged)", **EXACT)
 
