@@ -296,9 +296,9 @@ class LLMEngine:
         rows = [(seq, pos, tok) for seq, pos, tok in zip(pending.seqs, pending.positions, token_ids)
                 if not seq.is_finished]  # a finished request (a stop one step earlier, an abort) drops its token
         seqs = [seq for seq, _, _ in rows]
-        outcomes = fill_placeholders([s.token_ids for s in seqs], [pos for _, pos, _ in rows], [tok for _, _, tok in rows],
-                                     [s.finish_reason == "length" for s in seqs], self.eos_token_ids,
-                                     [s.params for s in seqs])
+        outcomes = fill_placeholders([s.token_ids for s in seqs], [pos for _, pos, _ in rows],
+                                     [tok for _, _, tok in rows], [s.finish_reason == "length" for s in seqs],
+                                     self.eos_token_ids, [s.params for s in seqs])
         for seq, (_, _, tok), outcome in zip(seqs, rows, outcomes):
             if outcome == "dropped":
                 continue
