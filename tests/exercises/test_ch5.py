@@ -378,6 +378,12 @@ def warped(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: f
     return x[0]
 
 
+def shown(logits: torch.Tensor) -> list:
+    """Logits as a failure message prints them (fp32 values rounded back to what the test wrote)."""
+    values = logits.tolist()
+    return [[round(x, 4) for x in row] for row in values] if logits.dim() == 2 else [round(x, 4) for x in values]
+
+
 def kept_by(mask_fn, logits: torch.Tensor, top_k: list[int] | None, top_p: list[float] | None) -> list[list[bool]]:
     k = None if top_k is None else torch.tensor(top_k)
     p = None if top_p is None else torch.tensor(top_p, dtype=torch.float32)
@@ -447,7 +453,7 @@ def test_masks_match_transformers_on_any_logits(impl):
     def check(case):
         logits, top_k, top_p = case
         assume(all(p == 1.0 or top_p_margin(row, k, p) > MIN_MARGIN for row, k, p in zip(logits, top_k, top_p)))
-        check_masks(impl, logits, top_k, top_p, f"for logits {logits.tolist()}, top_k {top_k}, top_p {top_p}")
+        check_masks(impl, logits, top_k, top_p, f"for logits {shown(logits)}, top_k {top_k}, top_p {top_p}")
     for_all(mask_cases(), check)
 
 
@@ -485,7 +491,7 @@ def with_mask(mask_fn):
 
 def check_distribution(impl, logits: torch.Tensor, temperature: float, top_k, top_p) -> None:
     want = warped(logits, temperature, top_k, top_p).double().softmax(-1)
-    case = f"T={temperature}, top_k={top_k}, top_p={top_p}, logits {logits.tolist()}"
+    case = f"T={temperature}, top_k={top_k}, top_p={top_p}, logits {shown(logits)}"
     draws = draws_of(impl.gumbel_sample, logits, temperature, top_k, top_p)
     check_equal((tuple(draws.shape), str(draws.dtype)), ((DRAWS,), "torch.int64"), "5.3", "(shape, dtype) of the draws")
     outside = int((want[draws] == 0).sum())
@@ -611,7 +617,7 @@ def test_draws_stay_in_the_kept_set(impl):
         if temperature > 0 and top_p < 1.0:
             assume(top_p_margin(logits / temperature, top_k, top_p) > MIN_MARGIN)
         draws = draws_of(impl.gumbel_sample, logits, temperature, top_k, top_p, n)
-        case_text = f"T={temperature}, top_k={top_k}, top_p={top_p}, logits {logits.tolist()}"
+        case_text = f"T={temperature}, top_k={top_k}, top_p={top_p}, logits {shown(logits)}"
         if temperature == 0:
             check_equal(draws.tolist(), [int(logits.argmax())] * n, "5.3", f"greedy draws ({case_text})",
                         suspects=suspects_of("gumbel_sample",
