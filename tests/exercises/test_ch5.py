@@ -283,9 +283,9 @@ def generate_asynchronously(append, fill, requests, max_model_len: int, max_step
             rows = [row for row in pending if row[0].reason is None]
             outcomes = fill([r.tokens for r, _, _ in rows], [pos for _, pos, _ in rows], [t for _, _, t in rows],
                             [r.at_limit for r, _, _ in rows], set(EOS), [r.params for r, _, _ in rows])
-            for (r, _, _), outcome in zip(rows, outcomes):
-                if outcome in ("stop", "length"):
-                    r.reason = outcome
+            for (r, _, _), result in zip(rows, outcomes):
+                if result in ("stop", "length"):
+                    r.reason = result
                     while len(r.tokens) > r.n and r.tokens[-1] == P:
                         r.tokens.pop()
         pending = launched
