@@ -11,7 +11,8 @@ import pytest
 from minillm.course import kit
 from minillm.course import questions as Q
 
-CHAPTERS = ["00_tour", "01_vocab_weights_runtime", "02_decoder_layer", "03_paged_kv_cache", "04_tensor_parallel"]
+CHAPTERS = ["00_tour", "01_vocab_weights_runtime", "02_decoder_layer", "03_paged_kv_cache", "04_tensor_parallel",
+            "05_engine_performance"]
 PARTS = ["## Learning objectives", "## A 90-minute lecture", "## Check your understanding: the answer key",
          "## Common mistakes the grader diagnoses"]
 
