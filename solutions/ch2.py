@@ -16,6 +16,7 @@ Exercise 2.12: add_rms_norm_kernel  (notebooks/02_decoder_layer.ipynb, section '
 """
 from __future__ import annotations
 
+import minillm.kernels  # noqa: F401,I001  (sets TRITON_INTERPRET=1 without CUDA)
 import math
 import torch
 import torch.nn.functional as F

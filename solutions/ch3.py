@@ -10,6 +10,7 @@ Exercise 3.6: schedule_step  (notebooks/03_paged_kv_cache.ipynb, section '7. The
 """
 from __future__ import annotations
 
+import minillm.kernels  # noqa: F401,I001  (sets TRITON_INTERPRET=1 without CUDA)
 import hashlib
 import numpy as np
 import torch

@@ -195,7 +195,11 @@ def render_chapter(chapter: int, exs: list[Exercise], stubs: bool) -> str:
     for e in exs:
         head.append(f"Exercise {e.id}: {', '.join(e.stubbed)}  ({e.where()})")
     head.append('"""')
-    body = ["from __future__ import annotations", "", *_imports_for(exs, defined), ""]
+    imports = _imports_for(exs, defined)
+    if any(line.split()[1].startswith("triton") for line in imports):
+        # Triton reads TRITON_INTERPRET when triton.language is imported: minillm.kernels sets it first
+        imports.insert(0, "import minillm.kernels  # noqa: F401,I001  (sets TRITON_INTERPRET=1 without CUDA)")
+    body = ["from __future__ import annotations", "", *imports, ""]
     for e in exs:
         body += ["", f"# ---- Exercise {e.id} ({e.where()}), from {e.module} ----",
                  (_stub(e) if stubs else e.source).rstrip("\n"), ""]

@@ -22,10 +22,10 @@ from __future__ import annotations
 import math
 
 import torch
+
+import minillm.kernels  # noqa: F401,I001  (first: sets TRITON_INTERPRET=1 without CUDA, before triton is imported)
 import triton
 import triton.language as tl
-
-import minillm.kernels  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel below exists)
 
 # Launch configurations. The tests pass small blocks so that tiny inputs still span several
 # programs and end in a partial tile; these defaults are what the notebook times on a GPU.
