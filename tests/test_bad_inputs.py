@@ -863,9 +863,13 @@ def test_cli_error_is_one_line_with_a_nonzero_exit(cli_results, case, phrase):
 def _start_generating() -> subprocess.Popen:
     """A CLI process that streams a long reply; returns once the first byte of it has arrived."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    # Ctrl-C as in a terminal: SIGINT at its default in the child. A test run started in the background
+    # by a non-interactive shell (`make test &`) ignores SIGINT, a child inherits that, and Python then
+    # never raises KeyboardInterrupt: the CLI ran all 2000 tokens and exited 0 in one such run.
     proc = subprocess.Popen([sys.executable, "-m", "minillm", "generate", "Once upon a time", "--model", "qwen3-tiny",
                              "--max-tokens", "2000", "--max-model-len", "4096"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.read(1)
     return proc
 
