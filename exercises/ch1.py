@@ -16,14 +16,14 @@ import numpy as np
 import regex
 import struct
 import torch
+from minillm.course.runtime_v0 import last_logits
+from minillm.course.runtime_v0 import prefill_batch
 from minillm.engine.model_runner import Batch
 from minillm.engine.model_runner import ModelRunner
 from minillm.loader import IGNORED_SUFFIXES
 from minillm.loader import SAFETENSORS_DTYPES
 from minillm.loader import expected_shards
 from minillm.loader import iterate_safetensors
-from minillm.runtime_v0 import last_logits
-from minillm.runtime_v0 import prefill_batch
 from torch import nn
 
 
@@ -124,7 +124,7 @@ def load_model(model: nn.Module, path: str) -> None:
     raise NotImplementedError("Exercise 1.3: implement load_model in exercises/ch1.py (see notebooks/01_vocab_weights_runtime.ipynb, section '7. Packed parameters')")
 
 
-# ---- Exercise 1.4 (notebooks/01_vocab_weights_runtime.ipynb, section '8. The runtime: the forward pipeline'), from minillm.runtime_v0 ----
+# ---- Exercise 1.4 (notebooks/01_vocab_weights_runtime.ipynb, section '8. The runtime: the forward pipeline'), from minillm.course.runtime_v0 ----
 def forward_pipeline(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The whole forward of a decoder-only model, written out.
 
@@ -140,7 +140,7 @@ def forward_pipeline(model, input_ids: torch.Tensor, positions: torch.Tensor) ->
     raise NotImplementedError("Exercise 1.4: implement forward_pipeline in exercises/ch1.py (see notebooks/01_vocab_weights_runtime.ipynb, section '8. The runtime: the forward pipeline')")
 
 
-# ---- Exercise 1.5 (notebooks/01_vocab_weights_runtime.ipynb, section '9. A generate loop without a cache'), from minillm.runtime_v0 ----
+# ---- Exercise 1.5 (notebooks/01_vocab_weights_runtime.ipynb, section '9. A generate loop without a cache'), from minillm.course.runtime_v0 ----
 def greedy_generate_naive(runner: ModelRunner, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """Greedy decoding that recomputes everything: each step runs the model over the WHOLE sequence so
     far (prompt + tokens generated until now) and appends the argmax of the last position's logits.
@@ -153,7 +153,7 @@ def greedy_generate_naive(runner: ModelRunner, prompt_ids: list[int], max_new_to
     raise NotImplementedError("Exercise 1.5: implement greedy_generate_naive in exercises/ch1.py (see notebooks/01_vocab_weights_runtime.ipynb, section '9. A generate loop without a cache')")
 
 
-# ---- Exercise 1.6 (notebooks/01_vocab_weights_runtime.ipynb, section '10. A KV cache'), from minillm.runtime_v0 ----
+# ---- Exercise 1.6 (notebooks/01_vocab_weights_runtime.ipynb, section '10. A KV cache'), from minillm.course.runtime_v0 ----
 def greedy_generate_cached(runner: ModelRunner, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """Greedy decoding with a contiguous KV cache: the same computation as greedy_generate_naive (in
     fp32, the same tokens), but each token's keys and values are computed once. In bf16 on a GPU the

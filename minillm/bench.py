@@ -631,7 +631,7 @@ def run_bench(args) -> dict:
     """Run the benchmark the arguments describe (add_bench_args); print and return its result."""
     import torch
 
-    from minillm.course.timing import describe_device, device_ceilings
+    from minillm.timing import describe_device, device_ceilings
     check_args(args)
     plan = _prepare(args)
     for name, why in plan["skipped"].items():

@@ -86,7 +86,7 @@ def test_cuda_rmsnorm_module_dispatches_to_triton(monkeypatch):
 @pytest.mark.gpu
 def test_cuda_bandwidth_at_16k_rows(capsys):
     """Acceptance: >= 85% of the measured device-copy bandwidth at 16384 x 1024 bf16."""
-    from minillm.course.timing import device_ceilings, time_fn
+    from minillm.timing import device_ceilings, time_fn
     n, d, reps = 16384, 1024, 8
     sets = [(torch.randn(n, d, device="cuda", dtype=torch.bfloat16), torch.randn(n, d, device="cuda",
              dtype=torch.bfloat16), torch.randn(d, device="cuda", dtype=torch.bfloat16)) for _ in range(reps)]

@@ -17,8 +17,8 @@ import torch.distributed as dist
 
 from helpers import small_engine_args
 from minillm import LLM, SamplingParams
-from minillm.distributed import run_on_ranks
-from minillm.engine.tp import decode_step_times, shard_summary
+from minillm.course.ranks import run_on_ranks
+from minillm.course.tp_tools import decode_step_times, shard_summary
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = ["Hello", "The capital of France is", "1 2 3 4 5 6 7 8", "def fib(n):\n    return"]
@@ -364,7 +364,7 @@ def test_nccl_decode_step_times():
 def _all_reduce_benchmark_with_a_slow_rank(sizes):
     """Rank 1 is slower between all-reduces, so the ranks measure different times; -> (ms, calls)."""
     import torch
-    from minillm.distributed import all_reduce_benchmark
+    from minillm.course.ranks import all_reduce_benchmark
     calls, real = [0], dist.all_reduce
 
     def counted(*a, **k):
@@ -392,6 +392,6 @@ def test_all_reduce_benchmark_makes_the_same_calls_on_every_rank():
 def test_nccl_all_reduce_benchmark_runs():
     _two_gpus()
     import torch
-    from minillm.distributed import all_reduce_benchmark
+    from minillm.course.ranks import all_reduce_benchmark
     ms = run_on_ranks(all_reduce_benchmark, 2, [4, 1 << 20], "cuda", torch.bfloat16, device="cuda")
     assert all(0 < m < 1000 for rank in ms for m in rank)

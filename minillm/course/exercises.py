@@ -35,9 +35,9 @@ REPO_DIR = os.path.dirname(PACKAGE_DIR)
 BEGIN = re.compile(r"^# >>> exercise (\d+)\.(\d+) \| (\S+) \| (.+)$")
 END = re.compile(r"^# <<< exercise (\d+)\.(\d+)$")
 GIVEN = "# exercise: given"
-# minillm/course/ modules that hold exercises: course material rather than engine code (the Triton
-# primer's kernels); the rest of course/ is tooling and is not searched
-COURSE_EXERCISE_MODULES = ("triton_primer.py",)
+# minillm/course/ modules that hold exercises: course material rather than engine code (chapter 1's
+# runtime v0, the Triton primer's kernels); the rest of course/ is tooling and is not searched
+COURSE_EXERCISE_MODULES = ("runtime_v0.py", "triton_primer.py")
 
 
 @dataclass

@@ -43,7 +43,7 @@ def machine() -> dict:
     """What this process runs on: the device description and the number of GPUs."""
     import torch
 
-    from minillm.course.timing import describe_device
+    from minillm.timing import describe_device
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return {"device": describe_device(), "gpus": gpus}
 

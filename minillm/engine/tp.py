@@ -39,14 +39,12 @@ from __future__ import annotations
 
 import os
 import pickle
-import statistics
 import threading
 import time
 import weakref
 from datetime import timedelta
 from multiprocessing.connection import wait
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -107,12 +105,6 @@ class ShardRunner(ModelRunner):
             elif msg == STOP:
                 return True
         return False
-
-
-def shard_summary(runner: ShardRunner) -> dict:
-    """For collective_rpc: what one rank holds (its rank, parameter count, KV-cache shape)."""
-    return {"rank": dist.get_rank(runner.group), "parameters": sum(p.numel() for p in runner.model.parameters()),
-            "kv_cache": tuple(runner.kv_cache.shape)}
 
 
 # ---- how rank 0 talks to the workers -------------------------------------------------------------
@@ -461,80 +453,3 @@ class TPModelRunner(ShardRunner):
         if chosen is exc:
             raise exc
         raise chosen from exc
-
-
-# ---- timing a decode step (notebook 04), the same calls on every rank -----------------------------
-def decode_step_times(runner: ShardRunner, batch_sizes: list[int], context_len: int, iters: int = 20) -> dict:
-    """For collective_rpc (or a plain ModelRunner): milliseconds per decode step at each batch size,
-    and for tensor parallel the part of it spent in collectives. Needs CUDA graphs.
-
-    A step is one replay of the decode graph of that size, every row at `context_len` tokens in blocks
-    of its own (as many as the cache holds: rows reading the same blocks would hit in L2). The
-    collectives alone are a
-    graph of the same all-reduces and gather the step makes (2 per layer, 1 for the embedding, the LM
-    head's gather), on tensors of the step's shapes. Every rank replays the same graphs the same number
-    of times (a count picked from a measurement would differ between ranks and hang them).
-    -> {"batch_sizes", "step_ms", "comm_ms"} (comm_ms all 0.0 at one rank)."""
-    graphs = runner.graphs
-    if graphs is None:
-        raise ValueError("decode_step_times replays the decode CUDA graphs: run on CUDA without enforce_eager")
-    group = getattr(runner, "group", None)
-    size = dist.get_world_size(group) if group is not None else 1
-    mc, blocks, num_blocks = runner.model_config, -(-context_len // runner.block_size), runner.num_kvcache_blocks
-    if blocks > min(num_blocks, graphs.max_blocks):
-        raise ValueError(f"context_len={context_len} needs {blocks} KV blocks per row; a row can have "
-                         f"{min(num_blocks, graphs.max_blocks)}")
-    step_ms, comm_ms = [], []
-    for bs in batch_sizes:
-        padded = graphs.padded_size(bs)
-        if padded is None:
-            raise ValueError(f"batch {bs} is larger than the largest decode graph ({graphs.sizes[-1]})")
-        lens = np.full(bs, context_len, dtype=np.int32)
-        batch = Batch(is_prefill=False, input_ids=np.zeros(bs, dtype=np.int64),
-                      positions=lens.astype(np.int64) - 1, slot_mapping=np.full(bs, -1, dtype=np.int64),
-                      context_lens=lens,
-                      block_tables=((np.arange(bs)[:, None] * blocks + np.arange(blocks)) % num_blocks).astype(np.int32))
-        temps, seeds = np.zeros(bs, dtype=np.float32), np.zeros(bs, dtype=np.int64)
-        step_ms.append(_replay_ms(lambda: graphs.run(batch, None, None, temps, seeds), iters))
-        if size == 1:
-            comm_ms.append(0.0)
-            continue
-        comm = _collectives_graph(padded, mc, runner.dtype, size, group)
-        comm_ms.append(_replay_ms(comm.replay, iters))
-        del comm
-    return {"batch_sizes": list(batch_sizes), "step_ms": step_ms, "comm_ms": comm_ms}
-
-
-def _replay_ms(fn, iters: int) -> float:
-    """Median milliseconds of fn over `iters` timed calls after 3 warm-up calls (CUDA events)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def _collectives_graph(bs: int, mc: ModelConfig, dtype: torch.dtype, size: int, group) -> torch.cuda.CUDAGraph:
-    """A CUDA graph of one decode step's collectives at batch bs: (2 x layers + 1) all-reduces of
-    [bs, hidden] and the LM head's gather of [bs, vocab / size] to rank 0."""
-    hidden = torch.zeros(bs, mc.hidden_size, dtype=dtype, device="cuda")
-    logits = torch.zeros(bs, mc.vocab_size // size, dtype=dtype, device="cuda")
-    parts = [torch.empty_like(logits) for _ in range(size)] if dist.get_rank(group) == 0 else None
-
-    def collectives():
-        for _ in range(2 * mc.num_hidden_layers + 1):
-            dist.all_reduce(hidden, group=group)
-        dist.gather(logits, parts, group_dst=0, group=group)
-    collectives()  # warm-up outside the graph (NCCL sets up its channels on first use)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        collectives()
-    graph.keep_alive = (hidden, logits, parts)  # the graph reads and writes them
-    return graph

@@ -11,10 +11,10 @@ import struct
 import numpy as np
 import torch
 
+from minillm.course.runtime_v0 import last_logits, prefill_batch
 from minillm.engine.model_runner import Batch
 from minillm.loader import (IGNORED_SUFFIXES, SAFETENSORS_DTYPES, checkpoint_param_name, expected_shards,
                             iterate_safetensors)
-from minillm.runtime_v0 import last_logits, prefill_batch
 from mistakes import Mistake
 
 

@@ -21,9 +21,9 @@ from minillm.config import ModelConfig
 from minillm.context import reset_context
 from minillm.course.exercises import use_impl
 from minillm.course.grading import check_close, check_equal, require_written
+from minillm.course.runtime_v0 import one_sequence_runner, prefill_batch
 from minillm.model_zoo import QWEN_PATTERN, QWEN_SPECIAL, qwen_tiktoken_file
 from minillm.models.qwen3 import Qwen3ForCausalLM
-from minillm.runtime_v0 import one_sequence_runner, prefill_batch
 
 from mistakes import suspects, then
 

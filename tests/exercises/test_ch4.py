@@ -3,7 +3,7 @@ references nobody here wrote: transformers' Qwen3 MLP and attention projections,
 nn.Embedding / nn.Linear, torch.chunk.
 
 Each test first runs the function with one rank (a 1-process gloo group in this process: quick, and
-a stub fails here), then spawns two ranks (minillm.distributed.run_on_ranks) that run the function
+a stub fails here), then spawns two ranks (minillm.course.ranks.run_on_ranks) that run the function
 under test on their shards; the results come back and are compared here.
 
 The collectives are also graded on two ranks inside this process (two threads joined by torch's
@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 from minillm.course.exercises import load_impl
 from minillm.course.grading import check_close, check_equal
-from minillm.distributed import run_on_ranks, tensor_parallel
+from minillm.course.ranks import run_on_ranks
+from minillm.distributed import tensor_parallel
 from mistakes import suspects, suspects_of
 
 TP = 2

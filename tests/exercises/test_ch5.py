@@ -783,7 +783,7 @@ def test_bench_floor_in_the_engine(impl_name, monkeypatch):
     """Your 5.4 alone in `python -m minillm bench` (qwen3-tiny, 3 requests on the CPU; the device's ceilings
     replaced by fixed ones): the floor it prints equals minillm's own, to the bench's rounding."""
     from minillm import bench
-    from minillm.course import timing
+    from minillm import timing
     require_written(impl_name, "5.4")
     copy_gbps, tflops = STAND_IN_CEILINGS
     monkeypatch.setattr(timing, "device_ceilings", lambda dtype=None: timing.Ceilings("stand-in", copy_gbps, tflops))

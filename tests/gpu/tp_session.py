@@ -90,7 +90,7 @@ try:  # the course's provenance record (minillm/course/notebooks.py), when this 
 except ImportError:
     def machine():
         import torch
-        from minillm.course.timing import describe_device
+        from minillm.timing import describe_device
         return {"device": describe_device(), "gpus": torch.cuda.device_count()}
 nb = nbformat.read(path, as_version=4)
 client = NotebookClient(nb, kernel_name="python3", timeout=timeout, resources={"metadata": {"path": "notebooks"}})

@@ -1,4 +1,5 @@
-"""Timing for the notebooks: one way to time a callable, the device's measured ceilings, a roofline.
+"""Timing for the notebooks and the bench: one way to time a callable, the device's measured ceilings,
+a roofline.
 
     t = time_fn(fn)                       # median milliseconds (CUDA events on GPU, perf_counter on CPU)
     c = device_ceilings()                 # measured copy GB/s and matmul TFLOP/s of this device
