@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 from collections import deque
 from minillm.engine.block_manager import BlockManager
+from minillm.engine.block_manager import NO_HASH
 from minillm.engine.sequence import Sequence
 from minillm.engine.sequence import SequenceStatus
 from minillm.kernels.gemv import pdl_args
@@ -49,10 +50,10 @@ def slot_mapping_for(block_table: np.ndarray, start: int, end: int, block_size: 
 
 # ---- Exercise 3.2 (notebooks/03_paged_kv_cache.ipynb, section '3. Prefix caching: hashing full blocks'), from minillm.engine.block_manager ----
 def compute_block_hash(token_ids: list[int], prefix_hash: int) -> int:
-    """A 64-bit hash of one full block's tokens, chained to the hash of the block before (-1 for the first).
+    """A 64-bit hash of one full block's tokens, chained to the hash of the block before.
 
     token_ids: the block_size token ids of one block; prefix_hash: compute_block_hash of the previous
-    block of the same sequence, or -1 for block 0 -> a Python int in [-2**63, 2**63).
+    block of the same sequence, or NO_HASH for block 0 -> a Python int in [-2**63, 2**63).
     Two blocks get the same hash only if their tokens AND everything before them are the same, so
     a hash names a whole prefix, not just one block.
 
@@ -71,7 +72,7 @@ def match_prefix(token_ids: list[int], block_size: int, hash_to_block_id: dict[i
     hash_to_block_id: chained block hash -> physical block id of the cached blocks;
     block_tokens(block_id): the tokens that block currently holds.
     -> (hashes, num_hits):
-      hashes: one per logical block, compute_block_hash chained from block 0, -1 for a last block
+      hashes: one per logical block, compute_block_hash chained from block 0, NO_HASH for a last block
         that is not full (it cannot be shared: more tokens will be written into it);
       num_hits: how many leading blocks can be reused. Block i is a hit when its hash is in
         hash_to_block_id, that block holds exactly the same tokens (a hash collision must never hand

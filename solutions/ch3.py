@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 from collections import deque
 from minillm.engine.block_manager import BlockManager
+from minillm.engine.block_manager import NO_HASH
 from minillm.engine.sequence import Sequence
 from minillm.engine.sequence import SequenceStatus
 from minillm.kernels.gemv import pdl_args
@@ -49,10 +50,10 @@ def slot_mapping_for(block_table: np.ndarray, start: int, end: int, block_size: 
 
 # ---- Exercise 3.2 (notebooks/03_paged_kv_cache.ipynb, section '3. Prefix caching: hashing full blocks'), from minillm.engine.block_manager ----
 def compute_block_hash(token_ids: list[int], prefix_hash: int) -> int:
-    """A 64-bit hash of one full block's tokens, chained to the hash of the block before (-1 for the first).
+    """A 64-bit hash of one full block's tokens, chained to the hash of the block before.
 
     token_ids: the block_size token ids of one block; prefix_hash: compute_block_hash of the previous
-    block of the same sequence, or -1 for block 0 -> a Python int in [-2**63, 2**63).
+    block of the same sequence, or NO_HASH for block 0 -> a Python int in [-2**63, 2**63).
     Two blocks get the same hash only if their tokens AND everything before them are the same, so
     a hash names a whole prefix, not just one block.
 
@@ -74,7 +75,7 @@ def match_prefix(token_ids: list[int], block_size: int, hash_to_block_id: dict[i
     hash_to_block_id: chained block hash -> physical block id of the cached blocks;
     block_tokens(block_id): the tokens that block currently holds.
     -> (hashes, num_hits):
-      hashes: one per logical block, compute_block_hash chained from block 0, -1 for a last block
+      hashes: one per logical block, compute_block_hash chained from block 0, NO_HASH for a last block
         that is not full (it cannot be shared: more tokens will be written into it);
       num_hits: how many leading blocks can be reused. Block i is a hit when its hash is in
         hash_to_block_id, that block holds exactly the same tokens (a hash collision must never hand
@@ -85,14 +86,14 @@ def match_prefix(token_ids: list[int], block_size: int, hash_to_block_id: dict[i
     Hints: the last token sits in block (len(token_ids) - 1) // block_size; hashes of the blocks
     after the first miss are still needed (the block manager registers them).
     """
-    hashes, num_hits, h = [], 0, -1
+    hashes, num_hits, h = [], 0, NO_HASH
     num_cacheable = (len(token_ids) - 1) // block_size  # blocks before the one holding the last token
     for i in range(-(-len(token_ids) // block_size)):
         block = token_ids[i * block_size:(i + 1) * block_size]
-        h = compute_block_hash(block, h) if len(block) == block_size else -1
+        h = compute_block_hash(block, h) if len(block) == block_size else NO_HASH
         hashes.append(h)
-        block_id = hash_to_block_id.get(h, -1) if h != -1 else -1
-        if num_hits == i and i < num_cacheable and block_id != -1 and block_tokens(block_id) == block:
+        block_id = hash_to_block_id.get(h)  # a block before num_cacheable is full: it has a hash
+        if num_hits == i and i < num_cacheable and block_id is not None and block_tokens(block_id) == block:
             num_hits += 1
     return hashes, num_hits
 

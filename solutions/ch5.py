@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from minillm.context import PAD_BLOCK
+from minillm.context import SKIP_SLOT
 from minillm.engine.sequence import PLACEHOLDER_TOKEN
 from minillm.sampling_params import SamplingParams
 
@@ -41,12 +43,12 @@ def pad_graph_inputs(input_ids: np.ndarray, positions: np.ndarray, slot_mapping:
     """Write a decode batch of B rows into a graph's host input buffers, padded to `padded` rows.
 
     input_ids, positions, slot_mapping: [B] int64; context_lens: [B] int32;
-    block_tables: [B, W] int32 (-1 past each sequence's last block), W <= max_blocks; B <= padded.
+    block_tables: [B, W] int32 (PAD_BLOCK past each sequence's last block), W <= max_blocks; B <= padded.
     out = (ids, pos, slots, lens, tables): the host buffers, [n] int32 each and tables [n, max_blocks]
     int32, n >= padded. They still hold whatever an earlier step wrote.
-    Rows 0..B-1 get the batch, each block table followed by -1 up to max_blocks columns.
+    Rows 0..B-1 get the batch, each block table followed by PAD_BLOCK up to max_blocks columns.
     Rows B..padded-1 are padding, run by the graph but never read back: token 0 at position 0,
-    slot -1 (the KV store skips it), context length 0 (attends to nothing), block table all -1.
+    slot SKIP_SLOT (the KV store skips it), context length 0 (attends to nothing), block table all PAD_BLOCK.
     Rows from `padded` on are left alone (the graph of that size never reads them). Returns nothing.
 
     Hints: numpy slice assignment casts int64 to the buffers' int32; a stale padding row is not
@@ -56,11 +58,11 @@ def pad_graph_inputs(input_ids: np.ndarray, positions: np.ndarray, slot_mapping:
     bs = len(input_ids)
     ids[:bs], pos[:bs], slots[:bs], lens[:bs] = input_ids, positions, slot_mapping, context_lens
     # padding rows: a valid token at position 0 that stores nothing and attends to nothing
-    ids[bs:padded], pos[bs:padded], slots[bs:padded], lens[bs:padded] = 0, 0, -1, 0
+    ids[bs:padded], pos[bs:padded], slots[bs:padded], lens[bs:padded] = 0, 0, SKIP_SLOT, 0
     width = block_tables.shape[1]
     tables[:bs, :width] = block_tables
-    tables[:bs, width:] = -1
-    tables[bs:padded] = -1  # as at capture: a padding row points at no block
+    tables[:bs, width:] = PAD_BLOCK
+    tables[bs:padded] = PAD_BLOCK  # as at capture: a padding row points at no block
 
 
 # ---- Exercise 5.2 (notebooks/05_engine_performance.ipynb, section '4. Async scheduling: the CPU works while the GPU runs'), from minillm.engine.llm_engine ----

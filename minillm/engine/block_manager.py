@@ -16,15 +16,17 @@ from typing import Callable
 
 import numpy as np
 
-from minillm.engine.sequence import Sequence
+from minillm.engine.sequence import PLACEHOLDER_TOKEN, Sequence
+
+NO_HASH = -1  # a block not (yet) in the prefix cache; also the prefix hash of block 0, which has none
 
 
 # >>> exercise 3.2 | notebooks/03_paged_kv_cache.ipynb | 3. Prefix caching: hashing full blocks
 def compute_block_hash(token_ids: list[int], prefix_hash: int) -> int:
-    """A 64-bit hash of one full block's tokens, chained to the hash of the block before (-1 for the first).
+    """A 64-bit hash of one full block's tokens, chained to the hash of the block before.
 
     token_ids: the block_size token ids of one block; prefix_hash: compute_block_hash of the previous
-    block of the same sequence, or -1 for block 0 -> a Python int in [-2**63, 2**63).
+    block of the same sequence, or NO_HASH for block 0 -> a Python int in [-2**63, 2**63).
     Two blocks get the same hash only if their tokens AND everything before them are the same, so
     a hash names a whole prefix, not just one block.
 
@@ -46,7 +48,7 @@ def match_prefix(token_ids: list[int], block_size: int, hash_to_block_id: dict[i
     hash_to_block_id: chained block hash -> physical block id of the cached blocks;
     block_tokens(block_id): the tokens that block currently holds.
     -> (hashes, num_hits):
-      hashes: one per logical block, compute_block_hash chained from block 0, -1 for a last block
+      hashes: one per logical block, compute_block_hash chained from block 0, NO_HASH for a last block
         that is not full (it cannot be shared: more tokens will be written into it);
       num_hits: how many leading blocks can be reused. Block i is a hit when its hash is in
         hash_to_block_id, that block holds exactly the same tokens (a hash collision must never hand
@@ -57,14 +59,14 @@ def match_prefix(token_ids: list[int], block_size: int, hash_to_block_id: dict[i
     Hints: the last token sits in block (len(token_ids) - 1) // block_size; hashes of the blocks
     after the first miss are still needed (the block manager registers them).
     """
-    hashes, num_hits, h = [], 0, -1
+    hashes, num_hits, h = [], 0, NO_HASH
     num_cacheable = (len(token_ids) - 1) // block_size  # blocks before the one holding the last token
     for i in range(-(-len(token_ids) // block_size)):
         block = token_ids[i * block_size:(i + 1) * block_size]
-        h = compute_block_hash(block, h) if len(block) == block_size else -1
+        h = compute_block_hash(block, h) if len(block) == block_size else NO_HASH
         hashes.append(h)
-        block_id = hash_to_block_id.get(h, -1) if h != -1 else -1
-        if num_hits == i and i < num_cacheable and block_id != -1 and block_tokens(block_id) == block:
+        block_id = hash_to_block_id.get(h)  # a block before num_cacheable is full: it has a hash
+        if num_hits == i and i < num_cacheable and block_id is not None and block_tokens(block_id) == block:
             num_hits += 1
     return hashes, num_hits
 # <<< exercise 3.2
@@ -74,7 +76,7 @@ class Block:
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0
-        self.hash = -1
+        self.hash = NO_HASH
         self.token_ids: list[int] = []
 
 
@@ -95,9 +97,9 @@ class BlockManager:
         """Move a block from the free list to use; a reused block loses its old cached identity."""
         block = self.blocks[block_id]
         self.free_block_ids.pop(block_id)
-        if block.ref_count == 0 and block.hash != -1 and self.hash_to_block_id.get(block.hash) == block_id:
+        if block.ref_count == 0 and block.hash != NO_HASH and self.hash_to_block_id.get(block.hash) == block_id:
             del self.hash_to_block_id[block.hash]
-        block.hash, block.token_ids, block.ref_count = -1, [], 1
+        block.hash, block.token_ids, block.ref_count = NO_HASH, [], 1
         return block
 
     def _register(self, block: Block, h: int, token_ids: list[int]) -> None:
@@ -114,7 +116,7 @@ class BlockManager:
             hashes, num_hits = match_prefix(seq.token_ids, self.block_size, self.hash_to_block_id,
                                             lambda block_id: self.blocks[block_id].token_ids)
         else:
-            hashes, num_hits = [-1] * seq.num_blocks, 0
+            hashes, num_hits = [NO_HASH] * seq.num_blocks, 0
         for i, h in enumerate(hashes):
             if i < num_hits:  # a cached block: share it
                 block = self.blocks[self.hash_to_block_id[h]]
@@ -125,7 +127,7 @@ class BlockManager:
                 self.num_cached_tokens_total += self.block_size
             else:
                 block = self._take(next(iter(self.free_block_ids)))
-                if h != -1:
+                if h != NO_HASH:
                     self._register(block, h, seq.block(i))
             seq.block_table.append(block.block_id)
 
@@ -148,7 +150,7 @@ class BlockManager:
         if n % bs == 1:
             seq.block_table.append(self._take(next(iter(self.free_block_ids))).block_id)
         if self.enable_prefix_caching and n % bs in (0, 1):
-            # With async scheduling the newest token is a placeholder (-1) until its step is read
+            # With async scheduling the newest token is a PLACEHOLDER_TOKEN until its step is read
             # back, so a block filled now may only become hashable one step later.
             last_full = n // bs - 1
             for i in range(max(last_full - 1, 0), last_full + 1):
@@ -156,10 +158,10 @@ class BlockManager:
 
     def _hash_full_block(self, seq: Sequence, i: int) -> None:
         block = self.blocks[seq.block_table[i]]
-        if block.hash != -1:  # already cached (registered here, or shared from the cache)
+        if block.hash != NO_HASH:  # already cached (registered here, or shared from the cache)
             return
-        prev = self.blocks[seq.block_table[i - 1]].hash if i > 0 else -1
+        prev = self.blocks[seq.block_table[i - 1]].hash if i > 0 else NO_HASH
         token_ids = seq.block(i)
-        if (i > 0 and prev == -1) or -1 in token_ids:  # the chain is broken, or a token is not known yet
+        if (i > 0 and prev == NO_HASH) or PLACEHOLDER_TOKEN in token_ids:  # a broken chain, or a token not known yet
             return
         self._register(block, compute_block_hash(token_ids, prev), token_ids)

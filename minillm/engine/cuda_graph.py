@@ -10,7 +10,7 @@ buffers, all of them with one copy:
     seeds                                [max_bs] int64   the fused sampler's Philox keys
     input_ids, positions, slot_mapping   [max_bs]
     context_lens                         [max_bs]
-    src                                  [max_bs]         async scheduling: row i's token is tokens[src[i]] when >= 0
+    src                                  [max_bs]         async: row i's token is tokens[src[i]], unless NO_SOURCE_ROW
     temperatures                         [max_bs] fp32    the fused sampler's temperatures
     block_tables                         [max_bs, max_blocks]   max_blocks = ceil(max_model_len / block_size)
 
@@ -20,7 +20,7 @@ small kernel), so a step copies nothing but its inputs. A batch whose sampling t
 cannot do (top-k / top-p, or per-request generators) samples the graph's logits outside it.
 
 A batch of B sequences runs the graph captured for the smallest size >= B; rows past B are padding
-(slot -1: nothing stored; context length 0; their outputs are dropped). The block-table width is
+(slot SKIP_SLOT: nothing stored; context length 0; their outputs are dropped). The block-table width is
 fixed at the longest possible sequence, so no sequence can outgrow it.
 
 Tensor parallel: every rank captures the same sizes in the same order, and each replay holds the
@@ -33,10 +33,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from minillm.context import reset_context, set_context
+from minillm.context import PAD_BLOCK, SKIP_SLOT, reset_context, set_context
 from minillm.kernels.sampling import pick_input_ids, sample_triton
 
 HEAD = 8  # int32 slots per row before the block table: seeds (2), ids, positions, slots, lens, src, temperatures
+NO_SOURCE_ROW = -1  # a src entry: the row's input token is on the host (input_ids), not a previous sample
 
 
 # >>> exercise 5.1 | notebooks/05_engine_performance.ipynb | 3. CUDA graphs
@@ -66,12 +67,12 @@ def pad_graph_inputs(input_ids: np.ndarray, positions: np.ndarray, slot_mapping:
     """Write a decode batch of B rows into a graph's host input buffers, padded to `padded` rows.
 
     input_ids, positions, slot_mapping: [B] int64; context_lens: [B] int32;
-    block_tables: [B, W] int32 (-1 past each sequence's last block), W <= max_blocks; B <= padded.
+    block_tables: [B, W] int32 (PAD_BLOCK past each sequence's last block), W <= max_blocks; B <= padded.
     out = (ids, pos, slots, lens, tables): the host buffers, [n] int32 each and tables [n, max_blocks]
     int32, n >= padded. They still hold whatever an earlier step wrote.
-    Rows 0..B-1 get the batch, each block table followed by -1 up to max_blocks columns.
+    Rows 0..B-1 get the batch, each block table followed by PAD_BLOCK up to max_blocks columns.
     Rows B..padded-1 are padding, run by the graph but never read back: token 0 at position 0,
-    slot -1 (the KV store skips it), context length 0 (attends to nothing), block table all -1.
+    slot SKIP_SLOT (the KV store skips it), context length 0 (attends to nothing), block table all PAD_BLOCK.
     Rows from `padded` on are left alone (the graph of that size never reads them). Returns nothing.
 
     Hints: numpy slice assignment casts int64 to the buffers' int32; a stale padding row is not
@@ -81,11 +82,11 @@ def pad_graph_inputs(input_ids: np.ndarray, positions: np.ndarray, slot_mapping:
     bs = len(input_ids)
     ids[:bs], pos[:bs], slots[:bs], lens[:bs] = input_ids, positions, slot_mapping, context_lens
     # padding rows: a valid token at position 0 that stores nothing and attends to nothing
-    ids[bs:padded], pos[bs:padded], slots[bs:padded], lens[bs:padded] = 0, 0, -1, 0
+    ids[bs:padded], pos[bs:padded], slots[bs:padded], lens[bs:padded] = 0, 0, SKIP_SLOT, 0
     width = block_tables.shape[1]
     tables[:bs, :width] = block_tables
-    tables[:bs, width:] = -1
-    tables[bs:padded] = -1  # as at capture: a padding row points at no block
+    tables[:bs, width:] = PAD_BLOCK
+    tables[bs:padded] = PAD_BLOCK  # as at capture: a padding row points at no block
 # <<< exercise 5.1
 
 
@@ -128,9 +129,9 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
-        self.slot_mapping.fill_(-1)
-        self.block_tables.fill_(-1)
-        self.src.fill_(-1)
+        self.slot_mapping.fill_(SKIP_SLOT)
+        self.block_tables.fill_(PAD_BLOCK)
+        self.src.fill_(NO_SOURCE_ROW)
         # capture the largest first: later (smaller) graphs reuse its memory pool
         for bs in reversed(self.sizes):
             self._set_context(bs)
@@ -164,7 +165,7 @@ class DecodeGraphs:
         """One decode Batch (B rows, host numpy) -> (logits [B, vocab], sampled token ids [B] int64).
 
         prev_ids/src_index: with async scheduling, row i's input token is still on the device when
-        src_index[i] >= 0: it is prev_ids[src_index[i]], the previous step's sample.
+        src_index[i] != NO_SOURCE_ROW: it is prev_ids[src_index[i]], the previous step's sample.
         temperatures/seeds: host arrays [B] for the fused sampler, copied with the inputs. Without
         them the sampled ids are meaningless: sample the logits outside the graph. Both outputs are
         valid until the next replay; on tensor-parallel ranks > 0 the logits are None."""
@@ -174,7 +175,7 @@ class DecodeGraphs:
         seed_h, ids, pos, slots, lens, src, temps, tables = self.hosts[self.step]
         pad_graph_inputs(batch.input_ids, batch.positions, batch.slot_mapping, batch.context_lens,
                          batch.block_tables, padded, (ids, pos, slots, lens, tables))
-        src[:padded] = -1
+        src[:padded] = NO_SOURCE_ROW
         if src_index is not None:
             src[:bs] = src_index
             if prev_ids.data_ptr() != self.tokens.data_ptr():  # not the last replay's own samples

@@ -15,7 +15,7 @@ from collections import deque
 from contextlib import contextmanager
 
 from minillm.config import EngineConfig, ModelConfig
-from minillm.engine.model_runner import ModelRunner
+from minillm.engine.model_runner import ModelRunner, Pending
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import PLACEHOLDER_TOKEN, Sequence
 from minillm.sampling_params import SamplingParams, describe, is_integer
@@ -105,7 +105,7 @@ class LLMEngine:
         self.eos_token_ids = set(eos)
         # async scheduling needs a runner that can launch without waiting (one process)
         self.async_scheduling = config.async_scheduling and config.tensor_parallel_size == 1
-        self.pending = None  # the launched step not yet read back
+        self.pending: Pending | None = None  # the launched step not yet read back
         self.num_prefill_tokens = self.num_decode_tokens = 0
         # wall seconds of step() calls per phase, charged to the batch each call waited for: on a GPU
         # with async scheduling the one it read back (launched the call before), else the one it launched
@@ -114,7 +114,7 @@ class LLMEngine:
         self.lock = threading.Lock()  # one state change at a time: a step, queueing requests, an abort
         self.abort_queue: deque[Sequence] = deque()  # aborts asked for while the lock was taken
 
-    def _make_runner(self, model_path: str):
+    def _make_runner(self, model_path: str) -> ModelRunner:
         if self.config.tensor_parallel_size > 1:
             from minillm.engine.tp import TPModelRunner
             return TPModelRunner(self.config, self.model_config, model_path)
@@ -262,7 +262,6 @@ class LLMEngine:
             else:
                 self.num_decode_tokens += len(seqs)
             launched.positions = self._append_placeholders(seqs)
-            launched.is_prefill = is_prefill
         if not self.async_scheduling:  # read this step back now
             self.pending, launched = launched, None
         ran = []
@@ -290,7 +289,7 @@ class LLMEngine:
                 seq.finish_reason = "length"  # final once its last token is read back
         return positions
 
-    def _fill_tokens(self, pending, token_ids: list[int], finished: list[Sequence]) -> None:
+    def _fill_tokens(self, pending: Pending, token_ids: list[int], finished: list[Sequence]) -> None:
         """Write a read-back step's tokens over their placeholders; finish the requests that stop here
         (stop tokens, stop strings) or that got their last token."""
         rows = [(seq, pos, tok) for seq, pos, tok in zip(pending.seqs, pending.positions, token_ids)

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from minillm.config import EngineConfig, ModelConfig
-from minillm.context import get_context, reset_context, set_context
+from minillm.context import PAD_BLOCK, get_context, reset_context, set_context
 from minillm.distributed import tp_group
-from minillm.engine.cuda_graph import DecodeGraphs
-from minillm.engine.sequence import Sequence
+from minillm.engine.cuda_graph import NO_SOURCE_ROW, DecodeGraphs
+from minillm.engine.sequence import PLACEHOLDER_TOKEN, Sequence
 from minillm.layers.attention import Attention, get_backend
 from minillm.layers.sampler import Sampler
 from minillm.loader import load_model
@@ -258,7 +258,7 @@ class ModelRunner:
     def generator_for(self, seq: Sequence):
         if seq.params.seed is None or seq.params.temperature == 0:
             return None
-        if getattr(seq, "generator", None) is None:
+        if seq.generator is None:
             seq.generator = torch.Generator(device=self.device).manual_seed(seq.params.seed)
         return seq.generator
 
@@ -276,14 +276,15 @@ class ModelRunner:
         """Queue one step on the device and return without waiting for it.
 
         With async scheduling a decode sequence's newest token may still be on the device (its
-        host value is the placeholder -1): then it is taken from prev, the step before."""
+        host value is PLACEHOLDER_TOKEN): then it is taken from prev, the step before."""
         self._check_alive()
         batch = self.build_batch(seqs, is_prefill)
-        src = None
-        if not is_prefill and prev is not None and (batch.input_ids < 0).any():
-            src = np.asarray([prev.rows.get(s.seq_id, -1) if s.last_token < 0 else -1 for s in seqs])
-        elif (batch.input_ids < 0).any():
-            raise RuntimeError("a step's input tokens are not known yet; resolve the previous step first")
+        src = None  # per row: the row of prev that sampled its input token
+        if (batch.input_ids == PLACEHOLDER_TOKEN).any():
+            if is_prefill or prev is None:
+                raise RuntimeError("a step's input tokens are not known yet; resolve the previous step first")
+            src = np.asarray([prev.rows.get(s.seq_id, NO_SOURCE_ROW) if s.last_token == PLACEHOLDER_TOKEN
+                              else NO_SOURCE_ROW for s in seqs])
         graphed = not is_prefill and self.graphs is not None and self.graphs.padded_size(len(seqs))
         sample_args = self.prepare_sample(seqs, on_device=not graphed)
         if graphed:
@@ -296,10 +297,10 @@ class ModelRunner:
             input_ids, positions = self.load_batch(batch)
             if src is not None:
                 idx = self._to_device(src)
-                input_ids = torch.where(idx >= 0, prev.token_ids[idx.clamp_min(0)], input_ids)
+                input_ids = torch.where(idx != NO_SOURCE_ROW, prev.token_ids[idx.clamp_min(0)], input_ids)
             token_ids = self.sampler(self.run_model(input_ids, positions, is_prefill), **sample_args)
         reset_context()
-        pending = Pending(seqs, token_ids, {s.seq_id: i for i, s in enumerate(seqs)})
+        pending = Pending(seqs, is_prefill, token_ids, {s.seq_id: i for i, s in enumerate(seqs)})
         if self.device.type == "cuda":
             pending.host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
             pending.host.copy_(token_ids, non_blocking=True)
@@ -381,8 +382,11 @@ class Pending:
     """A launched step: its sequences, the sampled ids on the device, and their host copy once ready."""
 
     seqs: list[Sequence]
+    is_prefill: bool
     token_ids: torch.Tensor  # [B] int64, on the device
     rows: dict[int, int]  # seq_id -> row in this step
+    # the index of each sequence's placeholder for this step's token: the engine appends them after launch
+    positions: list[int] = field(default_factory=list)
     host: torch.Tensor | None = None  # pinned host copy (CUDA)
     event: torch.cuda.Event | None = None
 
@@ -401,12 +405,12 @@ class Batch:
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
     context_lens: np.ndarray | None = None  # [B] int32 (decode)
-    block_tables: np.ndarray | None = None  # [B, max_blocks] int32, -1 padded (decode; prefill with prefix hits)
+    block_tables: np.ndarray | None = None  # [B, max_blocks] int32, PAD_BLOCK-padded (decode; prefill with prefix hits)
 
 
 def block_tables_array(seqs: list[Sequence]) -> np.ndarray:
     width = max(len(s.block_table) for s in seqs)
-    table = np.full((len(seqs), width), -1, dtype=np.int32)
+    table = np.full((len(seqs), width), PAD_BLOCK, dtype=np.int32)
     for i, s in enumerate(seqs):
         table[i, :len(s.block_table)] = s.block_table
     return table

@@ -30,6 +30,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.params = params
         self.finish_reason: str | None = None
+        self.generator = None  # a seeded request's torch.Generator, made by the model runner on first use
 
     def __len__(self) -> int:
         return len(self.token_ids)
