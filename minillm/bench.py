@@ -325,9 +325,8 @@ def run_minillm(args, backend: str, work: Workload, subset: Workload | None) -> 
               async_scheduling=not args.no_async)
     try:
         engine = llm.engine
-        runner_backend = getattr(engine.model_runner, "backend", None)
-        res = {"engine": "minillm", "attention_backend": runner_backend.name if runner_backend else backend,
-               "cuda_graphs": getattr(engine.model_runner, "graphs", None) is not None,
+        res = {"engine": "minillm", "attention_backend": engine.model_runner.backend.name,
+               "cuda_graphs": engine.model_runner.graphs is not None,
                "async_scheduling": engine.async_scheduling, "tensor_parallel_size": args.tensor_parallel_size}
         if res["attention_backend"] == "flash_attn":
             import flash_attn

@@ -42,7 +42,7 @@ def decode_step_times(runner: ShardRunner, batch_sizes: list[int], context_len: 
     graphs = runner.graphs
     if graphs is None:
         raise ValueError("decode_step_times replays the decode CUDA graphs: run on CUDA without enforce_eager")
-    group = getattr(runner, "group", None)
+    group = runner.memory.group  # None on a one-process engine
     size = dist.get_world_size(group) if group is not None else 1
     mc, blocks, num_blocks = runner.model_config, -(-context_len // runner.block_size), runner.num_kvcache_blocks
     if blocks > min(num_blocks, graphs.max_blocks):

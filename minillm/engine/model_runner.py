@@ -65,6 +65,7 @@ class ModelRunner:
         self.memory = DeviceMemory(self.device, tp_group())  # the group: inside tensor_parallel(group), else None
         self.model = self.kv_cache = self.graphs = None
         self.attention_layers = []
+        self._release: weakref.finalize | None = None  # set once everything is built
         out_of_memory = None
         try:
             self._build(model_path)
@@ -114,8 +115,7 @@ class ModelRunner:
     def _free_device(self) -> None:
         self.model = self.graphs = self.kv_cache = None
         self.attention_layers = []
-        release = getattr(self, "_release", None)  # None while __init__ runs
-        (release or self.memory.release)()
+        (self._release or self.memory.release)()  # no finalizer yet while __init__ runs
 
     def _check_alive(self) -> None:
         if self.model is None:

@@ -267,7 +267,8 @@ class TPModelRunner(ShardRunner):
     def __init__(self, config: EngineConfig, model_config: ModelConfig, model_path: str):
         size = config.tensor_parallel_size
         self.broken: str | None = None
-        self._starting = True
+        self._starting = True  # until the end of __init__: a failure frees only what rank 0 built
+        self.memory = None  # ModelRunner.__init__ builds it (a failure before that has none to free)
         self._workers = w = _Workers()
         self._finalizer = weakref.finalize(self, w.close)
         if launched_by_torchrun():
@@ -359,7 +360,7 @@ class TPModelRunner(ShardRunner):
         return self._guarded(super().launch, *args, **kwargs)
 
     def resolve(self, pending):
-        event = getattr(pending, "event", None)
+        event = pending.event
         if event is not None:  # NCCL waits forever on a dead peer: poll the workers while the GPU works
             self._guarded(self._wait_event, event)
         return self._guarded(super().resolve, pending)
@@ -384,14 +385,13 @@ class TPModelRunner(ShardRunner):
         return list(self._workers.procs)
 
     def _free_device(self) -> None:
-        if hasattr(self, "_release"):  # started: one finalizer frees rank 0's memory, then stops the workers
+        if not self._starting:  # one finalizer frees rank 0's memory, then stops the workers
             return super()._free_device()
         # start-up failed: free what rank 0 built; the workers go once _fail has read their own errors
-        memory = getattr(self, "memory", None)
         self.model = self.graphs = self.kv_cache = None
         self.attention_layers = []
-        if memory is not None:
-            memory.release()
+        if self.memory is not None:
+            self.memory.release()
         if self.broken:
             self._finalizer()
 
