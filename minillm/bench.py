@@ -585,6 +585,7 @@ def _prepare(args) -> dict:
     -> plan: path, model config, device, dtype, runnable backends, every engine's name in the order they
     run ("order"; skipped ones in their place), the skipped ones and why, nano-vLLM."""
     from minillm.config import EngineConfig, ModelConfig
+    from minillm.layers.attention import backend_for, get_backend
     from minillm.model_zoo import resolve_model
     path = resolve_model(args.model)
     mc = ModelConfig.from_folder(path)
@@ -596,6 +597,7 @@ def _prepare(args) -> dict:
                            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
         try:
             cfg.validate(mc)
+            backend_for(cfg)  # the backend's own rules (flash-attn: installed, CUDA, dtype, block size)
         except ValueError as e:
             if len(args.attention_backend) == 1:
                 raise
@@ -603,8 +605,7 @@ def _prepare(args) -> dict:
             plan["order"].append(f"minillm-{backend}")
             continue
         if backend == "auto":  # name the run after what 'auto' picks here
-            from minillm.layers.attention import get_backend
-            backend = get_backend("auto", cfg.device, cfg.kvcache_block_size, cfg.torch_dtype).name
+            backend = get_backend("auto", cfg.device).name
         if backend in plan["backends"]:
             continue
         plan["backends"].append(backend)

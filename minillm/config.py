@@ -358,17 +358,6 @@ class EngineConfig:
             need(min(tp, local) <= torch.cuda.device_count(),
                  f"tensor_parallel_size={tp} needs {min(tp, local)} CUDA devices on this node but only "
                  f"{torch.cuda.device_count()} are visible")
-        if self.attention_backend == "flash_attn":
-            try:
-                from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: F401 (flash-attn 2)
-            except ImportError:
-                raise ValueError("attention_backend='flash_attn' but flash-attn 2 is not installed; "
-                                 "pip install flash-attn, or use 'triton'/'torch'") from None
-            need(self.device == "cuda", "attention_backend='flash_attn' needs device='cuda'")
-            need(self.kvcache_block_size % 256 == 0, "flash-attn's paged KV cache needs kvcache_block_size to be a "
-                                                     "multiple of 256; use 256 or attention_backend='triton'")
-            need(self.dtype in ("auto", "bfloat16", "float16"), "flash-attn computes in bf16/fp16 only; use "
-                                                                 "dtype='bfloat16' or attention_backend='triton'")
         if self.num_kvcache_blocks is not None:
             self.check_kv_blocks(self.num_kvcache_blocks)
         elif self.kv_cache_memory is not None:

@@ -67,15 +67,25 @@ def test_auto_backend_choice(monkeypatch, flash_backend_imported_here):
     assert get_backend("triton", "cpu") is TritonBackend
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # import fails as where it is not installed
     assert get_backend("auto", "cuda") is TritonBackend
+    with pytest.raises(ValueError, match="flash-attn 2 is not installed"):  # asked for by name: says how to get it
+        get_backend("flash_attn", "cuda")
     flash = types.ModuleType("flash_attn")  # flash-attn 2 installed ...
     flash.flash_attn_varlen_func = flash.flash_attn_with_kvcache = lambda *a, **k: None
     monkeypatch.setitem(sys.modules, "flash_attn", flash)
-    # ... 'auto' still takes triton, whatever the block size and dtype: on the H200 the triton backend
-    # beat flash_attn on the bench workload and at batch 1 (an installed flash-attn once made notebook
-    # 05's bench run the slower backend), and flash-attn refuses fp32 and block sizes below 256
-    for block_size, dtype in ((16, torch.bfloat16), (256, torch.float32), (256, torch.bfloat16), (None, None)):
-        assert get_backend("auto", "cuda", block_size=block_size, dtype=dtype) is TritonBackend
-    assert get_backend("flash_attn", "cuda").name == "flash_attn"  # only when asked by name
+    # ... 'auto' still takes triton: on the H200 the triton backend beat flash_attn on the bench
+    # workload and at batch 1 (an installed flash-attn once made notebook 05's bench run the slower one)
+    assert get_backend("auto", "cuda") is TritonBackend
+    flash_backend = get_backend("flash_attn", "cuda")  # only when asked by name
+    assert flash_backend.name == "flash_attn"
+    # what it cannot run, stated once (flash_backend.unsupported) and read through supports(config)
+    from minillm.kernels.flash_backend import unsupported
+    assert unsupported(torch.bfloat16, 512) is None and unsupported(torch.float16, 256) is None
+    assert "float16/bfloat16" in unsupported(torch.float32, 256)
+    assert "multiple of 256" in unsupported(torch.bfloat16, 16)
+    config = types.SimpleNamespace(device="cuda", torch_dtype=torch.bfloat16, kvcache_block_size=16)
+    assert "multiple of 256" in flash_backend.supports(config)
+    assert "device='cuda'" in flash_backend.supports(types.SimpleNamespace(**{**vars(config), "device": "cpu"}))
+    assert TorchBackend.supports(config) is None and TritonBackend.supports(config) is None
     with pytest.raises(ValueError, match="unknown attention backend"):
         get_backend("flash", "cpu")
 

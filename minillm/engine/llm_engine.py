@@ -18,6 +18,7 @@ from minillm.config import EngineConfig, ModelConfig
 from minillm.engine.model_runner import ModelRunner, Pending
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import PLACEHOLDER_TOKEN, Sequence
+from minillm.layers.attention import backend_for
 from minillm.sampling_params import SamplingParams, describe, is_integer
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -93,6 +94,7 @@ class LLMEngine:
     def __init__(self, model_path: str, config: EngineConfig):
         self.model_config = ModelConfig.from_folder(model_path)
         config.validate(self.model_config)
+        backend_for(config)  # an attention backend that cannot run this engine fails here, before any process starts
         self.config = config
         # a folder without tokenizer.json still runs token-id prompts (text outputs are then "")
         self.tokenizer = Tokenizer(model_path) if Tokenizer.available(model_path) else None

@@ -23,7 +23,7 @@ from minillm.context import PAD_BLOCK, get_context, reset_context, set_context
 from minillm.distributed import tp_group
 from minillm.engine.cuda_graph import NO_SOURCE_ROW, DecodeGraphs
 from minillm.engine.sequence import PLACEHOLDER_TOKEN, Sequence
-from minillm.layers.attention import Attention, get_backend
+from minillm.layers.attention import Attention, backend_for
 from minillm.layers.sampler import Sampler
 from minillm.loader import load_model
 from minillm.models.qwen3 import Qwen3ForCausalLM
@@ -97,8 +97,7 @@ class ModelRunner:
         self.model.eval()
         self.sampler = Sampler()
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.backend = get_backend(config.attention_backend, config.device, config.kvcache_block_size,
-                                   config.torch_dtype)
+        self.backend = backend_for(config)
         for layer in self.attention_layers:
             layer.backend = self.backend
         self.num_kvcache_blocks = self.allocate_kv_cache()

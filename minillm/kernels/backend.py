@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from minillm.config import EngineConfig
 from minillm.context import Context
 from minillm.kernels.paged_attention import paged_decode_attention
 from minillm.kernels.prefill_attention import prefill_attention
@@ -18,6 +19,10 @@ from minillm.kernels.store_kvcache import store_kvcache
 
 class TritonBackend:
     name = "triton"
+
+    @staticmethod
+    def supports(config: EngineConfig) -> str | None:
+        return None  # compiled on CUDA, Triton's interpreter on a CPU; any dtype and block size
 
     @staticmethod
     def store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

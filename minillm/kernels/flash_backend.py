@@ -27,24 +27,40 @@ except ImportError as e:  # e.g. flash-attn-4 alone: it installs flash_attn.cute
     raise ImportError(f"attention_backend='flash_attn' needs flash-attn 2 (flash_attn_varlen_func and "
                       f"flash_attn_with_kvcache); importing them failed: {e}") from e
 
+from minillm.config import EngineConfig
 from minillm.context import Context
 from minillm.kernels.store_kvcache import store_kvcache
 
 FLASH_PAGE_MULTIPLE = 256  # flash-attn 2's paged KV: block_size % 256 == 0
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def unsupported(dtype: torch.dtype, block_size: int) -> str | None:
+    """What flash-attn 2 cannot compute, and the fix; None when it can. The one statement of its rules:
+    the engine checks its config with them before building anything, each call checks its tensors."""
+    if dtype not in FLASH_DTYPES:
+        return (f"attention_backend='flash_attn' computes in float16/bfloat16, not {dtype}; "
+                f"use dtype='bfloat16' or attention_backend='triton'")
+    if block_size % FLASH_PAGE_MULTIPLE:
+        return (f"flash-attn's paged KV cache needs kvcache_block_size to be a multiple of "
+                f"{FLASH_PAGE_MULTIPLE}, got {block_size}; use kvcache_block_size=256 or attention_backend='triton'")
+    return None
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor) -> None:
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"attention_backend='flash_attn' computes in float16/bfloat16, not {q.dtype}; "
-                         f"use dtype='bfloat16' or attention_backend='triton'")
-    if k_cache.numel() and k_cache.shape[1] % FLASH_PAGE_MULTIPLE:
-        raise ValueError(f"flash-attn's paged KV cache needs kvcache_block_size to be a multiple of "
-                         f"{FLASH_PAGE_MULTIPLE}, got {k_cache.shape[1]}; use kvcache_block_size=256 or "
-                         f"attention_backend='triton'")
+    reason = unsupported(q.dtype, k_cache.shape[1] if k_cache.numel() else FLASH_PAGE_MULTIPLE)
+    if reason:
+        raise ValueError(reason)
 
 
 class FlashAttnBackend:
     name = "flash_attn"
+
+    @staticmethod
+    def supports(config: EngineConfig) -> str | None:
+        if config.device != "cuda":
+            return "attention_backend='flash_attn' needs device='cuda'"
+        return unsupported(config.torch_dtype, config.kvcache_block_size)
 
     @staticmethod
     def store(k, v, k_cache, v_cache, slot_mapping) -> None:

@@ -10,13 +10,18 @@ num_kv_heads, head_dim]. Each step it first stores this step's K/V rows into the
 - decode: one query per sequence, context.context_lens[i] keys read through context.block_tables[i].
 
 Backends: `torch` (the reference below: gather pages, then plain attention), `triton` (our
-kernels), `flash_attn` (when installed, on request). `auto` picks triton on CUDA, torch on CPU.
+kernels), `flash_attn` (when installed, on request). `auto` picks triton on CUDA, torch on CPU. Each
+follows AttentionBackend; what a backend cannot run (a device, a dtype, a block size) it says in its
+own `supports`, the one place that rule is written.
 """
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 from torch import nn
 
+from minillm.config import EngineConfig
 from minillm.context import Context, get_context
 from minillm.kernels.store_kvcache import store_kvcache_ref
 
@@ -105,10 +110,37 @@ def paged_decode_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
 # <<< exercise 3.3
 
 
+class AttentionBackend(Protocol):
+    """An attention backend: four static methods over the paged KV cache (the shapes are Attention's)."""
+
+    name: str
+
+    @staticmethod
+    def supports(config: EngineConfig) -> str | None:
+        """None when an engine with this (validated) config can run it; else why not, and the fix."""
+
+    @staticmethod
+    def store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+              slot_mapping: torch.Tensor) -> None:
+        """This step's K/V rows [N, Hkv, D] into their cache slots (SKIP_SLOT rows are not stored)."""
+
+    @staticmethod
+    def prefill(q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+        """Packed queries [N, H, D] of several sequences (ctx.cu_seqlens_q), causal -> [N, H, D]."""
+
+    @staticmethod
+    def decode(q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+        """One query per sequence [B, H, D] over its ctx.context_lens keys -> [B, H, D]."""
+
+
 class TorchBackend:
     """The reference: readable, slow (prefill loops over sequences; decode gathers every page)."""
 
     name = "torch"
+
+    @staticmethod
+    def supports(config: EngineConfig) -> str | None:
+        return None  # plain torch: any device, dtype and block size
 
     @staticmethod
     def store(k, v, k_cache, v_cache, slot_mapping):
@@ -127,12 +159,11 @@ class TorchBackend:
         return paged_decode_torch(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
 
 
-def get_backend(name: str, device: str, block_size: int | None = None, dtype: torch.dtype | None = None):
-    """Resolve an attention_backend name ('auto' included) to a backend object. 'auto' takes triton on
-    CUDA and torch elsewhere. It never takes flash_attn, even where flash-attn imports: on the H200 the
+def get_backend(name: str, device: str) -> AttentionBackend:
+    """Resolve an attention_backend name ('auto' included) to a backend. 'auto' takes triton on CUDA
+    and torch elsewhere. It never takes flash_attn, even where flash-attn imports: on the H200 the
     triton backend ran the bench workload faster (23,442 against 21,992 tok/s) and decoded at batch 1
-    faster (0.70 against 1.08 ms/token) in one run (README, Performance). block_size and dtype are
-    what a choice may depend on; none does now."""
+    faster (0.70 against 1.08 ms/token) in one run (README, Performance)."""
     if name == "auto":
         name = "triton" if device == "cuda" else "torch"
     if name == "torch":
@@ -141,9 +172,22 @@ def get_backend(name: str, device: str, block_size: int | None = None, dtype: to
         from minillm.kernels.backend import TritonBackend
         return TritonBackend
     if name == "flash_attn":
-        from minillm.kernels.flash_backend import FlashAttnBackend
+        try:
+            from minillm.kernels.flash_backend import FlashAttnBackend
+        except ImportError:
+            raise ValueError("attention_backend='flash_attn' but flash-attn 2 is not installed; "
+                             "pip install flash-attn, or use 'triton'/'torch'") from None
         return FlashAttnBackend
     raise ValueError(f"unknown attention backend {name!r}; use auto, torch, triton or flash_attn")
+
+
+def backend_for(config: EngineConfig) -> AttentionBackend:
+    """The backend an engine with this validated config runs; ValueError when it cannot run it."""
+    backend = get_backend(config.attention_backend, config.device)
+    reason = backend.supports(config)
+    if reason:
+        raise ValueError(reason)
+    return backend
 
 
 class Attention(nn.Module):
