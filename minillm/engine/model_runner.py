@@ -206,6 +206,10 @@ class ModelRunner:
     def build_batch(self, seqs: list[Sequence], is_prefill: bool) -> "Batch":
         return build_prefill_batch(seqs, self.block_size) if is_prefill else build_decode_batch(seqs, self.block_size)
 
+    def send_batch(self, batch: "Batch") -> None:
+        """Tensor parallel: hand this step's Batch to the other ranks, which run the same forward on it
+        (engine/tp.py). One process: there is nobody to send it to."""
+
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(array)
         if self.device.type == "cuda":
@@ -278,6 +282,7 @@ class ModelRunner:
         host value is PLACEHOLDER_TOKEN): then it is taken from prev, the step before."""
         self._check_alive()
         batch = self.build_batch(seqs, is_prefill)
+        self.send_batch(batch)
         src = None  # per row: the row of prev that sampled its input token
         if (batch.input_ids == PLACEHOLDER_TOKEN).any():
             if is_prefill or prev is None:

@@ -1,8 +1,8 @@
 """Tensor-parallel model runner: rank 0 (this process) schedules and samples; ranks 1..N-1 are worker
 processes that hold their shard of every layer and run the same forward on the inputs rank 0 sends.
 
-    rank 0 (the user's process)                     rank r (a worker)
-    scheduler -> build_batch (numpy) ---- pipe ---> load_batch (or the decode CUDA graph's inputs)
+    rank 0 (the user's process)                        rank r (a worker)
+    scheduler -> build_batch (numpy) -- send_batch: pipe --> load_batch (or the decode CUDA graph's inputs)
     load_batch, forward <== one all-reduce per attention / MLP block ==> forward
     LM head: logits of its vocabulary slice <=== gather to rank 0 ====== logits of its slice
     sampler -> token ids
@@ -351,10 +351,8 @@ class TPModelRunner(ShardRunner):
             self._fail(e)
 
     # ---- steps ----------------------------------------------------------------------------------
-    def build_batch(self, seqs, is_prefill):
-        batch = super().build_batch(seqs, is_prefill)
+    def send_batch(self, batch: Batch) -> None:
         self._workers.channel.send(("step", batch))  # the workers run the same forward on it
-        return batch
 
     def launch(self, *args, **kwargs):
         return self._guarded(super().launch, *args, **kwargs)
