@@ -282,7 +282,6 @@ def test_hf_adapter_raises_when_its_thread_dies(monkeypatch):
 
 
 # ---- the whole run, on CPU -------------------------------------------------------------------------
-@pytest.mark.slow
 def test_bench_run_prints_every_engine_and_like_for_like_json(tmp_path, isolated_imports, monkeypatch, capsys):
     """minillm (qwen3-tiny on CPU) with the two stand-ins, HF on a 2-request subset: every ratio to HF
     is taken on those 2 requests, every other on all 4; the JSON file holds what stdout printed."""

@@ -50,7 +50,6 @@ def test_qwen3_tiny_with_real_vocabulary_equals_hf():
         assert o["text"] == llm.tokenizer.decode(o["token_ids"])
 
 
-@pytest.mark.slow
 def test_smollm2_greedy_equals_hf_for_32_tokens():
     llm = LLM("smollm2-135m", **small_engine_args(max_model_len=512))
     hf = AutoModelForCausalLM.from_pretrained(llm.model_path, dtype=torch.float32).eval()

@@ -130,7 +130,6 @@ def _drive_tour(page, lab: JupyterLab, notebooks: Path) -> tuple[dict[str, str],
         print("seconds since the notebook was requested:", {k: round(v, 1) for k, v in timings.items()})
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_tour_runs_in_jupyterlab(tmp_path):
     try:

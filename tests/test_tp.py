@@ -98,7 +98,6 @@ def test_worker_exception_reaches_the_caller_with_its_type():
         run_on_ranks(_fail_on_rank_1, 2)
 
 
-@pytest.mark.slow
 def test_smollm2_tp3_equals_tp1_and_tp2_is_refused():
     """SmolLM2-135M: 9 query heads, 3 KV heads, vocabulary 49152, intermediate 1536. TP=2 cannot split
     its heads Megatron-style (a clear ValueError); TP=3 can."""
