@@ -103,9 +103,17 @@ def prepare(name: str, path: str) -> None:
         else:
             _prepare_qwen3(tmp, QWEN3_TINY if name == "qwen3-tiny" else QWEN3_06B, name)
         open(os.path.join(tmp, ".complete"), "w").close()
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        done = os.path.join(path, ".complete")
+        if os.path.exists(path) and not os.path.isfile(done):  # a stale, incomplete folder
+            shutil.rmtree(path, ignore_errors=True)
+        try:
+            os.replace(tmp, path)  # fails when the folder exists (a directory is never replaced)
+        except OSError:
+            if not os.path.isfile(done):
+                raise
+            # another process (a torchrun rank, a second notebook) finished first and may be reading
+            # its copy: keep that one
+            shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -49,3 +49,24 @@ def test_incremental_detokenizer(qwen, text):
     pieces = [d.add([i]) for i in ids] + [d.flush()]
     assert all("\ufffd" not in p for p in pieces)
     assert "".join(pieces) == text
+
+
+def test_a_model_prepared_by_two_processes_at_once_keeps_the_first_copy(tmp_path, monkeypatch):
+    """Two processes that find qwen3-tiny missing both prepare it (torchrun's ranks, a notebook beside
+    the tests): the one that finishes second must keep the first one's folder, which the first may
+    already be reading, and leave no temporary folder behind."""
+    import minillm.model_zoo as zoo
+    path = tmp_path / "qwen3-tiny"
+    real = zoo._prepare_qwen3
+
+    def slow_prepare(tmp, shape, name):
+        real(tmp, shape, name)
+        path.mkdir()  # meanwhile the other process renamed its finished copy into place
+        (path / "config.json").write_text("{}")
+        (path / "the first copy").write_text("")
+        (path / ".complete").write_text("")
+
+    monkeypatch.setattr(zoo, "_prepare_qwen3", slow_prepare)
+    zoo.prepare("qwen3-tiny", str(path))
+    assert (path / "the first copy").exists() and (path / ".complete").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["qwen3-tiny"]
