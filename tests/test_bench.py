@@ -341,3 +341,20 @@ def test_bench_skips_what_cannot_run_and_says_why(tmp_path, isolated_imports, mo
     assert engines["minillm-torch"]["complete"] and result["ratios"] == {}
     with pytest.raises(ValueError, match="flash-attn 2 is not installed"):  # the only backend asked for
         bench.run_bench(parse("--model", "qwen3-tiny", "--device", "cpu", "--attention-backend", "flash_attn"))
+
+
+def test_bench_cli_runs_the_triton_backend_in_a_fresh_process(tmp_path):
+    """`python -m minillm bench --attention-backend triton` on a CPU, in a process that imported nothing
+    before: the bench once imported triton (through its timers) before minillm.kernels had switched
+    Triton's interpreter on, and the triton engine then failed in its first reduction."""
+    import os
+    import subprocess
+    out = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-m", "minillm", "bench", "--model", "qwen3-tiny", "--device", "cpu",
+                           "--attention-backend", "triton", "--num-seqs", "2", "--min-len", "8",
+                           "--max-input-len", "16", "--max-output-len", "8", "--max-model-len", "64",
+                           "--batch1-tokens", "0", "--json-file", str(out)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(out.read_text())["engines"]["minillm-triton"]["complete"]
