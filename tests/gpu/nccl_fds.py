@@ -7,6 +7,8 @@ since cycle 0 and GPU 0's free memory (after empty_cache). No minillm code is in
 CUDA GPUs:
 
     python tests/gpu/nccl_fds.py nccl "cpu:gloo,cuda:nccl"
+    NCCL_FDS_SHUTDOWN=1 python tests/gpu/nccl_fds.py nccl   # rank 0 first shuts its NCCL backend down
+                                                            # itself: does that give the memory back?
 
 On 2 x H200 (torch 2.11.0+cu130) both backends left one more socket per cycle: the allowance
 NCCL_SOCKETS_PER_SHUTDOWN of tests/test_tp.py. The memory column is for the open question of
@@ -44,6 +46,8 @@ def join_and_leave(rank: int, port: int, backend: str) -> None:
     dist.all_reduce(x)
     torch.cuda.synchronize()
     dist.barrier()
+    if os.environ.get("NCCL_FDS_SHUTDOWN") == "1":  # the NCCL communicator's own shutdown, explicitly
+        dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda")).shutdown()
     dist.destroy_process_group()
 
 
