@@ -26,6 +26,7 @@ from minillm.kernels.gemv import pdl_args
 from minillm.kernels.paged_attention import LOG2E
 from minillm.kernels.paged_attention import paged_decode_combine_kernel
 from minillm.kernels.paged_attention import paged_decode_config
+from minillm.kernels.paged_attention import paged_decode_inputs
 from minillm.kernels.store_kvcache import check_kv_cache_layout
 from minillm.kernels.store_kvcache import store_kvcache_config
 from typing import Callable
@@ -206,24 +207,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     No host sync: the grid and split count come from shapes (paged_decode_config); num_splits or
     config (a dict like paged_decode_config's) override them, for tests and tuning."""
+    q, out = paged_decode_inputs("paged_decode_attention", q, k_cache, v_cache, block_tables, context_lens, out)
     B, H, D = q.shape
-    num_blocks, page, hkv, d_cache = k_cache.shape
-    if d_cache != D or v_cache.shape != k_cache.shape or H % hkv:
-        raise ValueError(f"paged_decode_attention: q {tuple(q.shape)} and caches {tuple(k_cache.shape)}/"
-                         f"{tuple(v_cache.shape)} need the same head_dim and H divisible by Hkv")
-    if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"paged_decode_attention: q ({q.dtype}) and the caches ({k_cache.dtype}) must share a dtype")
-    if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
-        raise ValueError("paged_decode_attention: k_cache and v_cache need the same strides and a contiguous head_dim")
-    if block_tables.dim() != 2 or block_tables.shape[0] != B or context_lens.shape != (B,):
-        raise ValueError(f"paged_decode_attention: block_tables {tuple(block_tables.shape)} and context_lens "
-                         f"{tuple(context_lens.shape)} must be [B, max_blocks] and [B] with B={B}")
-    if q.stride(2) != 1:
-        q = q.contiguous()
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    elif out.shape != q.shape or out.stride(2) != 1:
-        raise ValueError(f"paged_decode_attention: out must be {tuple(q.shape)} with a contiguous head_dim")
+    page, hkv = k_cache.shape[1], k_cache.shape[2]
     if B == 0:
         return out
     cfg = {**paged_decode_config(B, hkv, H // hkv, D, block_tables.shape[1] * page, page, q.device), **(config or {})}

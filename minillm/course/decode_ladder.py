@@ -15,7 +15,7 @@ import torch
 import minillm.kernels  # noqa: F401,I001  (first: sets TRITON_INTERPRET=1 without CUDA before triton is imported)
 import triton
 import triton.language as tl
-from minillm.kernels.paged_attention import LOG2E
+from minillm.kernels.paged_attention import LOG2E, paged_decode_inputs
 
 # 64 keys per tile as in 3.5 (a [64, 128] bf16 K tile is 16 KB); 8 warps, not 3.5's 4, because here the
 # K and V tiles live in registers as fp32: 32 values of each per thread instead of 64
@@ -70,23 +70,9 @@ def paged_decode_per_head(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     block_tables: [B, max_blocks] int32 (-1 padded); context_lens: [B] int32 -> [B, H, D] in q.dtype
     (written into `out` if given; a sequence with no keys gets zeros). One program per (sequence,
     query head): a grid of (B, H), from shapes only, so a CUDA graph can capture it."""
+    q, out = paged_decode_inputs("paged_decode_per_head", q, k_cache, v_cache, block_tables, context_lens, out)
     B, H, D = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
-    if k_cache.shape[3] != D or v_cache.shape != k_cache.shape or H % hkv or q.dtype != k_cache.dtype \
-            or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"paged_decode_per_head: q {tuple(q.shape)} {q.dtype} and caches {tuple(k_cache.shape)} "
-                         f"{k_cache.dtype} need one dtype, the same head_dim and H divisible by Hkv")
-    if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
-        raise ValueError("paged_decode_per_head: k_cache and v_cache need the same strides and a contiguous head_dim")
-    if block_tables.dim() != 2 or block_tables.shape[0] != B or context_lens.shape != (B,):
-        raise ValueError(f"paged_decode_per_head: block_tables {tuple(block_tables.shape)} and context_lens "
-                         f"{tuple(context_lens.shape)} must be [B, max_blocks] and [B] with B={B}")
-    if q.stride(2) != 1:
-        q = q.contiguous()
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(2) != 1:
-        raise ValueError(f"paged_decode_per_head: out must be {tuple(q.shape)} {q.dtype} with a contiguous head_dim")
     if B == 0 or H == 0:
         return out
     cuda = q.device.type == "cuda"
