@@ -146,11 +146,12 @@ def _port_closed(port: int) -> bool:
 NCCL_SOCKETS_PER_SHUTDOWN = 1
 
 
-def _shut_down_five_times(model: str, sockets_per_shutdown: int = 0, **args) -> None:
+def _shut_down_five_times(model: str, sockets_per_shutdown: int = 0, after_shutdown=None, **args) -> None:
     """Start a TP=2 engine, generate, shut it down: five times in one process. Each shutdown must be
     quick and leave no worker process, process group, rendezvous port, file descriptor or thread behind
     (a gloo thread still running at interpreter exit can abort the process: see minillm/engine/tp.py);
-    sockets_per_shutdown: sockets the communication library itself leaves per shutdown."""
+    sockets_per_shutdown: sockets the communication library itself leaves per shutdown;
+    after_shutdown(i): called after shutdown i, once the engine is collected."""
     fds = threads = None
     for i in range(5):
         llm = LLM(model, tensor_parallel_size=2, **args)
@@ -167,6 +168,8 @@ def _shut_down_five_times(model: str, sockets_per_shutdown: int = 0, **args) -> 
         assert _port_closed(port), f"shutdown {i} left the rendezvous port {port} open"
         del llm, runner, procs
         gc.collect()
+        if after_shutdown is not None:
+            after_shutdown(i)
         if fds is None:  # after the first round: files and thread pools opened once, lazily, stay
             fds, threads = _open_fds(), _threads()
         assert _threads() <= threads, f"shutdown {i} left {_threads() - threads} more threads running"
@@ -324,17 +327,34 @@ def test_nccl_tp2_with_cuda_graphs_equals_tp1_fp32_qwen3_06b():
     assert gone(procs, 1.0) and not dist.is_initialized()
 
 
+# The first engine of a process leaves both GPUs ~1.9 GiB lower for good, outside torch's allocator
+# (reserved 0 after empty_cache): kernels loaded lazily into the CUDA context, cuBLAS handles. Measured
+# on 2 x H200 (tests/gpu/engine_memory.py, qwen3-tiny fp32): TP=1 1.87 GiB, TP=2 eager 1.94, TP=2 graphs
+# 1.97 after engine 0, then not one byte more over engines 1-3; bare torch NCCL init/destroy cycles
+# (tests/gpu/nccl_fds.py) move free memory by nothing. So every later engine must give back all it took.
+FIRST_ENGINE_ONE_TIME_BYTES = 3 << 30
+LATER_ENGINE_SLACK_BYTES = 256 << 20
+
+
 @pytest.mark.gpu
 def test_nccl_shutdown_five_times_in_a_row():
+    """Five TP=2 engines over NCCL: nothing left behind (see _shut_down_five_times), and from the
+    second engine on, both GPUs' free memory returns to where the first shutdown left it."""
     _two_gpus()
     import torch
     gc.collect()
-    free0 = [torch.cuda.mem_get_info(d)[0] for d in range(2)]
-    _shut_down_five_times("qwen3-tiny", NCCL_SOCKETS_PER_SHUTDOWN, **CUDA_TINY)
-    gc.collect()
-    torch.cuda.empty_cache()
-    free = [torch.cuda.mem_get_info(d)[0] for d in range(2)]
-    assert all(f > f0 - (1 << 30) for f, f0 in zip(free, free0)), f"free memory {free0} -> {free}"
+    free = [[torch.cuda.mem_get_info(d)[0] for d in range(2)]]
+
+    def measure(i):
+        torch.cuda.empty_cache()
+        free.append([torch.cuda.mem_get_info(d)[0] for d in range(2)])
+        print(f"after shutdown {i}: free GiB {[round(f / 2**30, 3) for f in free[-1]]}", file=sys.stderr)
+    _shut_down_five_times("qwen3-tiny", NCCL_SOCKETS_PER_SHUTDOWN, measure, **CUDA_TINY)
+    start, first = free[0], free[1]
+    assert all(f > f0 - FIRST_ENGINE_ONE_TIME_BYTES for f, f0 in zip(first, start)), f"free memory {start} -> {first}"
+    for i, later in enumerate(free[2:], 1):
+        assert all(f > f1 - LATER_ENGINE_SLACK_BYTES for f, f1 in zip(later, first)), \
+            f"engine {i} did not give its memory back: free {first} after engine 0, {later} after engine {i}"
 
 
 @pytest.mark.gpu

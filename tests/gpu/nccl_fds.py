@@ -11,9 +11,10 @@ CUDA GPUs:
                                                             # itself: does that give the memory back?
 
 On 2 x H200 (torch 2.11.0+cu130) both backends left one more socket per cycle: the allowance
-NCCL_SOCKETS_PER_SHUTDOWN of tests/test_tp.py. The memory column is for the open question of
-test_nccl_shutdown_five_times_in_a_row: five TP=2 engines left rank 0's GPU 2.0 GiB lower (not yet
-run with this column).
+NCCL_SOCKETS_PER_SHUTDOWN of tests/test_tp.py; NCCL_FDS_SHUTDOWN=1 changes nothing (still one socket
+per cycle). GPU 0's free memory stayed at 138.85 GiB in every cycle, with and without it: bare NCCL
+gives its memory back. (The 2.0 GiB that five TP=2 engines left missing is the process's one-time
+kernel loading, the same with TP=1: see tests/gpu/engine_memory.py.)
 """
 import gc
 import os
