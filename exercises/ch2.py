@@ -148,8 +148,8 @@ def decoder_layer(positions: torch.Tensor, hidden_states: torch.Tensor, residual
         return down_proj(silu_and_mul(gate_up_proj(h))), residual
 
     Hints: every norm goes through apply_rms_norm(x, weight, eps, residual=None)
-    (minillm.layers.layernorm: the torch functions of 2.1/2.2 on CPU, the Triton kernel of 2.12 on
-    CUDA); apply_rotary and silu_and_mul are exercises 2.3 and 2.5. QK-norm comes before RoPE.
+    (minillm.layers.layernorm: rms_norm of 2.1, or add_rms_norm of 2.2 when there is a residual);
+    apply_rotary and silu_and_mul are exercises 2.3 and 2.5. QK-norm comes before RoPE.
     """
     raise NotImplementedError("Exercise 2.6: implement decoder_layer in exercises/ch2.py (see notebooks/02_decoder_layer.ipynb, section '7. The whole decoder layer')")
 

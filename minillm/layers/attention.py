@@ -193,11 +193,12 @@ def backend_for(config: EngineConfig) -> AttentionBackend:
 class Attention(nn.Module):
     """q: [N, H, D], k/v: [N, Hkv, D] for this step's tokens -> [N, H, D]."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 backend: AttentionBackend = TorchBackend):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
         self.k_cache = self.v_cache = torch.tensor([])  # set by the model runner once memory is measured
-        self.backend = TorchBackend
+        self.backend = backend
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_stored: bool = False) -> torch.Tensor:
         """kv_stored: this step's k/v are already in the cache (a fused kernel wrote them)."""

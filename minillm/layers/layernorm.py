@@ -4,7 +4,7 @@
     add_rms_norm(x, res)   = rms_norm(x + res), x + res                 (normed, new residual)
 
 The two functions below are the torch reference (and what runs on CPU). On CUDA the engine runs the
-same math as one Triton kernel (minillm.kernels.rmsnorm): one read of x and residual, one write of
+same math as one Triton kernel (minillm.kernels.rmsnorm, exercise 2.12): one read of x and residual, one write of
 both outputs, instead of the ~8 passes over memory that the eager torch ops make.
 """
 from __future__ import annotations
@@ -55,24 +55,33 @@ def add_rms_norm(
 
 
 def apply_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """RMSNorm as the engine runs it: the Triton kernel on CUDA, the torch functions above elsewhere.
+    """RMSNorm in torch: rms_norm, or add_rms_norm when there is a residual.
 
     x: [..., d] -> normed [..., d]; with residual [..., d] -> (normed, x + residual).
     """
-    if x.is_cuda:
-        return rms_norm_triton(x, weight, eps, residual)
     if residual is None:
         return rms_norm(x, weight, eps)
     return add_rms_norm(x, residual, weight, eps)
 
 
+def _torch_norm(x, weight, eps, residual=None):  # the names are looked up when called: a swapped-in
+    return apply_rms_norm(x, weight, eps, residual)  # exercise runs in a model built before the swap
+
+
+def _triton_norm(x, weight, eps, residual=None):
+    return rms_norm_triton(x, weight, eps, residual)
+
+
 class RMSNorm(nn.Module):
-    """Holds the weight (named as in the checkpoint); forward(x) or forward(x, residual)."""
+    """Holds the weight (named as in the checkpoint); forward(x) or forward(x, residual). The
+    implementation is chosen when the layer is built, from the device its weight is made on: the
+    Triton kernel on CUDA, the torch functions elsewhere."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.norm = _triton_norm if self.weight.is_cuda else _torch_norm
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return apply_rms_norm(x, self.weight, self.eps, residual)
+        return self.norm(x, self.weight, self.eps, residual)

@@ -77,9 +77,10 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 # <<< exercise 4.2
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T (+ bias). One token on CUDA (batch-1 decode): our memory-speed GEMV kernel."""
-    if x.is_cuda and x.dim() == 2 and x.shape[0] == 1:
+def linear_gemv_b1(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias), a layer's matmul on CUDA: one token (batch-1 decode) through our
+    memory-speed GEMV kernel, more through cuBLAS."""
+    if x.dim() == 2 and x.shape[0] == 1:
         return gemv(x, weight, bias)
     return F.linear(x, weight, bias)
 
@@ -98,6 +99,8 @@ class LinearBase(nn.Module):
         self.tp_dim, self.tp_rank, self.tp_size, self.tp_group = tp_dim, tp_rank(), tp_size(), tp_group()
         self.weight = nn.Parameter(torch.empty(output_size, input_size))
         self.weight.weight_loader = self.weight_loader
+        # the matmul, chosen from the device the layer is built on
+        self.linear = linear_gemv_b1 if self.weight.is_cuda else F.linear
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size))
             self.bias.weight_loader = self.weight_loader
@@ -110,7 +113,7 @@ class LinearBase(nn.Module):
         _copy_checked(param, loaded, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return self.linear(x, self.weight, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -173,5 +176,5 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return linear(x, self.weight, self.bias)
+            return self.linear(x, self.weight, self.bias)
         return row_parallel_linear(x, self.weight, self.bias, self.tp_group)

@@ -12,6 +12,7 @@ tensor-parallel ranks by the parallel linear layers) and call it.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, NamedTuple
 
 import torch
@@ -23,9 +24,10 @@ from minillm.distributed import tp_size
 from minillm.kernels.decode_b1 import decode_attention_b1
 from minillm.kernels.gemv import MAX_ROW, gemv, gemv_rms_norm, gemv_silu_mul
 from minillm.kernels.qk_norm_rope import qk_norm_rope
+from minillm.kernels.rmsnorm import rms_norm_triton
 from minillm.kernels.silu_mul import silu_and_mul_triton
 from minillm.layers.activation import silu_and_mul
-from minillm.layers.attention import Attention
+from minillm.layers.attention import Attention, AttentionBackend, TorchBackend
 from minillm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minillm.layers.layernorm import RMSNorm, apply_rms_norm
 from minillm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -76,8 +78,8 @@ def decoder_layer(positions: torch.Tensor, hidden_states: torch.Tensor, residual
         return down_proj(silu_and_mul(gate_up_proj(h))), residual
 
     Hints: every norm goes through apply_rms_norm(x, weight, eps, residual=None)
-    (minillm.layers.layernorm: the torch functions of 2.1/2.2 on CPU, the Triton kernel of 2.12 on
-    CUDA); apply_rotary and silu_and_mul are exercises 2.3 and 2.5. QK-norm comes before RoPE.
+    (minillm.layers.layernorm: rms_norm of 2.1, or add_rms_norm of 2.2 when there is a residual);
+    apply_rotary and silu_and_mul are exercises 2.3 and 2.5. QK-norm comes before RoPE.
     """
     if residual is None:
         h, residual = apply_rms_norm(hidden_states, p.input_norm, p.eps), hidden_states
@@ -95,23 +97,32 @@ def decoder_layer(positions: torch.Tensor, hidden_states: torch.Tensor, residual
 # <<< exercise 2.6
 
 
+LayerForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, DecoderLayerParams],
+                        tuple[torch.Tensor, torch.Tensor]]
+
+
+def eager_decoder_layer(positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
+                        p: DecoderLayerParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """decoder_layer, looked up when called: an exercise 2.6 swapped into this module (notebook
+    switch, grader) runs in an engine that was built before the swap."""
+    return decoder_layer(positions, hidden_states, residual, p)
+
+
 def decoder_layer_fused(positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
                         p: DecoderLayerParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """decoder_layer's math with fewer, fused kernels (chapter 5), the engine's path on CUDA:
-    QK-norm + RoPE + the KV-cache store in one kernel that reads q, k and v straight out of the qkv
-    projection, and SiLU-and-mul in one pass. At decode sizes each small op is launch-bound, so this
-    removes ~20 kernels per layer; the arithmetic and its rounding points are the same.
-    p.attn must be minillm's Attention module (the kernel writes into its cache)."""
+    """decoder_layer's math with fewer, fused kernels (chapter 5), the engine's path on CUDA: the
+    add+RMSNorm kernel of 2.12, QK-norm + RoPE + the KV-cache store in one kernel that reads q, k and
+    v straight out of the qkv projection, and SiLU-and-mul in one pass. At decode sizes each small op
+    is launch-bound, so this removes ~20 kernels per layer; the arithmetic and its rounding points are
+    the same. p.attn must be minillm's Attention module (the kernel writes into its cache)."""
     n, H, D = hidden_states.shape[0], p.num_heads, p.head_dim
-    if n == 1 and _gemv_fusable(p, hidden_states.shape[1]):
-        return _decoder_layer_gemv(positions, hidden_states, residual, p)
     if residual is None:
-        h, residual = apply_rms_norm(hidden_states, p.input_norm, p.eps), hidden_states
+        h, residual = rms_norm_triton(hidden_states, p.input_norm, p.eps), hidden_states
     else:
-        h, residual = apply_rms_norm(hidden_states, p.input_norm, p.eps, residual)
+        h, residual = rms_norm_triton(hidden_states, p.input_norm, p.eps, residual)
     q, k, v = _qk_norm_rope_store(p.qkv_proj(h), positions, p)
     h = p.o_proj(p.attn(q, k, v, kv_stored=True).reshape(n, H * D))
-    h, residual = apply_rms_norm(h, p.post_norm, p.eps, residual)
+    h, residual = rms_norm_triton(h, p.post_norm, p.eps, residual)
     return p.down_proj(silu_and_mul_triton(p.gate_up_proj(h))), residual
 
 
@@ -124,35 +135,45 @@ def _qk_norm_rope_store(qkv: torch.Tensor, positions: torch.Tensor, p: DecoderLa
                         p.eps, *cache)
 
 
-def _gemv_fusable(p: DecoderLayerParams, hidden: int) -> bool:
-    """The batch-1 path needs unsharded projections (no all-reduce) and rows short enough to fuse."""
-    return (getattr(p.o_proj, "tp_size", 1) == 1 and hasattr(p.down_proj, "weight")
-            and max(hidden, p.down_proj.weight.shape[1]) <= MAX_ROW)
-
-
-def _decoder_layer_gemv(positions, hidden_states, residual, p: DecoderLayerParams):
-    """Batch-1 decode (one token): each RMSNorm runs inside the GEMV after it, SiLU-and-mul inside
-    down_proj's; QK-norm, RoPE, the KV store and attention are one kernel (minillm.kernels.decode_b1);
+def decoder_layer_fused_b1(positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
+                           p: DecoderLayerParams, attention_b1: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """decoder_layer_fused, except for one token (batch-1 decode): each RMSNorm runs inside the GEMV
+    after it, SiLU-and-mul inside down_proj's; with attention_b1, QK-norm, RoPE, the KV store and
+    attention are one kernel (minillm.kernels.decode_b1, written for the triton backend's cache);
     with PDL each kernel loads what it can while the one before it finishes. Six kernels per layer
-    instead of ten (minillm.kernels.gemv)."""
+    instead of ten (minillm.kernels.gemv). Needs whole projections (no all-reduce) with rows of at
+    most MAX_ROW: layer_forward_for checks that once."""
+    if hidden_states.shape[0] != 1:
+        return decoder_layer_fused(positions, hidden_states, residual, p)
     lin = lambda m: (m.weight, m.bias)  # noqa: E731
     qkv, residual = gemv_rms_norm(hidden_states, p.input_norm, p.eps, *lin(p.qkv_proj), residual)
     ctx, a = get_context(), p.attn
-    if not ctx.is_prefill and ctx.block_tables is not None and a.k_cache.numel() and a.backend.name == "triton":
+    if attention_b1 and not ctx.is_prefill and ctx.block_tables is not None and a.k_cache.numel():
         o = decode_attention_b1(qkv, positions, p.cos_sin, p.q_norm, p.k_norm, p.eps, a.k_cache, a.v_cache,
                                 ctx.slot_mapping, ctx.block_tables, ctx.context_lens, a.scale, p.num_heads,
                                 p.num_kv_heads, p.head_dim)
-    else:
+    else:  # a one-token prefill, or the warm-up before the cache exists
         o = a(*_qk_norm_rope_store(qkv, positions, p), kv_stored=True)
     h = gemv(o.reshape(1, p.num_heads * p.head_dim), *lin(p.o_proj))
     gate_up, residual = gemv_rms_norm(h, p.post_norm, p.eps, *lin(p.gate_up_proj), residual)
     return gemv_silu_mul(gate_up, *lin(p.down_proj)), residual
 
 
+def layer_forward_for(device: str, backend: AttentionBackend, tp: int, cfg: ModelConfig) -> LayerForward:
+    """The decoder-layer implementation an engine runs, chosen once, when its model is built: on CPU
+    chapter 2's decoder_layer (torch ops); on CUDA decoder_layer_fused, with the batch-1 GEMV path
+    when the projections are whole on this rank (TP=1) and their rows fit one GEMV load."""
+    if device != "cuda":
+        return eager_decoder_layer
+    if tp > 1 or max(cfg.hidden_size, cfg.intermediate_size) > MAX_ROW:
+        return decoder_layer_fused
+    return partial(decoder_layer_fused_b1, attention_b1=backend.name == "triton")
+
+
 class Qwen3Attention(nn.Module):
     """The attention block's parameters (this rank's heads) and its slice of the KV cache."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend):
         super().__init__()
         tp = tp_size()
         self.num_heads = cfg.num_attention_heads // tp
@@ -162,7 +183,7 @@ class Qwen3Attention(nn.Module):
                                           cfg.num_key_value_heads, bias=cfg.qkv_bias)
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
-        self.attn = Attention(self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5, backend)
         if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -179,9 +200,10 @@ class Qwen3MLP(nn.Module):
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, layer_forward: LayerForward):
         super().__init__()
-        self.self_attn = Qwen3Attention(cfg)
+        self.layer_forward = layer_forward  # the implementation, chosen at build time (layer_forward_for)
+        self.self_attn = Qwen3Attention(cfg, backend)
         self.mlp = Qwen3MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -199,15 +221,15 @@ class Qwen3DecoderLayer(nn.Module):
     def forward(self, positions, hidden_states, residual):
         """hidden_states: [N, hidden] (the previous block's output), residual: [N, hidden] or None
         for the first layer -> (this layer's MLP output, the residual stream before it)."""
-        layer = decoder_layer_fused if hidden_states.is_cuda else decoder_layer
-        return layer(positions, hidden_states, residual, self.params())
+        return self.layer_forward(positions, hidden_states, residual, self.params())
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, layer_forward: LayerForward):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList([Qwen3DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
+        self.layers = nn.ModuleList([Qwen3DecoderLayer(cfg, backend, layer_forward)
+                                     for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -228,9 +250,12 @@ class Qwen3ForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend = TorchBackend,
+                 layer_forward: LayerForward = eager_decoder_layer):
+        """backend: every layer's attention backend; layer_forward: the decoder-layer implementation
+        (the engine passes layer_forward_for's choice; the defaults are chapter 2's torch path)."""
         super().__init__()
-        self.model = Qwen3Model(cfg)
+        self.model = Qwen3Model(cfg, backend, layer_forward)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
