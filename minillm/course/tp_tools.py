@@ -58,8 +58,8 @@ def decode_step_times(runner: ShardRunner, batch_sizes: list[int], context_len: 
                       positions=lens.astype(np.int64) - 1, slot_mapping=np.full(bs, -1, dtype=np.int64),
                       context_lens=lens,
                       block_tables=((np.arange(bs)[:, None] * blocks + np.arange(blocks)) % num_blocks).astype(np.int32))
-        temps, seeds = np.zeros(bs, dtype=np.float32), np.zeros(bs, dtype=np.int64)
-        step_ms.append(_replay_ms(lambda: graphs.run(batch, None, None, temps, seeds), iters))
+        greedy = {"temperatures": np.zeros(bs, dtype=np.float32), "seeds": np.zeros(bs, dtype=np.int64)}
+        step_ms.append(_replay_ms(lambda: graphs.run(batch, None, None, greedy), iters))
         if size == 1:
             comm_ms.append(0.0)
             continue

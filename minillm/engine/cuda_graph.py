@@ -5,14 +5,15 @@ costs a few microseconds of CPU, more than the GPU needs to run it at small batc
 replays the recorded launches with one call. The graph holds the whole step, from input ids to
 sampled tokens: the forward, the LM head and the fused sampler (minillm.kernels.sampling).
 Everything a graph reads must live at fixed addresses, so each step copies its inputs into static
-buffers, all of them with one copy:
+buffers, all of them with one copy: one byte buffer cut into named fields (GRAPH_INPUTS, laid out
+once by graph_input_layout), rows = the largest graph's batch:
 
-    seeds                                [max_bs] int64   the fused sampler's Philox keys
-    input_ids, positions, slot_mapping   [max_bs]
-    context_lens                         [max_bs]
-    src                                  [max_bs]         async: row i's token is tokens[src[i]], unless NO_SOURCE_ROW
-    temperatures                         [max_bs] fp32    the fused sampler's temperatures
-    block_tables                         [max_bs, max_blocks]   max_blocks = ceil(max_model_len / block_size)
+    seeds                                [rows] int64   the fused sampler's Philox keys
+    input_ids, positions, slot_mapping   [rows] int32
+    context_lens                         [rows] int32
+    src                                  [rows] int32   async: row i's token is tokens[src[i]], unless NO_SOURCE_ROW
+    temperatures                         [rows] fp32    the fused sampler's temperatures
+    block_tables                         [rows, max_blocks] int32   max_blocks = ceil(max_model_len / block_size)
 
 The graph writes its samples to `tokens`; with async scheduling the next step's input token of a
 row may be one of them, still on the device: the next replay picks it out of `tokens` itself (one
@@ -30,14 +31,23 @@ ranks' graphs end with their part of the gather.
 """
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
 from minillm.context import PAD_BLOCK, SKIP_SLOT, reset_context, set_context
 from minillm.kernels.sampling import pick_input_ids, sample_triton
+from minillm.layers.sampler import Sampler
 
-HEAD = 8  # int32 slots per row before the block table: seeds (2), ids, positions, slots, lens, src, temperatures
 NO_SOURCE_ROW = -1  # a src entry: the row's input token is on the host (input_ids), not a previous sample
+# (name, dtype, entries per row) of each graph input, in buffer order; block_tables last, so that a
+# smaller graph's step copies a prefix of the buffer
+GRAPH_INPUTS = (("seeds", torch.int64, 1), ("input_ids", torch.int32, 1), ("positions", torch.int32, 1),
+                ("slot_mapping", torch.int32, 1), ("context_lens", torch.int32, 1), ("src", torch.int32, 1),
+                ("temperatures", torch.float32, 1), ("block_tables", torch.int32, None))  # None: max_blocks
+ALIGN = 8  # bytes: every field starts where its dtype may be viewed (int64 needs 8)
 
 
 # >>> exercise 5.1 | notebooks/05_engine_performance.ipynb | 3. CUDA graphs
@@ -90,48 +100,83 @@ def pad_graph_inputs(input_ids: np.ndarray, positions: np.ndarray, slot_mapping:
 # <<< exercise 5.1
 
 
+def to_device(value, device: torch.device):
+    """A host numpy array -> a tensor on `device` (to CUDA through pinned memory, without waiting for
+    the copy); any other value (a flag, a list of generators) as it is."""
+    if not isinstance(value, np.ndarray):
+        return value
+    t = torch.from_numpy(value)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
+class GraphInput(NamedTuple):
+    name: str
+    dtype: torch.dtype
+    offset: int  # bytes into the buffer
+    shape: tuple[int, ...]  # (rows,) or (rows, max_blocks)
+
+
+def graph_input_layout(rows: int, max_blocks: int) -> tuple[list[GraphInput], int]:
+    """Where each of GRAPH_INPUTS lives in the one input buffer -> (fields, total bytes)."""
+    fields, offset = [], 0
+    for name, dtype, per_row in GRAPH_INPUTS:
+        shape = (rows,) if per_row == 1 else (rows, per_row or max_blocks)
+        fields.append(GraphInput(name, dtype, offset, shape))
+        offset += -(-math.prod(shape) * dtype.itemsize // ALIGN) * ALIGN
+    return fields, offset
+
+
+def field_views(buffer, fields: list[GraphInput]) -> dict:
+    """A byte buffer (a torch uint8 tensor, or its numpy twin) -> {name: a typed view of its field}."""
+    views = {}
+    for f in fields:
+        nbytes = math.prod(f.shape) * f.dtype.itemsize
+        dtype = f.dtype if isinstance(buffer, torch.Tensor) else torch.empty(0, dtype=f.dtype).numpy().dtype
+        views[f.name] = buffer[f.offset:f.offset + nbytes].view(dtype).reshape(f.shape)
+    return views
+
+
 class DecodeGraphs:
+    """The decode CUDA graphs of one runner: captured at start-up, then per step prepare (inputs into
+    the static buffer), replay, sample."""
+
     def __init__(self, model, max_num_seqs: int, max_blocks: int, device: torch.device):
         self.model = model
         self.sizes = graph_batch_sizes(max_num_seqs)
-        n, self.max_blocks = self.sizes[-1], max_blocks
-        # All inputs in one int32 buffer, so a step is one host->device copy from a pinned staging
-        # twin. Two staging buffers alternate: with async scheduling the CPU fills step n+1's while
-        # step n's copy may still be queued.
+        rows, self.max_blocks = self.sizes[-1], max_blocks
+        self.fields, nbytes = graph_input_layout(rows, max_blocks)
+        # One host->device copy per step, from a pinned staging twin. Two staging buffers alternate:
+        # with async scheduling the CPU fills step n+1's while step n's copy may still be queued.
         pinned = device.type == "cuda"  # (a CPU stand-in of the graphs, in the tests, has no pinned memory)
-        self.staging = [torch.zeros(n * (HEAD + max_blocks), dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
-        self.hosts = [self._views(st.numpy(), n) for st in self.staging]
+        self.staging = [torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pinned) for _ in range(2)]
+        self.hosts = [field_views(st.numpy(), self.fields) for st in self.staging]
         self.step = 0
         self.buffer = torch.zeros_like(self.staging[0], device=device)
-        (self.seeds, self.input_ids, self.positions, self.slot_mapping, self.context_lens, self.src,
-         self.temperatures, self.block_tables) = self._views(self.buffer, n)
-        self.tokens = torch.zeros(n, dtype=torch.int64, device=device)  # the sampled ids (the graphs write them)
+        self.inputs = field_views(self.buffer, self.fields)  # what the graphs read
+        self.tokens = torch.zeros(rows, dtype=torch.int64, device=device)  # the sampled ids (the graphs write them)
         self.logits: dict[int, torch.Tensor] = {}  # per graph: its logits [bs, vocab], in the graphs' memory pool
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
+        self.sampler = Sampler()  # for what the graphs' fused sampler cannot do (top-k/top-p, generators)
         self._capture_all()
 
-    def _views(self, flat, n: int):
-        """The int32 buffer cut into its fields (seeds first: an int64 view needs 8-byte alignment)."""
-        as_i64, as_f32 = (np.int64, np.float32) if isinstance(flat, np.ndarray) else (torch.int64, torch.float32)
-        f = [flat[i * n:(i + 1) * n] for i in range(2, HEAD)]
-        return (flat[:2 * n].view(as_i64), *f[:5], f[5].view(as_f32), flat[HEAD * n:].reshape(n, self.max_blocks))
-
     def _forward(self, bs: int) -> None:
-        ids = pick_input_ids(self.input_ids[:bs], self.src[:bs], self.tokens)
-        self.logits[bs] = logits = self.model.compute_logits(self.model(ids, self.positions[:bs]))
+        x = self.inputs
+        ids = pick_input_ids(x["input_ids"][:bs], x["src"][:bs], self.tokens)
+        self.logits[bs] = logits = self.model.compute_logits(self.model(ids, x["positions"][:bs]))
         if logits is not None:  # None on tensor-parallel ranks > 0: rank 0 alone samples
-            sample_triton(logits, self.temperatures[:bs], self.seeds[:bs], out=self.tokens[:bs])
+            sample_triton(logits, x["temperatures"][:bs], x["seeds"][:bs], out=self.tokens[:bs])
 
     def _set_context(self, bs: int) -> None:
-        set_context(is_prefill=False, slot_mapping=self.slot_mapping[:bs], context_lens=self.context_lens[:bs],
-                    block_tables=self.block_tables[:bs])
+        x = self.inputs
+        set_context(is_prefill=False, slot_mapping=x["slot_mapping"][:bs], context_lens=x["context_lens"][:bs],
+                    block_tables=x["block_tables"][:bs])
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
-        self.slot_mapping.fill_(SKIP_SLOT)
-        self.block_tables.fill_(PAD_BLOCK)
-        self.src.fill_(NO_SOURCE_ROW)
+        self.inputs["slot_mapping"].fill_(SKIP_SLOT)
+        self.inputs["block_tables"].fill_(PAD_BLOCK)
+        self.inputs["src"].fill_(NO_SOURCE_ROW)
         # capture the largest first: later (smaller) graphs reuse its memory pool
         for bs in reversed(self.sizes):
             self._set_context(bs)
@@ -152,38 +197,57 @@ class DecodeGraphs:
         # the logits live in the pool; the field views share `buffer`: drop every reference
         self.graphs, self.logits, self.pool, self.model = {}, {}, None, None
         self.buffer = self.tokens = None
-        self.staging, self.hosts = [], []
-        (self.seeds, self.input_ids, self.positions, self.slot_mapping, self.context_lens, self.src,
-         self.temperatures, self.block_tables) = (None,) * 8
+        self.staging, self.hosts, self.inputs = [], [], {}
 
     def padded_size(self, bs: int) -> int | None:
         """The captured size that runs a batch of bs, or None when bs is larger than any."""
         return graph_size_for(self.sizes, bs)
 
-    def run(self, batch, prev_ids: torch.Tensor | None = None, src_index=None, temperatures=None,
-            seeds=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decode Batch (B rows, host numpy) -> (logits [B, vocab], sampled token ids [B] int64).
+    def prepare(self, batch, prev_ids: torch.Tensor | None = None, src_index=None, temperatures=None,
+                seeds=None) -> int:
+        """Copy one decode Batch (B rows, host numpy) into the graphs' input buffer -> the graph size
+        that runs it.
 
         prev_ids/src_index: with async scheduling, row i's input token is still on the device when
         src_index[i] != NO_SOURCE_ROW: it is prev_ids[src_index[i]], the previous step's sample.
-        temperatures/seeds: host arrays [B] for the fused sampler, copied with the inputs. Without
-        them the sampled ids are meaningless: sample the logits outside the graph. Both outputs are
-        valid until the next replay; on tensor-parallel ranks > 0 the logits are None."""
+        temperatures/seeds: host arrays [B] for the fused sampler, copied with the inputs."""
         bs = len(batch.input_ids)
         padded = self.padded_size(bs)
         self.step ^= 1
-        seed_h, ids, pos, slots, lens, src, temps, tables = self.hosts[self.step]
+        h = self.hosts[self.step]
         pad_graph_inputs(batch.input_ids, batch.positions, batch.slot_mapping, batch.context_lens,
-                         batch.block_tables, padded, (ids, pos, slots, lens, tables))
-        src[:padded] = NO_SOURCE_ROW
+                         batch.block_tables, padded,
+                         (h["input_ids"], h["positions"], h["slot_mapping"], h["context_lens"], h["block_tables"]))
+        h["src"][:padded] = NO_SOURCE_ROW
         if src_index is not None:
-            src[:bs] = src_index
+            h["src"][:bs] = src_index
             if prev_ids.data_ptr() != self.tokens.data_ptr():  # not the last replay's own samples
                 self.tokens[:len(prev_ids)].copy_(prev_ids)
         if temperatures is not None:
-            temps[:bs], seed_h[:bs] = temperatures, seeds
-        used = HEAD * self.sizes[-1] + padded * self.max_blocks  # copy only the rows this graph reads
+            h["temperatures"][:bs], h["seeds"][:bs] = temperatures, seeds
+        tables = self.fields[-1]  # copy only the block-table rows this graph reads
+        used = tables.offset + padded * self.max_blocks * tables.dtype.itemsize
         self.buffer[:used].copy_(self.staging[self.step][:used], non_blocking=True)
+        return padded
+
+    def replay(self, padded: int, bs: int) -> torch.Tensor | None:
+        """Run the graph of size `padded` on the prepared inputs -> its logits [bs, vocab] (None on
+        tensor-parallel ranks > 0), valid until the next replay."""
         self.graphs[padded].replay()
         logits = self.logits[padded]
-        return (None if logits is None else logits[:bs]), self.tokens[:bs]
+        return None if logits is None else logits[:bs]
+
+    def run(self, batch, prev_ids: torch.Tensor | None = None, src_index=None, sample_args: dict | None = None
+            ) -> torch.Tensor | None:
+        """One decode step: prepare, replay, sample -> the sampled token ids [B] int64 on the device
+        (None without sample_args: a tensor-parallel worker's half of the step).
+        sample_args: the runner's prepare_sample(..., on_device=False). The graph's own fused sampler
+        does temperature sampling with per-row seeds; anything else samples its logits outside it."""
+        bs, fused = len(batch.input_ids), sample_args is not None and "seeds" in sample_args
+        fused_args = (sample_args["temperatures"], sample_args["seeds"]) if fused else ()
+        logits = self.replay(self.prepare(batch, prev_ids, src_index, *fused_args), bs)
+        if sample_args is None:
+            return None
+        if fused:
+            return self.tokens[:bs]
+        return self.sampler(logits, **{k: to_device(v, self.tokens.device) for k, v in sample_args.items()})

@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -21,12 +22,12 @@ import torch
 from minillm.config import EngineConfig, ModelConfig
 from minillm.context import PAD_BLOCK, get_context, reset_context, set_context
 from minillm.distributed import tp_group
-from minillm.engine.cuda_graph import NO_SOURCE_ROW, DecodeGraphs
+from minillm.engine.cuda_graph import NO_SOURCE_ROW, DecodeGraphs, to_device
 from minillm.engine.sequence import PLACEHOLDER_TOKEN, Sequence
 from minillm.layers.attention import Attention, backend_for
 from minillm.layers.sampler import Sampler
 from minillm.loader import load_model
-from minillm.models.qwen3 import Qwen3ForCausalLM
+from minillm.models.qwen3 import Qwen3ForCausalLM, layer_forward_for
 from minillm.sampling_params import SamplingParams
 
 GIB = 1 << 30
@@ -86,9 +87,11 @@ class ModelRunner:
         before = torch.cuda.memory_allocated(self.device) if cuda else 0
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
+        self.backend = backend_for(config)
+        layer_forward = layer_forward_for(config.device, self.backend, config.tensor_parallel_size, self.model_config)
         try:
             with torch.device(self.device):
-                self.model = self.memory.model = Qwen3ForCausalLM(self.model_config)
+                self.model = self.memory.model = Qwen3ForCausalLM(self.model_config, self.backend, layer_forward)
         finally:
             torch.set_default_dtype(default_dtype)
         load_model(self.model, model_path)
@@ -97,9 +100,6 @@ class ModelRunner:
         self.model.eval()
         self.sampler = Sampler()
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.backend = backend_for(config)
-        for layer in self.attention_layers:
-            layer.backend = self.backend
         self.num_kvcache_blocks = self.allocate_kv_cache()
         if cuda and not config.enforce_eager and self.backend.name != "torch":
             # the torch reference backend's store selects rows with a boolean mask (a host sync)
@@ -210,15 +210,9 @@ class ModelRunner:
         """Tensor parallel: hand this step's Batch to the other ranks, which run the same forward on it
         (engine/tp.py). One process: there is nobody to send it to."""
 
-    def _to_device(self, array: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(array)
-        if self.device.type == "cuda":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t
-
     def load_batch(self, b: "Batch") -> tuple[torch.Tensor, torch.Tensor]:
         """Copy a Batch to the device and set the attention context. -> (input_ids, positions)."""
-        dev = self._to_device
+        dev = partial(to_device, device=self.device)
         opt = lambda a: None if a is None else dev(a)  # noqa: E731
         set_context(
             is_prefill=b.is_prefill,
@@ -233,7 +227,7 @@ class ModelRunner:
 
     def prepare_sample(self, seqs: list[Sequence], on_device: bool = True):
         """-> keyword arguments of Sampler.forward; the per-row arrays as device tensors (no device
-        sync), or as host numpy arrays when on_device is False (see to_device_args)."""
+        sync), or as host numpy arrays when on_device is False."""
         ps = [s.params for s in seqs]
         temps = np.asarray([p.temperature for p in ps], dtype=np.float32)
         args = dict(temperatures=temps, all_greedy=bool((temps == 0).all()), any_greedy=bool((temps == 0).any()))
@@ -252,11 +246,7 @@ class ModelRunner:
             args["seeds"] = keys.astype(np.int64)
         elif any(p.seed is not None for p in ps):
             args["generators"] = [self.generator_for(s) for s in seqs]
-        return self.to_device_args(args) if on_device else args
-
-    def to_device_args(self, args: dict) -> dict:
-        """prepare_sample's host arrays -> device tensors (the flags and generators stay as they are)."""
-        return {k: self._to_device(v) if isinstance(v, np.ndarray) else v for k, v in args.items()}
+        return {k: to_device(v, self.device) for k, v in args.items()} if on_device else args
 
     def generator_for(self, seq: Sequence):
         if seq.params.seed is None or seq.params.temperature == 0:
@@ -276,34 +266,44 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, seqs: list[Sequence], is_prefill: bool, prev: "Pending | None" = None) -> "Pending":
-        """Queue one step on the device and return without waiting for it.
-
-        With async scheduling a decode sequence's newest token may still be on the device (its
-        host value is PLACEHOLDER_TOKEN): then it is taken from prev, the step before."""
+        """Queue one step on the device and return without waiting for it: build and send the batch,
+        run it (a decode graph's replay when one fits, else the eager forward), sample."""
         self._check_alive()
         batch = self.build_batch(seqs, is_prefill)
         self.send_batch(batch)
-        src = None  # per row: the row of prev that sampled its input token
-        if (batch.input_ids == PLACEHOLDER_TOKEN).any():
-            if is_prefill or prev is None:
-                raise RuntimeError("a step's input tokens are not known yet; resolve the previous step first")
-            src = np.asarray([prev.rows.get(s.seq_id, NO_SOURCE_ROW) if s.last_token == PLACEHOLDER_TOKEN
-                              else NO_SOURCE_ROW for s in seqs])
-        graphed = not is_prefill and self.graphs is not None and self.graphs.padded_size(len(seqs))
-        sample_args = self.prepare_sample(seqs, on_device=not graphed)
-        if graphed:
-            fused = "seeds" in sample_args  # the graph's own sampler can do it: its inputs travel with the graph's
-            logits, token_ids = self.graphs.run(batch, prev.token_ids if src is not None else None, src,
-                                                *((sample_args["temperatures"], sample_args["seeds"]) if fused else ()))
-            if not fused:
-                token_ids = self.sampler(logits, **self.to_device_args(sample_args))
+        src = self.input_sources(seqs, batch, prev)
+        if not is_prefill and self.graphs is not None and self.graphs.padded_size(len(seqs)):
+            token_ids = self.graphs.run(batch, None if src is None else prev.token_ids, src,
+                                        self.prepare_sample(seqs, on_device=False))
         else:
-            input_ids, positions = self.load_batch(batch)
-            if src is not None:
-                idx = self._to_device(src)
-                input_ids = torch.where(idx != NO_SOURCE_ROW, prev.token_ids[idx.clamp_min(0)], input_ids)
-            token_ids = self.sampler(self.run_model(input_ids, positions, is_prefill), **sample_args)
-        reset_context()
+            token_ids = self.eager_step(batch, prev, src, self.prepare_sample(seqs))
+        return self.pending(seqs, is_prefill, token_ids)
+
+    def input_sources(self, seqs: list[Sequence], batch: "Batch", prev: "Pending | None") -> np.ndarray | None:
+        """With async scheduling a decode sequence's newest token may still be on the device (its host
+        value is PLACEHOLDER_TOKEN): -> per row, the row of prev that sampled it (NO_SOURCE_ROW: the
+        token is on the host), or None when every input token is known."""
+        if not (batch.input_ids == PLACEHOLDER_TOKEN).any():
+            return None
+        if batch.is_prefill or prev is None:
+            raise RuntimeError("a step's input tokens are not known yet; resolve the previous step first")
+        return np.asarray([prev.rows.get(s.seq_id, NO_SOURCE_ROW) if s.last_token == PLACEHOLDER_TOKEN
+                           else NO_SOURCE_ROW for s in seqs])
+
+    def eager_step(self, batch: "Batch", prev: "Pending | None", src: np.ndarray | None,
+                   sample_args: dict) -> torch.Tensor:
+        """The forward launched op by op (prefill; decode without a graph) -> sampled ids [B] on the device."""
+        input_ids, positions = self.load_batch(batch)
+        if src is not None:
+            idx = to_device(src, self.device)
+            input_ids = torch.where(idx != NO_SOURCE_ROW, prev.token_ids[idx.clamp_min(0)], input_ids)
+        try:
+            return self.sampler(self.run_model(input_ids, positions, batch.is_prefill), **sample_args)
+        finally:
+            reset_context()
+
+    def pending(self, seqs: list[Sequence], is_prefill: bool, token_ids: torch.Tensor) -> "Pending":
+        """A launched step; on CUDA its sampled ids start their copy to pinned host memory."""
         pending = Pending(seqs, is_prefill, token_ids, {s.seq_id: i for i, s in enumerate(seqs)})
         if self.device.type == "cuda":
             pending.host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
