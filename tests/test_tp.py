@@ -233,11 +233,16 @@ import os
 from minillm import LLM, SamplingParams
 llm = LLM("qwen3-tiny", tensor_parallel_size=2, device=DEVICE, dtype="float32",
           kvcache_block_size=16, max_model_len=128)
-assert os.environ["RANK"] == "0"  # ranks > 0 serve inside LLM(...) and exit there
+assert os.environ["RANK"] == "0"  # minillm.launch runs the script on rank 0 only; the others serve
 out = llm.generate(["Hello", "The capital of France is"],
                    SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
 print("TOKENS", [o["token_ids"] for o in out])
 llm.shutdown()
+# a second engine in the same job (rank 1 serves it too), left running: minillm.launch stops it
+again = LLM("qwen3-tiny", tensor_parallel_size=2, device=DEVICE, dtype="float32", kvcache_block_size=16,
+            max_model_len=128)
+assert again.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+                      use_tqdm=False)[0]["token_ids"] == out[0]["token_ids"]
 """
 
 
@@ -248,7 +253,8 @@ def run_torchrun(device: str) -> list:
         f.write(f"DEVICE = {device!r}\n" + TORCHRUN_SCRIPT)
     try:
         out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                              "--nproc_per_node=2", script], capture_output=True, text=True, timeout=180, cwd=REPO)
+                              "--nproc_per_node=2", "-m", "minillm.launch", script],
+                             capture_output=True, text=True, timeout=180, cwd=REPO)
     finally:
         os.remove(script)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -257,12 +263,29 @@ def run_torchrun(device: str) -> list:
 
 
 def test_torchrun_launch():
-    """env:// launch, as torchrun does it (works across nodes): rank 0 generates, rank 1 serves."""
+    """env:// launch, as torchrun does it (works across nodes), through minillm.launch: rank 0 runs
+    the script and generates, rank 1 serves its engine."""
     got = run_torchrun("cpu")
     ref = LLM("qwen3-tiny", **small_engine_args(max_model_len=128))
     assert got == tokens(ref, ["Hello", "The capital of France is"],
                          SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
     ref.shutdown()
+
+
+def test_torchrun_without_the_launcher_says_how_to_start(monkeypatch):
+    """A script started by plain torchrun would run on every rank: LLM(...) says to use minillm.launch,
+    before it joins any group."""
+    for k, v in (("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1")):
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError, match=r"-m minillm.launch your_script.py"):
+        LLM("qwen3-tiny", tensor_parallel_size=2, **small_engine_args())
+    assert not dist.is_initialized()
+
+
+def test_launch_outside_torchrun_says_how_to_start():
+    from minillm.launch import main
+    with pytest.raises(SystemExit, match=r"runs under torchrun.*torchrun --nproc-per-node N -m minillm.launch"):
+        main(["script.py"])
 
 
 # ---- NCCL: one GPU per rank (skipped with fewer than two GPUs) -----------------------------------------

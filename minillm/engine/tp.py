@@ -61,6 +61,7 @@ STOP_TIMEOUT_S = 30.0  # a stopping worker frees its memory and answers within t
 JOIN_TIMEOUT_S = 10.0  # a worker that answered "stopped" leaves its group and exits within this
 PARENT_POLL_S = 1.0  # how often a spawned worker checks that rank 0's process is still there
 STOP = ("stop",)  # rank 0 -> workers: free your memory, answer, leave the group, exit
+EXIT = ("exit",)  # minillm.launch's rank 0 -> the other ranks: the script has ended
 
 
 class ShardRunner(ModelRunner):
@@ -104,6 +105,8 @@ class ShardRunner(ModelRunner):
                 channel.reply(fn(self, *args))
             elif msg == STOP:
                 return True
+            elif msg == EXIT:  # rank 0's script ended without stopping this engine
+                return False
         return False
 
 
@@ -176,35 +179,66 @@ def _watch_parent(parent_pid: int) -> None:
     os._exit(1)
 
 
-def _worker_main(rank: int, world_size: int, port: int, config: EngineConfig, model_config: ModelConfig,
-                 model_path: str, conn, parent_pid: int) -> None:
-    """A spawned worker process (rank >= 1): join the group, build the shard, serve rank 0, and on
-    STOP free the device, answer "stopped" and leave the group (see the module docstring)."""
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="minillm-watch-rank0").start()
-    channel = PipeChannel([conn])
-    runner, stopped = None, False
+def use_device(config: EngineConfig, rank: int, world_size: int) -> None:
+    """A rank's device: its own GPU, or its share of the CPU cores (oversubscribed OpenMP threads crawl)."""
+    if config.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    else:
+        set_cpu_threads(world_size)
+
+
+def serve_engine(channel, config: EngineConfig, model_config: ModelConfig, model_path: str) -> bool:
+    """A worker's life with one engine: build this rank's shard, run what rank 0 sends, and on STOP
+    free the device and answer "stopped" (-> True); -> False when rank 0 went away first."""
+    runner = None
     try:
-        send_message(conn, ("hello", os.getpid()))  # the interpreter is up: rank 0 may enter the rendezvous
-        if config.device == "cuda":
-            torch.cuda.set_device(rank)
-        else:
-            set_cpu_threads(world_size)
-        runner = ShardRunner(config, model_config, model_path, join_group(rank, world_size, config.device, port))
+        runner = ShardRunner(config, model_config, model_path, dist.group.WORLD)
         if runner.serve(channel):
             runner.shutdown()  # the memory is back before rank 0 hears "stopped"
             channel.reply("stopped")
-            stopped = True
+            return True
+        return False
+    finally:
+        if runner is not None:
+            runner.shutdown()
+        del runner  # nothing may hold the ProcessGroup when it is destroyed
+
+
+def _worker_main(rank: int, world_size: int, port: int, config: EngineConfig, model_config: ModelConfig,
+                 model_path: str, conn, parent_pid: int) -> None:
+    """A spawned worker process (rank >= 1): join the group, serve rank 0's engine (serve_engine), then
+    leave the group (see the module docstring)."""
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="minillm-watch-rank0").start()
+    channel, stopped = PipeChannel([conn]), False
+    try:
+        send_message(conn, ("hello", os.getpid()))  # the interpreter is up: rank 0 may enter the rendezvous
+        use_device(config, rank, world_size)
+        join_group(rank, world_size, config.device, port)
+        stopped = serve_engine(channel, config, model_config, model_path)
     except BaseException as e:  # noqa: BLE001 -- reported to rank 0, which raises it
         try:
             send_message(conn, ("error", *pack_error(e)))
         except Exception:
             pass
     finally:
-        if runner is not None:
-            runner.shutdown()
-        del runner, channel  # nothing may hold the ProcessGroup when it is destroyed
+        del channel
         leave_group(abort=not stopped)  # out of step with rank 0: do not wait for it
         conn.close()
+
+
+# ---- torchrun (minillm.launch) -------------------------------------------------------------------
+_TORCHRUN: BroadcastChannel | None = None  # minillm.launch opens it on every rank before anything else
+
+
+def serve_torchrun(channel: BroadcastChannel) -> None:
+    """A torchrun rank > 0 under minillm.launch: serve every engine rank 0's script creates, one after
+    another, until the script ends (EXIT) or rank 0 goes away."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    while (msg := channel.recv()) is not None and msg[0] == "engine":
+        config, model_config, model_path = msg[1:]
+        use_device(config, rank, world)
+        if not serve_engine(channel, config, model_config, model_path):
+            return
 
 
 class _Workers:
@@ -272,10 +306,7 @@ class TPModelRunner(ShardRunner):
         self._workers = w = _Workers()
         self._finalizer = weakref.finalize(self, w.close)
         if launched_by_torchrun():
-            rank = self._join_torchrun(size, config.device)
-            w.channel = BroadcastChannel()
-            if rank > 0:
-                self._serve_torchrun(config, model_config, model_path)
+            self._start_torchrun(config, model_config, model_path)
         else:
             self._spawn_workers(size, config, model_config, model_path)
         try:
@@ -288,37 +319,20 @@ class TPModelRunner(ShardRunner):
         self._starting = False
 
     # ---- start-up -------------------------------------------------------------------------------
-    def _join_torchrun(self, size: int, device: str) -> int:
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    def _start_torchrun(self, config: EngineConfig, model_config: ModelConfig, model_path: str) -> None:
+        """Rank 0 of a torchrun job run through minillm.launch: the other ranks wait in serve_torchrun
+        for this engine's configuration."""
+        size, world = config.tensor_parallel_size, int(os.environ["WORLD_SIZE"])
+        if _TORCHRUN is None:
+            raise ValueError("under torchrun, start your script through minillm's launcher, which makes rank 0 run "
+                             "it and the other ranks serve its engines: torchrun --nproc-per-node N -m "
+                             "minillm.launch your_script.py [args]")
         if world != size:
             raise ValueError(f"launched with WORLD_SIZE={world} but tensor_parallel_size={size}; "
                              f"start torchrun with as many processes as tensor_parallel_size")
-        if device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-        else:
-            set_cpu_threads(world)
-        if not dist.is_initialized():
-            join_group(rank, world, device)
-            self._workers.owns_group = True
-        return rank
-
-    def _serve_torchrun(self, config, model_config, model_path) -> None:
-        """A torchrun rank > 0: serve rank 0 until it stops the engine, then end this process."""
-        w = self._workers
-        channel, w.channel = w.channel, None  # only rank 0 sends
-        runner, stopped = None, False
-        try:
-            runner = ShardRunner(config, model_config, model_path, dist.group.WORLD)
-            if runner.serve(channel):
-                runner.shutdown()
-                channel.reply("stopped")
-                stopped = True
-        finally:
-            if runner is not None:
-                runner.shutdown()
-            del runner, channel  # nothing may hold a ProcessGroup when it is destroyed
-            leave_group(abort=not stopped)
-        raise SystemExit(0 if stopped else 1)
+        use_device(config, 0, size)
+        self._workers.channel = _TORCHRUN
+        _TORCHRUN.send(("engine", config, model_config, model_path))
 
     def _spawn_workers(self, size: int, config, model_config, model_path) -> None:
         if dist.is_initialized():
@@ -403,7 +417,7 @@ class TPModelRunner(ShardRunner):
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
-            if getattr(e, "_minillm_tp_reported", False):
+            if self.broken:  # _fail has run (inside fn) and raised this: the engine is already stopped
                 raise
             self._fail(e)
 
@@ -447,7 +461,6 @@ class TPModelRunner(ShardRunner):
         self.broken = f"{type(chosen).__name__}: {str(chosen).splitlines()[0] if str(chosen) else ''}"
         self._workers.broken = True
         self.shutdown()
-        chosen._minillm_tp_reported = True
         if chosen is exc:
             raise exc
         raise chosen from exc

@@ -3,7 +3,7 @@
 # refactor can show it kept the throughput (the acceptance: within 3%). Each commit runs from its own
 # `git worktree` under /tmp, with the carried wheels of tests/gpu/env.sh; nothing else differs.
 #
-#   bash tests/gpu/bench_ab.sh BEFORE [AFTER=HEAD] [ROUNDS=2]
+#   bash tests/gpu/bench_ab.sh BEFORE [AFTER=HEAD] [ROUNDS=2]     # revisions, or folders holding a tree
 #
 # Rounds alternate BEFORE, AFTER, BEFORE, AFTER, ... (a drift of the machine shows as a trend, not as
 # a difference). Each run: `python -m minillm bench --json-file ... --attention-backend triton`
@@ -23,19 +23,22 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-$PWD/.out}/ab
 mkdir -p "$OUT"
 SITE_PATH=${PYTHONPATH#*:}  # env.sh put this checkout first: each run puts its own worktree there instead
+# a revision gets a worktree; a folder (a tree exported beforehand, for a machine without .git) is used as it is
+tree() { if [ -d "$1" ]; then (cd "$1" && pwd); else echo "/tmp/ab-$(git rev-parse --short "$1")"; fi; }
+name() { if [ -d "$1" ]; then basename "$1"; else git rev-parse --short "$1"; fi; }
 for rev in "$BEFORE" "$AFTER"; do
-    dir=/tmp/ab-$(git rev-parse --short "$rev")
+    dir=$(tree "$rev")
     [ -d "$dir" ] || git worktree add --detach "$dir" "$rev" >/dev/null
 done
 for round in $(seq 1 "$ROUNDS"); do
     for rev in "$BEFORE" "$AFTER"; do
-        short=$(git rev-parse --short "$rev")
-        (cd "/tmp/ab-$short" && PYTHONPATH="/tmp/ab-$short:$SITE_PATH" timeout 280 \
+        short=$(name "$rev") dir=$(tree "$rev")
+        (cd "$dir" && PYTHONPATH="$dir:$SITE_PATH" timeout 280 \
             "$PY" -m minillm bench --attention-backend triton --json-file "$OUT/$round-$short.json" ${BENCH_ARGS:-} \
             > "$OUT/$round-$short.log" 2>&1) || echo "round $round $short: exit $? (see $OUT/$round-$short.log)"
     done
 done
-"$PY" - "$OUT" "$(git rev-parse --short "$BEFORE")" "$(git rev-parse --short "$AFTER")" <<'PY'
+"$PY" - "$OUT" "$(name "$BEFORE")" "$(name "$AFTER")" <<'PY'
 import glob, json, os, statistics, sys
 out, before, after = sys.argv[1:]
 runs = {before: [], after: []}
