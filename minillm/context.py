@@ -22,7 +22,7 @@ class Context:
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
     # both phases: row r of this step's K/V goes to flat cache slot slot_mapping[r] (SKIP_SLOT: not stored)
-    slot_mapping: torch.Tensor | None = None  # [N] int64
+    slot_mapping: torch.Tensor | None = None  # [N] int64 (int32 in the decode graphs' inputs)
     # decode: one query per sequence, context_lens[i] keys read through block_tables[i]
     context_lens: torch.Tensor | None = None  # [B] int32
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32, padded with PAD_BLOCK
