@@ -75,7 +75,8 @@ def _triton_norm(x, weight, eps, residual=None):
 class RMSNorm(nn.Module):
     """Holds the weight (named as in the checkpoint); forward(x) or forward(x, residual). The
     implementation is chosen when the layer is built, from the device its weight is made on: the
-    Triton kernel on CUDA, the torch functions elsewhere."""
+    Triton kernel on CUDA, the torch functions elsewhere (build under `with torch.device("cuda"):`,
+    as the engine does; a module moved later with .cuda() keeps the torch functions)."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
