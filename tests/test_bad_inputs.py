@@ -39,7 +39,12 @@ PROBE_IDS = [[1, 2, 3], [7, 8, 9, 10, 11]]
 PROBE_TEXT = ["Hello", "The capital of France is"]
 STREAM_TIMEOUT_S = 120  # a stream that hangs fails the test instead of stalling CI
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DELETE = object()  # a config edit that removes the key
+class _Delete:
+    def __repr__(self) -> str:  # test ids name it the same in every process (pytest-xdist workers)
+        return "DELETE"
+
+
+DELETE = _Delete()  # a config edit that removes the key
 
 
 # ---- shared engines and the health check -----------------------------------------------------------
