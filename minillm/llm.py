@@ -218,8 +218,8 @@ class RequestStream:
             text = self.output["text"]  # exactly generate()'s text
         else:
             text = self._detok.text
-            cuts = [text.find(s) for s in seq.params.stop if s in text]
-            text = text[:min(cuts)] if cuts else text[:max(0, len(text) - self._hold)]
+            cut = seq.params.cut_at_stop(text)
+            text = cut if cut is not None else text[:max(0, len(text) - self._hold)]
         delta = text[self._num_sent:]
         self._num_sent += len(delta)
         return delta

@@ -27,13 +27,28 @@ def describe(x) -> str:
     return f"{text[:60]}... ({type(x).__name__})" if len(text) > 60 else f"{text} ({type(x).__name__})"
 
 
+PENALTY_LIMIT = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's and vLLM's range)
+LOGIT_BIAS_LIMIT = 100.0  # a logit bias is clamped to [-100, 100], as OpenAI's API does
+
+
 @dataclass
 class SamplingParams:
-    """temperature 0 is greedy; top_k -1 and top_p 1.0 keep the whole vocabulary.
+    """temperature 0 is greedy; top_k -1, top_p 1.0 and min_p 0.0 keep the whole vocabulary.
 
     `seed` gives the request its own random stream, so its tokens do not depend on what else is in
     the batch. Generation stops at max_tokens, at an EOS token (unless ignore_eos), at any of
-    stop_token_ids, or when the text produced contains one of `stop` (the text is cut before it).
+    stop_token_ids, or when the text produced contains one of `stop` (the text is cut before it, or
+    after it with include_stop_str_in_output). min_tokens holds EOS and stop_token_ids back until
+    that many tokens are out (stop strings still stop).
+
+    Logits processors (vLLM's meaning; minillm.layers.logits_processors), applied to the logits in
+    this order before temperature: logit_bias {token id: bias} added (clamped to [-100, 100]);
+    min_tokens; repetition_penalty (> 1 discourages every token already in the prompt or the output:
+    a positive logit is divided by it, a negative one multiplied); frequency_penalty (subtracted once
+    per time a token was generated) and presence_penalty (subtracted once if it was), both in
+    [-2, 2], over the output only. min_p, after temperature, drops tokens less likely than min_p x
+    the most likely one. Any of them makes the step sample outside the CUDA graph's fused sampler
+    (the slower path: the logits go back through torch).
     Every field is checked when the object is made and again when a request is submitted (a field
     changed in between is caught): a bad value raises ValueError naming the field and what it accepts.
     """
@@ -46,6 +61,13 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    min_tokens: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self):
         self.validate()
@@ -73,6 +95,40 @@ class SamplingParams:
             self.stop = [] if self.stop is None else [self.stop]
         need(isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) and s for s in self.stop), "stop",
              "a non-empty string or a list of non-empty strings", self.stop)
+        need(isinstance(self.include_stop_str_in_output, bool), "include_stop_str_in_output", "True or False",
+             self.include_stop_str_in_output)
+        need(is_integer(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
+             f"an integer in [0, max_tokens={self.max_tokens}]", self.min_tokens)
+        need(is_real(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p", "a number in [0, 1] (0 keeps every token)",
+             self.min_p)
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            need(is_real(v) and -PENALTY_LIMIT <= v <= PENALTY_LIMIT, name, "a number in [-2, 2] (0 is off)", v)
+        r = self.repetition_penalty
+        need(is_real(r) and math.isfinite(r) and r > 0, "repetition_penalty", "a finite number > 0 (1 is off)", r)
+        bias = self.logit_bias
+        need(bias is None or (isinstance(bias, dict) and all(
+            is_integer(k) and 0 <= k <= INT64_MAX and is_real(v) and math.isfinite(v) for k, v in bias.items())),
+             "logit_bias", "None or a dict {token id: finite number}", bias)
         self.temperature, self.top_p, self.top_k, self.max_tokens = float(t), float(p), int(k), int(self.max_tokens)
         self.seed = None if self.seed is None else int(self.seed)
         self.stop_token_ids, self.stop = [int(i) for i in ids], list(self.stop)
+        self.min_tokens, self.min_p, self.repetition_penalty = int(self.min_tokens), float(self.min_p), float(r)
+        self.presence_penalty, self.frequency_penalty = float(self.presence_penalty), float(self.frequency_penalty)
+        self.logit_bias = None if not bias else {
+            int(k): max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(v))) for k, v in bias.items()}
+
+    @property
+    def processes_logits(self) -> bool:
+        """True when a logits processor before the temperature is on (see the class docstring)."""
+        return bool(self.logit_bias or self.min_tokens or self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0)
+
+    def cut_at_stop(self, text: str) -> str | None:
+        """text cut at the first stop string in it (kept when include_stop_str_in_output), or None
+        when it holds none."""
+        found = [(text.find(s), -len(s)) for s in self.stop if s in text]
+        if not found:
+            return None
+        start, neg_len = min(found)  # the earliest; of two starting there, the longer
+        return text[:start - neg_len] if self.include_stop_str_in_output else text[:start]

@@ -102,7 +102,9 @@ def pad_graph_inputs(input_ids: np.ndarray, positions: np.ndarray, slot_mapping:
 
 def to_device(value, device: torch.device):
     """A host numpy array -> a tensor on `device` (to CUDA through pinned memory, without waiting for
-    the copy); any other value (a flag, a list of generators) as it is."""
+    the copy); a dict, each of its values so; any other value (a flag, generators) as it is."""
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
     if not isinstance(value, np.ndarray):
         return value
     t = torch.from_numpy(value)

@@ -158,6 +158,11 @@ class LLMEngine:
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model folder has no tokenizer.json "
                              "(use stop_token_ids)")
+        vocab = self.model_config.vocab_size
+        outside = [t for t in params.logit_bias or {} if t >= vocab]
+        if outside:
+            raise ValueError(f"SamplingParams.logit_bias names token ids {outside[:5]} outside the vocabulary "
+                             f"[0, {vocab}); bias only this model's token ids")
         return params
 
     def add_requests(self, prompts: list, params: list[SamplingParams]) -> list[Sequence]:
@@ -171,7 +176,7 @@ class LLMEngine:
                 checked.append((self.check_prompt(prompt), self.check_params(sp)))
             except ValueError as e:
                 raise (ValueError(f"prompt {i}: {e}") if len(prompts) > 1 else e) from None
-        seqs = [Sequence(ids, sp, self.config.kvcache_block_size) for ids, sp in checked]
+        seqs = [Sequence(ids, sp, self.config.kvcache_block_size, self._min_tokens_blocked(sp)) for ids, sp in checked]
         with self._owned():
             for seq in seqs:
                 if seq.params.stop:
@@ -179,6 +184,12 @@ class LLMEngine:
                 self.requests[seq.seq_id] = seq
                 self.scheduler.add(seq)
         return seqs
+
+    def _min_tokens_blocked(self, params: SamplingParams) -> tuple[int, ...]:
+        """The tokens params.min_tokens holds back: its stop_token_ids, and the model's EOS unless ignore_eos."""
+        if not params.min_tokens:
+            return ()
+        return tuple(sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)))
 
     def add_request(self, token_ids: list[int], params: SamplingParams) -> Sequence:
         return self.add_requests([token_ids], [params])[0]
@@ -318,9 +329,8 @@ class LLMEngine:
     def output(self, seq: Sequence) -> dict:
         """The result of a finished request: text, token_ids, finish_reason."""
         text = self.tokenizer.decode(seq.completion_token_ids) if self.tokenizer else ""
-        cut = [text.find(s) for s in seq.params.stop if s in text]
-        if cut:
-            text = text[:min(cut)]
+        cut = seq.params.cut_at_stop(text)
+        text = text if cut is None else cut
         return {"text": text, "token_ids": seq.completion_token_ids, "finish_reason": seq.finish_reason}
 
     def shutdown(self) -> None:

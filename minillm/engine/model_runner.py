@@ -236,7 +236,11 @@ class ModelRunner:
             args["top_k"] = np.asarray([p.top_k if p.top_k > 0 else vocab for p in ps])
         if any(p.top_p < 1.0 for p in ps):
             args["top_p"] = np.asarray([p.top_p for p in ps], dtype=np.float32)
-        if self.device.type == "cuda" and "top_k" not in args and "top_p" not in args:
+        if any(s.processes_logits for s in seqs):  # the slow path: see SamplingParams
+            args["processors"] = logits_inputs(seqs, self.model_config.vocab_size)
+            if any(p.min_p > 0 for p in ps):
+                args["min_p"] = np.asarray([p.min_p for p in ps], dtype=np.float32)
+        if self.device.type == "cuda" and not args.keys() & {"top_k", "top_p", "processors"}:
             # the fused sampler: one Philox key per row and step, from the request's seed when it has
             # one (reproducible whatever else is in the batch), else from the engine's own stream
             keys = self.seed_rng.integers(0, 2**31 - 1, size=len(seqs))
@@ -272,11 +276,14 @@ class ModelRunner:
         batch = self.build_batch(seqs, is_prefill)
         self.send_batch(batch)
         src = self.input_sources(seqs, batch, prev)
-        if not is_prefill and self.graphs is not None and self.graphs.padded_size(len(seqs)):
-            token_ids = self.graphs.run(batch, None if src is None else prev.token_ids, src,
-                                        self.prepare_sample(seqs, on_device=False))
+        graphed = not is_prefill and self.graphs is not None and self.graphs.padded_size(len(seqs))
+        sample_args = self.prepare_sample(seqs, on_device=not graphed)
+        if "processors" in sample_args and src is not None:  # queued before a replay overwrites prev's tokens
+            sample_args["processors"]["last_ids"] = self.last_ids(prev, src)
+        if graphed:
+            token_ids = self.graphs.run(batch, None if src is None else prev.token_ids, src, sample_args)
         else:
-            token_ids = self.eager_step(batch, prev, src, self.prepare_sample(seqs))
+            token_ids = self.eager_step(batch, prev, src, sample_args)
         return self.pending(seqs, is_prefill, token_ids)
 
     def input_sources(self, seqs: list[Sequence], batch: "Batch", prev: "Pending | None") -> np.ndarray | None:
@@ -289,6 +296,11 @@ class ModelRunner:
             raise RuntimeError("a step's input tokens are not known yet; resolve the previous step first")
         return np.asarray([prev.rows.get(s.seq_id, NO_SOURCE_ROW) if s.last_token == PLACEHOLDER_TOKEN
                            else NO_SOURCE_ROW for s in seqs])
+
+    def last_ids(self, prev: "Pending", src: np.ndarray) -> torch.Tensor:
+        """Per row, the token prev sampled for it (still on the device), or the padding id V."""
+        idx = to_device(src, self.device)
+        return torch.where(idx != NO_SOURCE_ROW, prev.token_ids[idx.clamp_min(0)], self.model_config.vocab_size)
 
     def eager_step(self, batch: "Batch", prev: "Pending | None", src: np.ndarray | None,
                    sample_args: dict) -> torch.Tensor:
@@ -410,6 +422,33 @@ class Batch:
     max_seqlen_k: int = 0
     context_lens: np.ndarray | None = None  # [B] int32 (decode)
     block_tables: np.ndarray | None = None  # [B, max_blocks] int32, PAD_BLOCK-padded (decode; prefill with prefix hits)
+
+
+def logits_inputs(seqs: list[Sequence], vocab_size: int) -> dict:
+    """One step's inputs of apply_logits_processors (minillm.layers.logits_processors), host numpy:
+    each row's bias triples, the tokens min_tokens still holds back, and for its penalties its
+    generated tokens (output_ids) and its prompt and generated tokens (seen_ids), padded with
+    vocab_size; a placeholder stays negative (the device fills it in)."""
+    bias, banned, outputs, seen = [], [], [], []
+    for row, s in enumerate(seqs):
+        p = s.params
+        bias += [(row, t, b) for t, b in (p.logit_bias or {}).items()]
+        if s.num_completion_tokens < p.min_tokens:  # placeholders count: they are tokens already sampled
+            banned += [(row, t) for t in s.min_tokens_blocked]
+        outputs.append(s.completion_token_ids if p.presence_penalty or p.frequency_penalty else [])
+        seen.append(s.token_ids if p.repetition_penalty != 1.0 else [])
+
+    def padded(lists: list[list[int]]) -> np.ndarray:
+        out = np.full((len(lists), max(1, *map(len, lists))), vocab_size, dtype=np.int64)
+        for i, ids in enumerate(lists):
+            out[i, :len(ids)] = ids
+        return out
+    b, x = np.asarray(bias, dtype=np.float64).reshape(-1, 3), np.asarray(banned, dtype=np.int64).reshape(-1, 2)
+    f32 = lambda name: np.asarray([getattr(s.params, name) for s in seqs], dtype=np.float32)  # noqa: E731
+    return dict(bias_rows=b[:, 0].astype(np.int64), bias_cols=b[:, 1].astype(np.int64),
+                bias_values=b[:, 2].astype(np.float32), banned_rows=x[:, 0].copy(), banned_cols=x[:, 1].copy(),
+                output_ids=padded(outputs), seen_ids=padded(seen), presence=f32("presence_penalty"),
+                frequency=f32("frequency_penalty"), repetition=f32("repetition_penalty"))
 
 
 def block_tables_array(seqs: list[Sequence]) -> np.ndarray:

@@ -20,7 +20,10 @@ class SequenceStatus(Enum):
 class Sequence:
     _ids = count()
 
-    def __init__(self, token_ids: list[int], params: SamplingParams, block_size: int):
+    def __init__(self, token_ids: list[int], params: SamplingParams, block_size: int,
+                 min_tokens_blocked: tuple[int, ...] = ()):
+        """min_tokens_blocked: the tokens params.min_tokens holds back (EOS unless ignore_eos, and
+        stop_token_ids: the engine knows the model's EOS)."""
         self.seq_id = next(Sequence._ids)
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)
@@ -31,6 +34,10 @@ class Sequence:
         self.params = params
         self.finish_reason: str | None = None
         self.generator = None  # a seeded request's torch.Generator, made by the model runner on first use
+        self.min_tokens_blocked = min_tokens_blocked
+        # a logits processor or min_p is on: the step samples outside the fused sampler (params are the
+        # engine's own checked copy, which nothing changes afterwards)
+        self.processes_logits = params.processes_logits or params.min_p > 0
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from minillm.kernels.sampling import sample_triton
+from minillm.layers.logits_processors import apply_logits_processors, apply_min_p
 
 
 # >>> exercise 5.3 | notebooks/05_engine_performance.ipynb | Sampling without a host sync: the Gumbel-max trick
@@ -77,14 +78,20 @@ class Sampler(nn.Module):
     def forward(self, logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor | None = None,
                 top_p: torch.Tensor | None = None, generators: list | None = None,
                 all_greedy: bool | None = None, any_greedy: bool | None = None,
-                seeds: torch.Tensor | None = None) -> torch.Tensor:
+                seeds: torch.Tensor | None = None, processors: dict | None = None,
+                min_p: torch.Tensor | None = None) -> torch.Tensor:
         """logits: [B, V]; temperatures: [B] (0 = greedy); generators: per row a torch.Generator or None;
         all_greedy / any_greedy: pass them when known on the host (saves device syncs and work);
-        seeds: [B] per-row Philox keys -> the fused Triton sampler (CUDA, no top-k/top-p).
+        seeds: [B] per-row Philox keys -> the fused Triton sampler (CUDA; nothing else asked for);
+        processors: apply_logits_processors' keyword arguments; min_p: [B].
         -> [B] int64 token ids."""
-        if seeds is not None and top_k is None and top_p is None:
+        if seeds is not None and top_k is None and top_p is None and processors is None and min_p is None:
             return sample_triton(logits, temperatures, seeds)
         logits = logits.float()
+        if processors is not None:
+            logits = apply_logits_processors(logits, **processors)
+        if min_p is not None:
+            logits = apply_min_p(logits, min_p, temperatures)
         if all_greedy is None:
             all_greedy = not bool((temperatures > 0).any())
         if all_greedy:
