@@ -243,6 +243,24 @@ class ModelConfig:
         return 2 * self.num_hidden_layers * (self.num_key_value_heads // tp) * self.head_dim * dtype.itemsize
 
 
+# generation_config.json key -> the SamplingParams field it sets by default (vLLM's generation_config="auto")
+GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                       "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+
+
+def generation_defaults(path: str) -> dict:
+    """The sampling defaults a model folder's generation_config.json gives: {SamplingParams field:
+    value} for the keys of GENERATION_DEFAULTS it sets (none without the file)."""
+    gen_path = os.path.join(path, "generation_config.json")
+    if not os.path.lexists(gen_path):
+        return {}
+    d = read_json_object(gen_path)
+    out = {field: d[key] for key, field in GENERATION_DEFAULTS.items() if d.get(key) is not None}
+    if out.get("top_k") == 0:  # transformers' "no top-k"
+        out["top_k"] = -1
+    return out
+
+
 # the notebook re-run case: `llm = LLM(...)` run twice builds the new engine while the old one still holds memory
 _OTHER_ENGINE_HINT = " (if another LLM in this process still holds the GPU's memory, call its shutdown() first)"
 
@@ -286,6 +304,8 @@ class EngineConfig:
     """Engine arguments, vLLM's names. `validate` checks them against the model before any work."""
 
     model: str = "smollm2-135m"
+    tokenizer: str | None = None  # a folder with tokenizer.json (or a model name); None: the model's own
+    generation_config: str = "auto"  # auto: sampling defaults from generation_config.json; vllm: SamplingParams()
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 16384
     max_model_len: int | None = None  # None: min(4096, the model's max_position_embeddings)
@@ -312,10 +332,13 @@ class EngineConfig:
             v = getattr(self, name)
             need(is_integer(v) and 1 <= v <= MAX_CONFIG_INT,
                  f"{name} must be a positive integer (at most 2**31 - 1), got {describe(v)}")
+        need(self.tokenizer is None or isinstance(self.tokenizer, str),
+             f"tokenizer must be None (the model's own) or a folder path or model name, got {describe(self.tokenizer)}")
         for name in ("enforce_eager", "enable_prefix_caching", "async_scheduling"):
             v = getattr(self, name)
             need(isinstance(v, bool), f"{name} must be True or False, got {describe(v)}")
         for name, choices in (("attention_backend", ATTENTION_BACKENDS), ("device", ("auto", "cpu", "cuda")),
+                              ("generation_config", ("auto", "vllm")),
                               ("dtype", ("auto", *DTYPES))):
             v = getattr(self, name)
             need(isinstance(v, str) and v in choices, f"{name} must be one of {list(choices)}, got {describe(v)}")

@@ -12,7 +12,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from minillm.config import EngineConfig
+from minillm.config import EngineConfig, generation_defaults
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.sequence import Sequence
 from minillm.model_zoo import resolve_model
@@ -25,7 +25,8 @@ class LLM:
 
     model: an embedded name (smollm2-135m, qwen3-tiny, qwen3-0.6b-random), a local folder with
     config.json + *.safetensors + tokenizer.json, or a hub id where the hub is reachable.
-    engine_args: the fields of EngineConfig (max_num_seqs, max_model_len, attention_backend, ...).
+    engine_args: the fields of EngineConfig (max_num_seqs, max_model_len, attention_backend, ...);
+    tokenizer: another folder's (or embedded model's) tokenizer, as vLLM's LLM(tokenizer=...).
     """
 
     def __init__(self, model: str = "smollm2-135m", **engine_args):
@@ -37,9 +38,16 @@ class LLM:
             raise ValueError(f"model must be a name or a folder path (str), got {describe(model)}")
         model = os.fspath(model)
         self.model_path = resolve_model(model)
+        if isinstance(engine_args.get("tokenizer"), (str, os.PathLike)):  # a name or a folder, as for the model
+            engine_args["tokenizer"] = resolve_model(os.fspath(engine_args["tokenizer"]))
         self.engine = LLMEngine(self.model_path, EngineConfig(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
         self.config = self.engine.config
+        try:
+            self.get_default_sampling_params()  # a bad generation_config.json is reported now, not at generate
+        except ValueError:
+            self.engine.shutdown()
+            raise
 
     # ---- inputs ------------------------------------------------------------------------------
     def _need_tokenizer(self) -> Tokenizer:
@@ -71,9 +79,21 @@ class LLM:
             return [prompts], True
         return list(prompts), False
 
-    @staticmethod
-    def _params_list(params, n: int) -> list[SamplingParams]:
-        params = SamplingParams() if params is None else params
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate, chat and stream sample with when given no SamplingParams: with
+        generation_config="auto" (the default, as in vLLM) the temperature, top_p, top_k, min_p,
+        repetition_penalty and max_new_tokens (as max_tokens) of the model's generation_config.json,
+        SamplingParams' own defaults for the rest; with "vllm", SamplingParams()."""
+        if self.config.generation_config == "vllm":
+            return SamplingParams()
+        try:
+            return SamplingParams(**generation_defaults(self.model_path))
+        except ValueError as e:
+            raise ValueError(f"{os.path.join(self.model_path, 'generation_config.json')}: {e}; fix the file, or "
+                             f"create the LLM with generation_config='vllm' to ignore it") from None
+
+    def _params_list(self, params, n: int) -> list[SamplingParams]:
+        params = self.get_default_sampling_params() if params is None else params
         if isinstance(params, SamplingParams):
             return [params] * n
         if not isinstance(params, (list, tuple)):
@@ -131,14 +151,36 @@ class LLM:
         outputs = [engine.output(s) for s in seqs]
         return outputs[0] if single else outputs
 
-    def chat(self, messages, sampling_params=None, use_tqdm: bool = False):
-        """messages: one conversation [{"role", "content"}, ...] or a list of them -> one dict or a list."""
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = False, chat_template: str | None = None,
+             chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: list[dict] | None = None):
+        """messages: one conversation [{"role", "content"}, ...] or a list of them -> one dict or a list.
+        The template options are transformers' and vLLM's: chat_template (a Jinja string) replaces the
+        model's; chat_template_kwargs go to the template (Qwen3: {"enable_thinking": False});
+        continue_final_message continues the last message instead of opening a new assistant turn
+        (then add_generation_prompt=False); tools: JSON-schema tool definitions for the template."""
         convs, single = self._conversations(messages)
         tok = self._need_tokenizer()
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise ValueError(f"chat_template must be a Jinja template string or None, got {describe(chat_template)}")
+        if chat_template_kwargs is not None and not (isinstance(chat_template_kwargs, dict) and all(
+                isinstance(k, str) for k in chat_template_kwargs)):
+            raise ValueError(f"chat_template_kwargs must be a dict of str keys or None, got "
+                             f"{describe(chat_template_kwargs)}")
+        taken = set(chat_template_kwargs or {}) & {"messages", "tools", "add_generation_prompt", "bos_token",
+                                                   "eos_token", "chat_template", "continue_final_message"}
+        if taken:
+            raise ValueError(f"chat_template_kwargs may not set {sorted(taken)}: pass them as chat()'s own arguments")
+        for name, flag in (("add_generation_prompt", add_generation_prompt),
+                           ("continue_final_message", continue_final_message)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True or False, got {describe(flag)}")
+        options = dict(chat_template_kwargs or {}, chat_template=chat_template, tools=tools,
+                       add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message)
         prompts = []
         for i, conv in enumerate(convs):
             try:
-                prompts.append(tok.encode_chat(conv))
+                prompts.append(tok.encode_chat(conv, **options))
             except ValueError as e:
                 raise (ValueError(f"conversation {i}: {e}") if len(convs) > 1 else e) from None
         outputs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
@@ -154,7 +196,7 @@ class LLM:
             prompt = tok.encode_chat(prompt)
         if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams or None, got {describe(sampling_params)}")
-        seq = self.engine.add_request(self._prompt_ids(prompt), sampling_params or SamplingParams())
+        seq = self.engine.add_request(self._prompt_ids(prompt), sampling_params or self.get_default_sampling_params())
         return RequestStream(self.engine, seq, tok)
 
     def shutdown(self) -> None:

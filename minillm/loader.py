@@ -19,7 +19,7 @@ import struct
 import torch
 from torch import nn
 
-from minillm.config import check_regular_file
+from minillm.config import check_regular_file, read_json_object
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -126,9 +126,34 @@ def check_safetensors_header(header: dict, data_start: int, file_size: int) -> N
                          f"(truncated, or bytes that no tensor owns)")
 
 
+INDEX_FILE = "model.safetensors.index.json"  # a sharded checkpoint's map: tensor name -> file
+
+
+def indexed_files(path: str) -> list[str] | None:
+    """The files model.safetensors.index.json names (its weight_map's values), or None without an index:
+    with one, only those are read, as transformers does (a stray consolidated.safetensors beside the
+    shards is not part of the checkpoint)."""
+    index = os.path.join(path, INDEX_FILE)
+    if not os.path.lexists(index):
+        return None
+    weight_map = read_json_object(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(f, str) and f.endswith(".safetensors") and os.path.basename(f) == f
+            for f in weight_map.values()):
+        raise ValueError(f"{index}: weight_map must map tensor names to *.safetensors file names in this folder")
+    files = [os.path.join(path, f) for f in sorted(set(weight_map.values()))]
+    missing = [os.path.basename(f) for f in files if not os.path.lexists(f)]
+    if missing:
+        raise ValueError(f"{index} names {missing[:3]}, which this folder lacks: copy every shard of the checkpoint")
+    return files
+
+
 def safetensors_files(path: str) -> list[str]:
-    """The *.safetensors files of a model folder, each checked to be a regular file."""
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    """The *.safetensors files of a model folder (those its index names, when it has one), each
+    checked to be a regular file."""
+    files = indexed_files(path)
+    if files is None:
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ValueError(f"no *.safetensors files in {path!r}; minillm loads safetensors checkpoints only "
                          f"(convert .bin/.pth with transformers' save_pretrained)")

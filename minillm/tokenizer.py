@@ -102,10 +102,23 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render a conversation [{"role", "content"}, ...] to the prompt text the model was tuned on."""
-        if not self.chat_template:
-            raise ValueError("this tokenizer has no chat template; use generate() with plain text instead")
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            chat_template: str | None = None, continue_final_message: bool = False,
+                            tools: list[dict] | None = None, **template_kwargs) -> str:
+        """Render a conversation [{"role", "content"}, ...] to the prompt text the model was tuned on, as
+        transformers' apply_chat_template(..., tokenize=False) does: chat_template replaces the
+        tokenizer's own; continue_final_message leaves the last message open (no end-of-turn after
+        it) for the model to continue; tools (JSON-schema dicts) and template_kwargs (e.g.
+        enable_thinking=False for Qwen3) are passed to the template."""
+        template = self.chat_template if chat_template is None else chat_template
+        if not template:
+            raise ValueError("this tokenizer has no chat template; use generate() with plain text instead, "
+                             "or pass chat_template")
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("add_generation_prompt and continue_final_message cannot both be True: the first "
+                             "opens a new assistant turn, the second continues the last message")
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise ValueError(f"tools must be a list of JSON-schema dicts, got {type(tools).__name__}")
         check_messages(messages)
         from jinja2 import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -117,15 +130,24 @@ class Tokenizer:
         env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
         env.globals["raise_exception"] = raise_exception
         try:
-            return env.from_string(self.chat_template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
+            text = env.from_string(template).render(
+                **template_kwargs, messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
                 bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         except TemplateError as e:
-            raise ValueError(f"the chat template of this tokenizer fails: {type(e).__name__}: {e}") from None
+            whose = "of this tokenizer" if chat_template is None else "given as chat_template"
+            raise ValueError(f"the chat template {whose} fails: {type(e).__name__}: {e}") from None
+        if continue_final_message:  # cut after the last message's text: what the template closes it with goes
+            final = messages[-1]["content"].strip()
+            if final not in text:
+                raise ValueError("continue_final_message: the template does not write the last message's "
+                                 "content verbatim, so it cannot be left open")
+            text = text[:text.rindex(final) + len(final)]
+        return text
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], **template_options) -> list[int]:
+        """apply_chat_template(messages, **template_options), tokenized."""
         # the rendered template already holds every special token: add none
-        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+        return self.encode(self.apply_chat_template(messages, **template_options), add_special_tokens=False)
 
 
 def check_text(text, what: str = "the prompt") -> str:

