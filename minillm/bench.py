@@ -158,12 +158,32 @@ def split_names(values) -> list[str]:
     return names
 
 
+# The workload when the command line gives none: nano-vLLM's on a GPU; on a CPU a small model and a
+# handful of short requests (256 requests of up to 1,024 tokens would run for hours on two cores).
+DEFAULT_WORKLOADS = {
+    "cuda": dict(model="qwen3-0.6b-random", num_seqs=256, min_len=100, max_input_len=1024, max_output_len=1024,
+                 batch1_tokens=256),
+    "cpu": dict(model="smollm2-135m", num_seqs=8, min_len=16, max_input_len=64, max_output_len=64, batch1_tokens=32),
+}
+
+
+def fill_workload_defaults(args) -> None:
+    """Give every workload argument left unset (None) its default for the device the run uses."""
+    import torch
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    for name, value in DEFAULT_WORKLOADS[device].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
 def add_bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="qwen3-0.6b-random")
-    p.add_argument("--num-seqs", type=int, default=256)
-    p.add_argument("--min-len", type=int, default=100)
-    p.add_argument("--max-input-len", type=int, default=1024)
-    p.add_argument("--max-output-len", type=int, default=1024)
+    gpu, cpu = DEFAULT_WORKLOADS["cuda"], DEFAULT_WORKLOADS["cpu"]
+    per_device = lambda name: f"default {gpu[name]} on CUDA, {cpu[name]} on a CPU"  # noqa: E731
+    p.add_argument("--model", default=None, help=per_device("model"))
+    p.add_argument("--num-seqs", type=int, default=None, help=per_device("num_seqs"))
+    p.add_argument("--min-len", type=int, default=None, help=per_device("min_len"))
+    p.add_argument("--max-input-len", type=int, default=None, help=per_device("max_input_len"))
+    p.add_argument("--max-output-len", type=int, default=None, help=per_device("max_output_len"))
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto")
@@ -176,7 +196,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--no-async", action="store_true", help="read each step's tokens back before the next")
-    p.add_argument("--batch1-tokens", type=int, default=256, help="batch-1 decode test length (0: skip)")
+    p.add_argument("--batch1-tokens", type=int, default=None,
+                   help=f"batch-1 decode test length (0: skip; {per_device('batch1_tokens')})")
     p.add_argument("--compare", nargs="+", default=[], metavar="ENGINE",
                    help="also run these engines on the same requests: hf, nanovllm (space or comma separated)")
     p.add_argument("--hf-num-seqs", type=int, default=None,
@@ -190,7 +211,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_args(args) -> None:
-    """Normalize the list arguments in place; raise ValueError naming a bad one and the fix."""
+    """Fill in the device's default workload, normalize the list arguments in place; raise ValueError
+    naming a bad one and the fix."""
+    fill_workload_defaults(args)
     args.attention_backend = split_names(args.attention_backend) or ["auto"]
     args.compare = split_names(args.compare)
     from minillm.config import ATTENTION_BACKENDS

@@ -109,6 +109,8 @@ def cmd_chat(args) -> None:
 def check_bench_args(args) -> None:
     """The bench arguments minillm.bench.check_args leaves alone: lengths and temperature.
     Raise ValueError naming the argument and the fix."""
+    from minillm.bench import fill_workload_defaults
+    fill_workload_defaults(args)
     if args.min_len < 1:
         raise ValueError(f"--min-len must be at least 1, got {args.min_len}")
     for name in ("max_input_len", "max_output_len"):

@@ -25,6 +25,20 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 # ---- arguments -------------------------------------------------------------------------------------
+def test_the_default_workload_fits_the_device():
+    """On a CPU the bench's default is a small model and a handful of short requests (~16 s on two cores),
+    not nano-vLLM's GPU workload (256 requests of up to 1,024 tokens: hours there); what the command
+    line gives is kept."""
+    cpu = parse("--device", "cpu")
+    assert (cpu.model, cpu.num_seqs, cpu.max_input_len, cpu.max_output_len, cpu.batch1_tokens) == (
+        "smollm2-135m", 8, 64, 64, 32)
+    gpu = parse("--device", "cuda")
+    assert (gpu.model, gpu.num_seqs, gpu.min_len, gpu.max_input_len, gpu.max_output_len, gpu.batch1_tokens) == (
+        "qwen3-0.6b-random", 256, 100, 1024, 1024, 256)
+    mine = parse("--device", "cpu", "--num-seqs", "3", "--model", "qwen3-tiny")
+    assert (mine.model, mine.num_seqs, mine.max_output_len) == ("qwen3-tiny", 3, 64)
+
+
 def test_engine_lists_take_spaces_or_commas():
     a = parse("--compare", "hf", "nanovllm", "--attention-backend", "triton,flash_attn")
     b = parse("--compare", "hf,nanovllm", "--attention-backend", "triton", "flash_attn")
@@ -37,9 +51,10 @@ def test_engine_lists_take_spaces_or_commas():
 
 
 def test_hf_runs_the_full_workload_unless_told():
-    assert parse("--compare", "hf").hf_num_seqs is None
-    assert parse("--compare", "hf", "--hf-num-seqs", "32").hf_num_seqs == 32
-    assert parse("--compare", "hf", "--hf-num-seqs", "256").hf_num_seqs is None  # all of them: no subset
+    gpu = ("--device", "cuda")  # its workload of 256 requests
+    assert parse(*gpu, "--compare", "hf").hf_num_seqs is None
+    assert parse(*gpu, "--compare", "hf", "--hf-num-seqs", "32").hf_num_seqs == 32
+    assert parse(*gpu, "--compare", "hf", "--hf-num-seqs", "256").hf_num_seqs is None  # all of them: no subset
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -47,7 +62,7 @@ def test_hf_runs_the_full_workload_unless_told():
     (["--attention-backend", "triton,flash"], "unknown attention backend 'flash'"),
     (["--hf-num-seqs", "8"], "add --compare hf"),
     (["--compare", "hf", "--hf-num-seqs", "0"], "between 1 and"),
-    (["--compare", "hf", "--hf-num-seqs", "300"], "between 1 and --num-seqs=256"),
+    (["--device", "cuda", "--compare", "hf", "--hf-num-seqs", "300"], "between 1 and --num-seqs=256"),
     (["--compare", "hf", "--tensor-parallel-size", "2"], "one GPU"),
     (["--batch1-tokens", "-1"], "--batch1-tokens"),
 ])
