@@ -828,7 +828,8 @@ CLI_ERRORS = [
     ("unknown-model", ["generate", "Hi", "--model", "/no/such/folder"], None, "unknown model"),
     ("chat-empty-message", ["chat", "--message", "", "--model", "qwen3-tiny"], None, "--message is empty"),
     ("chat-stdin-not-utf8", ["chat", "--model", "qwen3-tiny"], b"caf\xe9 \xff\n", "not valid"),
-    ("bench-min-above-max", ["bench", "--min-len", "2000"], None, "--max-input-len=1024 is below --min-len=2000"),
+    ("bench-min-above-max", ["bench", "--min-len", "2000", "--max-input-len", "1024"], None,
+     "--max-input-len=1024 is below --min-len=2000"),
     ("bench-temperature-nan", ["bench", "--temperature", "nan"], None, "--temperature must be a finite number"),
     ("bad-int", ["generate", "Hi", "--max-tokens", "many"], None, "invalid int value"),
 ]
