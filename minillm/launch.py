@@ -14,7 +14,6 @@ import runpy
 import sys
 
 import torch
-import torch.distributed as dist
 
 from minillm.distributed import join_group, launched_by_torchrun, leave_group
 from minillm.engine import tp
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         tp._TORCHRUN = None
         del channel  # nothing may hold a ProcessGroup when it is destroyed
-        leave_group(abort=not clean or not dist.is_initialized())
+        leave_group(abort=not clean)
 
 
 if __name__ == "__main__":

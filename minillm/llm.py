@@ -7,6 +7,7 @@ together and each call returns exactly its own tokens. A stream holds no lock be
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -43,8 +44,8 @@ class LLM:
         self.engine = LLMEngine(self.model_path, EngineConfig(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
         self.config = self.engine.config
-        try:
-            self.get_default_sampling_params()  # a bad generation_config.json is reported now, not at generate
+        try:  # read once; a bad generation_config.json is reported now, not at generate
+            self._default_params = self._read_default_params()
         except ValueError:
             self.engine.shutdown()
             raise
@@ -83,7 +84,10 @@ class LLM:
         """What generate, chat and stream sample with when given no SamplingParams: with
         generation_config="auto" (the default, as in vLLM) the temperature, top_p, top_k, min_p,
         repetition_penalty and max_new_tokens (as max_tokens) of the model's generation_config.json,
-        SamplingParams' own defaults for the rest; with "vllm", SamplingParams()."""
+        SamplingParams' own defaults for the rest; with "vllm", SamplingParams(). A copy: yours to change."""
+        return dataclasses.replace(self._default_params)
+
+    def _read_default_params(self) -> SamplingParams:
         if self.config.generation_config == "vllm":
             return SamplingParams()
         try:

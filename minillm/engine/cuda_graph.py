@@ -147,6 +147,7 @@ class DecodeGraphs:
         self.sizes = graph_batch_sizes(max_num_seqs)
         rows, self.max_blocks = self.sizes[-1], max_blocks
         self.fields, nbytes = graph_input_layout(rows, max_blocks)
+        self.tables = next(f for f in self.fields if f.name == "block_tables")  # the buffer's last field
         # One host->device copy per step, from a pinned staging twin. Two staging buffers alternate:
         # with async scheduling the CPU fills step n+1's while step n's copy may still be queued.
         pinned = device.type == "cuda"  # (a CPU stand-in of the graphs, in the tests, has no pinned memory)
@@ -227,8 +228,8 @@ class DecodeGraphs:
                 self.tokens[:len(prev_ids)].copy_(prev_ids)
         if temperatures is not None:
             h["temperatures"][:bs], h["seeds"][:bs] = temperatures, seeds
-        tables = self.fields[-1]  # copy only the block-table rows this graph reads
-        used = tables.offset + padded * self.max_blocks * tables.dtype.itemsize
+        # copy only the block-table rows this graph reads
+        used = self.tables.offset + padded * self.max_blocks * self.tables.dtype.itemsize
         self.buffer[:used].copy_(self.staging[self.step][:used], non_blocking=True)
         return padded
 

@@ -236,7 +236,7 @@ class ModelRunner:
             args["top_k"] = np.asarray([p.top_k if p.top_k > 0 else vocab for p in ps])
         if any(p.top_p < 1.0 for p in ps):
             args["top_p"] = np.asarray([p.top_p for p in ps], dtype=np.float32)
-        if any(s.processes_logits for s in seqs):  # the slow path: see SamplingParams
+        if any(s.slow_sampling for s in seqs):  # see SamplingParams
             args["processors"] = logits_inputs(seqs, self.model_config.vocab_size)
             if any(p.min_p > 0 for p in ps):
                 args["min_p"] = np.asarray([p.min_p for p in ps], dtype=np.float32)

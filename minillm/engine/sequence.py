@@ -35,9 +35,9 @@ class Sequence:
         self.finish_reason: str | None = None
         self.generator = None  # a seeded request's torch.Generator, made by the model runner on first use
         self.min_tokens_blocked = min_tokens_blocked
-        # a logits processor or min_p is on: the step samples outside the fused sampler (params are the
-        # engine's own checked copy, which nothing changes afterwards)
-        self.processes_logits = params.processes_logits or params.min_p > 0
+        # a logits processor or min_p is on: its steps sample outside the fused sampler (params are the
+        # engine's own checked copy, which nothing changes afterwards; read once per step and row)
+        self.slow_sampling = params.processes_logits or params.min_p > 0
 
     def __len__(self) -> int:
         return len(self.token_ids)
