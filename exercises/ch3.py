@@ -8,6 +8,7 @@ Exercise 3.3: paged_decode_torch  (notebooks/03_paged_kv_cache.ipynb, section '4
 Exercise 3.4: store_kvcache_kernel  (notebooks/03_paged_kv_cache.ipynb, section '5. The store kernel in Triton')
 Exercise 3.5: paged_decode_kernel  (notebooks/03_paged_kv_cache.ipynb, section '6. The paged decode kernel in Triton')
 Exercise 3.6: schedule_step  (notebooks/03_paged_kv_cache.ipynb, section '7. The scheduler: admission and preemption')
+Exercise 3.7: fork_block_table, append_slot  (notebooks/03_paged_kv_cache.ipynb, section '8. n samples of one prompt: fork and copy on write')
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 from collections import deque
+from minillm.engine.block_manager import Block
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.block_manager import NO_HASH
 from minillm.engine.sequence import Sequence
@@ -262,3 +264,32 @@ def schedule_step(waiting: deque[Sequence], running: deque[Sequence], block_mana
     end; the victims come off its right.
     """
     raise NotImplementedError("Exercise 3.6: implement schedule_step in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '7. The scheduler: admission and preemption')")
+
+
+# ---- Exercise 3.7 (notebooks/03_paged_kv_cache.ipynb, section '8. n samples of one prompt: fork and copy on write'), from minillm.engine.block_manager ----
+def fork_block_table(parent_table: list[int], blocks: list[Block]) -> list[int]:
+    """A new sample's block table, sharing every block of its parent's (no K/V is copied).
+
+    parent_table: the parent's physical block ids; blocks: every Block by id (block.ref_count = how
+    many block tables hold it). -> a new list with the same ids; each shared block's ref_count + 1.
+    """
+    raise NotImplementedError("Exercise 3.7: implement fork_block_table in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '8. n samples of one prompt: fork and copy on write')")
+
+
+def append_slot(block_table: list[int], num_tokens: int, block_size: int, blocks: list[Block],
+                take_block: Callable[[], Block]) -> tuple[int, int] | None:
+    """Make room for the K/V of a sequence's newest token, position num_tokens - 1, before the decode
+    step that writes it. Updates block_table (and ref counts) in place.
+
+    - The position starts a new logical block (num_tokens % block_size == 1, or block_size 1):
+      append take_block().block_id. -> None.
+    - Otherwise the position lies in the last block. If that block is shared (ref_count > 1: another
+      sample still reads it), copy on write: take a fresh block, put it in the table instead, and
+      give up one reference to the shared one. -> (old block id, new block id): the device copies
+      the old block's rows into the new one before the step writes.
+    - Otherwise (the last block is this sequence's alone) -> None.
+    take_block() hands out a free Block with ref_count already 1.
+
+    Hints: only the last block can be shared and written: full blocks are never written again.
+    """
+    raise NotImplementedError("Exercise 3.7: implement append_slot in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '8. n samples of one prompt: fork and copy on write')")

@@ -358,7 +358,7 @@ def run_minillm(args, backend: str, work: Workload, subset: Workload | None) -> 
         def generate(w: Workload, use_tqdm: bool = False) -> int:
             params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n)
                       for n in w.output_lens]
-            return sum(len(o["token_ids"]) for o in llm.generate(w.prompts, params, use_tqdm=use_tqdm))
+            return sum(len(o.outputs[0].token_ids) for o in llm.generate(w.prompts, params, use_tqdm=use_tqdm))
 
         # warm-up, twice: the second run hits the prefix cache, so the paged prefill kernel compiles now too
         # (Triton compiles each kernel variant on first use; a compile inside the timed run costs ~1 s)
@@ -381,7 +381,7 @@ def run_minillm(args, backend: str, work: Workload, subset: Workload | None) -> 
         if args.batch1_tokens:
             def one(k: int) -> float:
                 params = SamplingParams(temperature=args.temperature, max_tokens=k, ignore_eos=True)
-                return timed(lambda: len(llm.generate(BATCH1_PROMPT, params, use_tqdm=False)["token_ids"]))[1]
+                return timed(lambda: len(llm.generate(BATCH1_PROMPT, params, use_tqdm=False)[0].outputs[0].token_ids))[1]
             res["batch1_ms_per_token"] = round(batch1_ms_per_token(one, args.batch1_tokens), 4)
         return res
     finally:

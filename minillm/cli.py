@@ -65,7 +65,7 @@ def _stream(llm, prompt, params) -> str:
             text.append(delta)
             print(delta, end="", flush=True)
     dt = time.perf_counter() - t0
-    n = len(stream.output["token_ids"])
+    n = len(stream.output.outputs[0].token_ids)
     print(f"\n[{n} tokens in {dt:.2f} s, {n / dt:.1f} tokens/s]", file=sys.stderr)
     return "".join(text)
 

@@ -17,6 +17,7 @@ from minillm.config import EngineConfig, generation_defaults
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.sequence import Sequence
 from minillm.model_zoo import resolve_model
+from minillm.outputs import RequestOutput
 from minillm.sampling_params import SamplingParams, describe, is_integer
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -65,20 +66,20 @@ class LLM:
         return prompt
 
     @staticmethod
-    def _prompt_list(prompts) -> tuple[list, bool]:
-        """-> (the prompts as a list, whether one prompt was given rather than a list of them)."""
+    def _prompt_list(prompts) -> list:
+        """-> the prompts as a list (one prompt: a list of one)."""
         if hasattr(prompts, "tolist") and not isinstance(prompts, (list, tuple, str)):
             prompts = prompts.tolist()  # a numpy array or torch tensor: one prompt (1-D) or several (2-D)
         if isinstance(prompts, str):
-            return [prompts], True
+            return [prompts]
         if not isinstance(prompts, (list, tuple)):
             raise ValueError(f"prompts must be a string, a list of token ids, or a list of those; "
                              f"got {describe(prompts)}")
         if not prompts:
             raise ValueError("no prompts given")
         if is_integer(prompts[0]) or isinstance(prompts[0], bool):  # token ids: one prompt
-            return [prompts], True
-        return list(prompts), False
+            return [prompts]
+        return list(prompts)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What generate, chat and stream sample with when given no SamplingParams: with
@@ -117,30 +118,32 @@ class LLM:
                 raise (ValueError(f"prompt {i}: {e}") if len(prompts) > 1 else e) from None
         return self.engine.add_requests(ids, self._params_list(sampling_params, len(ids)))
 
-    def _conversations(self, messages) -> tuple[list, bool]:
-        """-> (a list of conversations, whether one conversation was given)."""
+    def _conversations(self, messages) -> list:
+        """-> a list of conversations (one conversation: a list of one)."""
         if isinstance(messages, (list, tuple)) and messages and isinstance(messages[0], dict):
-            return [messages], True
+            return [messages]
         if not isinstance(messages, (list, tuple)) or not messages:
             raise ValueError(f"messages must be a conversation [{{'role': ..., 'content': ...}}, ...] or a "
                              f"non-empty list of them; got {describe(messages)}")
-        return list(messages), False
+        return list(messages)
 
     # ---- generation --------------------------------------------------------------------------
-    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[dict]:
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
         """prompts: a string, a list of token ids, or a list of either; sampling_params: one or one per prompt.
-        -> one dict per prompt, in input order: {"text", "token_ids", "finish_reason"}
-        (finish_reason "stop", "length", or "abort" when an error elsewhere ended it early)."""
-        prompts, single = self._prompt_list(prompts)
+        -> one RequestOutput per prompt, in input order (a list, also for one prompt, as vLLM's):
+        out.outputs[i] is sample i (SamplingParams.n) with .text, .token_ids, .finish_reason ("stop",
+        "length", or "abort" when an error elsewhere ended it early), .logprobs (minillm.outputs)."""
+        prompts = self._prompt_list(prompts)
         seqs = self._add(prompts, sampling_params)
         engine = self.engine
-        mine = {s.seq_id for s in seqs}
         bar = tqdm(total=len(seqs), desc="Generating", disable=not use_tqdm, dynamic_ncols=True)
         try:
             t0, p0, d0 = time.perf_counter(), engine.num_prefill_tokens, engine.num_decode_tokens
-            while not all(s.is_finished for s in seqs):
-                _, finished = engine.step()
-                done = sum(s.seq_id in mine for s in finished)
+            unfinished = list(seqs)
+            while unfinished:
+                engine.step()
+                still = [s for s in unfinished if not all(x.is_finished for x in s.samples)]
+                done, unfinished = len(unfinished) - len(still), still
                 if done:
                     dt = time.perf_counter() - t0
                     bar.set_postfix(prefill=f"{(engine.num_prefill_tokens - p0) / dt:.0f}tok/s",
@@ -152,18 +155,18 @@ class LLM:
             raise
         finally:
             bar.close()
-        outputs = [engine.output(s) for s in seqs]
-        return outputs[0] if single else outputs
+        return [engine.request_output(s, p if isinstance(p, str) else None) for s, p in zip(seqs, prompts)]
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = False, chat_template: str | None = None,
              chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False, tools: list[dict] | None = None):
-        """messages: one conversation [{"role", "content"}, ...] or a list of them -> one dict or a list.
+        """messages: one conversation [{"role", "content"}, ...] or a list of them -> one RequestOutput
+        per conversation (a list, also for one, as vLLM's).
         The template options are transformers' and vLLM's: chat_template (a Jinja string) replaces the
         model's; chat_template_kwargs go to the template (Qwen3: {"enable_thinking": False});
         continue_final_message continues the last message instead of opening a new assistant turn
         (then add_generation_prompt=False); tools: JSON-schema tool definitions for the template."""
-        convs, single = self._conversations(messages)
+        convs = self._conversations(messages)
         tok = self._need_tokenizer()
         if chat_template is not None and not isinstance(chat_template, str):
             raise ValueError(f"chat_template must be a Jinja template string or None, got {describe(chat_template)}")
@@ -187,19 +190,21 @@ class LLM:
                 prompts.append(tok.encode_chat(conv, **options))
             except ValueError as e:
                 raise (ValueError(f"conversation {i}: {e}") if len(convs) > 1 else e) from None
-        outputs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
-        return outputs[0] if single else outputs
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def stream(self, prompt, sampling_params: SamplingParams | None = None) -> "RequestStream":
         """Queue one request (prompt: text, token ids, or a conversation) and return an iterator over its
         text as it is generated: `for delta in llm.stream(...)`. The deltas join to exactly the text
         generate() returns (stop strings are held back until they are ruled out). Closing the stream,
         or dropping it unfinished, aborts its request and nothing else."""
+        if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams or None, got {describe(sampling_params)}")
+        if sampling_params is not None and sampling_params.n != 1:
+            raise ValueError(f"stream() streams one sample; got SamplingParams.n={sampling_params.n}: "
+                             f"use generate() for several")
         tok = self._need_tokenizer()
         if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
             prompt = tok.encode_chat(prompt)
-        if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams or None, got {describe(sampling_params)}")
         seq = self.engine.add_request(self._prompt_ids(prompt), sampling_params or self.get_default_sampling_params())
         return RequestStream(self.engine, seq, tok)
 
@@ -224,11 +229,12 @@ class RequestStream:
     (as generate returns it). `close()`, or dropping the stream unfinished (garbage collection),
     aborts this request only; an error or an interrupt inside a step aborts every request, and a
     stream whose request was aborted ends (its output's finish_reason is "abort").
+    `output` is a RequestOutput, as generate returns for the prompt.
     """
 
     def __init__(self, engine: LLMEngine, seq: Sequence, tokenizer: Tokenizer):
         self.engine, self.seq = engine, seq
-        self.output: dict | None = None
+        self.output: RequestOutput | None = None
         self._detok = IncrementalDetokenizer(tokenizer)
         self._num_read = 0  # completion tokens given to the detokenizer
         self._num_sent = 0  # characters yielded
@@ -260,8 +266,8 @@ class RequestStream:
         if new:
             self._detok.add(new)
         if seq.is_finished:
-            self.output = self.engine.output(seq)
-            text = self.output["text"]  # exactly generate()'s text
+            self.output = self.engine.request_output(seq)
+            text = self.output.outputs[0].text  # exactly generate()'s text
         else:
             text = self._detok.text
             cut = seq.params.cut_at_stop(text)

@@ -1,9 +1,10 @@
 """SamplingParams: how one request picks its next tokens and when it stops (vLLM's names)."""
 from __future__ import annotations
 
+import functools
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -29,6 +30,8 @@ def describe(x) -> str:
 
 PENALTY_LIMIT = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's and vLLM's range)
 LOGIT_BIAS_LIMIT = 100.0  # a logit bias is clamped to [-100, 100], as OpenAI's API does
+MAX_N = 128  # completions per prompt: each is a running sequence
+MAX_LOGPROBS = 20  # top tokens per position (OpenAI's API allows 20)
 
 
 @dataclass
@@ -49,6 +52,13 @@ class SamplingParams:
     [-2, 2], over the output only. min_p, after temperature, drops tokens less likely than min_p x
     the most likely one. Any of them makes the step sample outside the CUDA graph's fused sampler
     (the slower path: the logits go back through torch).
+    n samples that many completions of the prompt: its prompt is computed once and its KV blocks
+    are shared (forked) until a sample writes into a shared block (copy on write); with a seed,
+    sample i uses seed + i. logprobs=k returns, per generated token, the log-probabilities of the k
+    most likely tokens and of the sampled one; prompt_logprobs=k the same per prompt token. They are
+    log_softmax of the logits after the logits processors, before temperature, top-k, top-p and
+    min_p (the distribution the model and the penalties give), and make the step sample outside
+    the fused sampler; a prompt_logprobs request skips the prefix cache (every position is computed).
     Every field is checked when the object is made and again when a request is submitted (a field
     changed in between is caught): a bad value raises ValueError naming the field and what it accepts.
     """
@@ -68,6 +78,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    n: int = 1
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         self.validate()
@@ -110,6 +123,13 @@ class SamplingParams:
         need(bias is None or (isinstance(bias, dict) and all(
             is_integer(k) and 0 <= k <= INT64_MAX and is_real(v) and math.isfinite(v) for k, v in bias.items())),
              "logit_bias", "None or a dict {token id: finite number}", bias)
+        need(is_integer(self.n) and 1 <= self.n <= MAX_N, "n", f"an integer in [1, {MAX_N}]", self.n)
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            need(v is None or (is_integer(v) and 0 <= v <= MAX_LOGPROBS), name,
+                 f"None or an integer in [0, {MAX_LOGPROBS}] (how many top tokens to return)", v)
+            setattr(self, name, None if v is None else int(v))
+        self.n = int(self.n)
         self.temperature, self.top_p, self.top_k, self.max_tokens = float(t), float(p), int(k), int(self.max_tokens)
         self.seed = None if self.seed is None else int(self.seed)
         self.stop_token_ids, self.stop = [int(i) for i in ids], list(self.stop)
@@ -124,11 +144,31 @@ class SamplingParams:
         return bool(self.logit_bias or self.min_tokens or self.presence_penalty or self.frequency_penalty
                     or self.repetition_penalty != 1.0)
 
+    def first_stop(self, text: str) -> str | None:
+        """The stop string that ends text: the one found earliest (of two starting there, the longer)."""
+        found = [(text.find(s), -len(s), s) for s in self.stop if s in text]
+        return min(found)[2] if found else None
+
     def cut_at_stop(self, text: str) -> str | None:
         """text cut at the first stop string in it (kept when include_stop_str_in_output), or None
         when it holds none."""
-        found = [(text.find(s), -len(s)) for s in self.stop if s in text]
-        if not found:
+        stop = self.first_stop(text)
+        if stop is None:
             return None
-        start, neg_len = min(found)  # the earliest; of two starting there, the longer
-        return text[:start - neg_len] if self.include_stop_str_in_output else text[:start]
+        start = text.find(stop)
+        return text[:start + len(stop)] if self.include_stop_str_in_output else text[:start]
+
+
+def _checked_init(init):
+    """SamplingParams(unknown=...) raises a ValueError that lists the fields, not a bare TypeError."""
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        names = [f.name for f in fields(SamplingParams)]
+        unknown = sorted(set(kwargs) - set(names))
+        if unknown:
+            raise ValueError(f"SamplingParams has no field {', '.join(unknown)}; its fields are {', '.join(names)}")
+        init(self, *args, **kwargs)
+    return __init__
+
+
+SamplingParams.__init__ = _checked_init(SamplingParams.__init__)

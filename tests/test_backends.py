@@ -94,7 +94,7 @@ def _run(backend: str, prompts, max_tokens: int, **engine_args):
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args(attention_backend=backend, **engine_args))
     out = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
                        use_tqdm=False)
-    return [o["token_ids"] for o in out], llm.engine.scheduler
+    return [o.outputs[0].token_ids for o in out], llm.engine.scheduler
 
 
 def test_triton_equals_torch_with_prefix_hits_and_preemption():
@@ -321,7 +321,7 @@ def _last_logits(llm, token_ids: list[int]) -> torch.Tensor:
                 cu_seqlens_q_host=[0, n], cu_seqlens_k_host=[0, n])
     try:
         ids = torch.tensor(token_ids, dtype=torch.int64, device=runner.device)
-        logits = runner.run_model(ids, torch.arange(n, device=runner.device), is_prefill=True)
+        logits = runner.run_model(ids, torch.arange(n, device=runner.device), torch.tensor([n - 1], device=runner.device))
     finally:
         reset_context()
     return logits[0].float()
@@ -349,7 +349,7 @@ def test_flash_attn_greedy_tokens_equal_triton_bf16():
         for backend in ("triton", "flash_attn"):
             llms[backend] = llm = LLM("qwen3-0.6b-random", attention_backend=backend, **engine_args)
             assert llm.engine.model_runner.backend.name == backend and llm.engine.model_runner.graphs is not None
-            tokens[backend] = [o["token_ids"] for r in rounds for o in llm.generate(r, params, use_tqdm=False)]
+            tokens[backend] = [o.outputs[0].token_ids for r in rounds for o in llm.generate(r, params, use_tqdm=False)]
             assert llm.engine.scheduler.block_manager.num_cached_tokens_total >= 256 * len(rounds[1])
         prompts = [p for r in rounds for p in r]
         first = max(abs(_last_logits(llms["triton"], p) - _last_logits(llms["flash_attn"], p)).max().item()

@@ -59,7 +59,7 @@ def one_torch_thread():
 
 
 def greedy_tokens(llm, prompts) -> list[list[int]]:
-    return [o["token_ids"] for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
 
 
 @pytest.fixture(scope="module")
@@ -199,9 +199,8 @@ GOOD_PROMPT_FORMS = [(1, 2, 3), np.array([1, 2, 3]), [np.int64(1), np.int32(2), 
 
 @pytest.mark.parametrize("prompt", GOOD_PROMPT_FORMS, ids=["tuple", "ndarray", "numpy-ints", "tensor", "2d-array"])
 def test_other_integer_prompt_forms_give_the_list_tokens(tiny, prompt):
-    out = tiny.generate(prompt, GREEDY, use_tqdm=False)
-    out = out[0] if isinstance(out, list) else out  # a 2-D array is a list of prompts
-    assert out["token_ids"] == greedy_tokens(tiny, [[1, 2, 3]])[0]
+    out = tiny.generate(prompt, GREEDY, use_tqdm=False)[0]  # (a 2-D array is a list of prompts)
+    assert out.outputs[0].token_ids == greedy_tokens(tiny, [[1, 2, 3]])[0]
     assert_whole(tiny)
 
 
@@ -259,7 +258,7 @@ def test_a_request_keeps_its_own_copy_of_the_params(tiny):
     sp.max_tokens, sp.temperature = 1, math.nan  # too late to change this request
     while not seq.is_finished:
         tiny.engine.step()
-    assert tiny.engine.output(seq)["token_ids"] == tiny.want[0]
+    assert tiny.engine.output(seq)[0].outputs[0].token_ids == tiny.want[0]
     assert_whole(tiny)
 
 
@@ -635,12 +634,12 @@ LONG = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
 def test_closing_one_stream_leaves_the_other_to_finish(async_scheduling):
     """Issue repro 1: a.close() used to abort every request and leave b spinning at 100% CPU forever."""
     llm = LLM("qwen3-tiny", **small_engine_args(async_scheduling=async_scheduling))
-    want = llm.generate("Yo", LONG, use_tqdm=False)
+    want = llm.generate("Yo", LONG, use_tqdm=False)[0]
     a, b = llm.stream("Hi", LONG), llm.stream("Yo", LONG)
     next(a)
     first = next(b)
     a.close()
-    assert first + "".join(b) == want["text"] and b.output == want and len(b.output["token_ids"]) == 50
+    assert first + "".join(b) == want.outputs[0].text and b.output == want and len(b.output.outputs[0].token_ids) == 50
     assert next(a, None) is None  # a closed stream ends
     e = llm.engine
     assert not e.requests and all(PLACEHOLDER_TOKEN not in s.token_ids for s in (a.seq, b.seq))
@@ -668,8 +667,8 @@ def test_a_suspended_stream_ends_when_a_later_generate_fails_inside_a_step(qwen,
     with pytest.raises(error):
         qwen.generate(PROBE_TEXT, GREEDY, use_tqdm=False)
     rest = list(s)  # ends
-    assert s.output["finish_reason"] == "abort" and PLACEHOLDER_TOKEN not in s.seq.token_ids
-    assert first + "".join(rest) == s.output["text"] and 0 < len(s.output["token_ids"]) < 50
+    assert s.output.outputs[0].finish_reason == "abort" and PLACEHOLDER_TOKEN not in s.seq.token_ids
+    assert first + "".join(rest) == s.output.outputs[0].text and 0 < len(s.output.outputs[0].token_ids) < 50
     assert_whole(qwen, PROBE_TEXT)
 
 
@@ -697,7 +696,7 @@ def test_a_stream_collected_during_generate_aborts_only_itself(qwen, monkeypatch
         out = qwen.generate(PROBE_TEXT, GREEDY, use_tqdm=False)
     finally:
         gc.enable()
-    assert [o["token_ids"] for o in out] == qwen.want and {o["finish_reason"] for o in out} == {"length"}
+    assert [o.outputs[0].token_ids for o in out] == qwen.want and {o.outputs[0].finish_reason for o in out} == {"length"}
     assert seq.finish_reason == "abort" and PLACEHOLDER_TOKEN not in seq.token_ids
     assert_whole(qwen, PROBE_TEXT)
 
@@ -746,8 +745,8 @@ def test_threads_each_get_exactly_their_own_tokens(qwen):
         t.join()
     assert not errors
     assert [got[i] for i in range(len(prompts))] == want
-    assert all(len(o["token_ids"]) == 50 for outs in want for o in outs)
-    assert got["stream"] == (want_stream["text"], want_stream)
+    assert all(len(o.outputs[0].token_ids) == 50 for outs in want for o in outs)
+    assert got["stream"] == (want_stream.outputs[0].text, want_stream)
     assert_whole(qwen, PROBE_TEXT)
 
 
@@ -797,9 +796,9 @@ def test_stream_and_generate_give_the_same_text_for_every_stop_pattern():
                 assert not any(s in "".join(texts[i]) + delta for s in STOP_PATTERNS[i])
                 texts[i].append(delta)
     for i, w in enumerate(want):
-        assert "".join(texts[i]) == w["text"] and streams[i].output == w, STOP_PATTERNS[i]
-    assert {w["finish_reason"] for w in want} == {"stop", "length"}  # both endings are covered
-    assert any(w["text"] == "" for w in want)  # a stop string in the first token
+        assert "".join(texts[i]) == w.outputs[0].text and streams[i].output == w, STOP_PATTERNS[i]
+    assert {w.outputs[0].finish_reason for w in want} == {"stop", "length"}  # both endings are covered
+    assert any(w.outputs[0].text == "" for w in want)  # a stop string in the first token
     llm.shutdown()
 
 

@@ -119,8 +119,8 @@ def test_q3_is_what_the_engine_does(asynchronous, want):
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args(async_scheduling=asynchronous))
     llm.engine.eos_token_ids = {tokens[2]}
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=5), use_tqdm=False)[0]
-    assert out["token_ids"] == tokens[:3] and out["finish_reason"] == "stop"
-    assert (1 + llm.engine.num_decode_tokens, len(out["token_ids"])) == want
+    assert out.outputs[0].token_ids == tokens[:3] and out.outputs[0].finish_reason == "stop"
+    assert (1 + llm.engine.num_decode_tokens, len(out.outputs[0].token_ids)) == want
     assert Q.expected("05")["q3"] == (4, 3)
 
 

@@ -22,7 +22,7 @@ def test_greedy_equals_stored_hf_tokens(name, reference):
     llm = LLM(ref_path(name), **small_engine_args())
     params = SamplingParams(temperature=0.0, max_tokens=reference["max_new_tokens"], ignore_eos=True)
     out = llm.generate(reference["prompts"], params, use_tqdm=False)
-    assert [o["token_ids"] for o in out] == reference["tokens"][name]
+    assert [o.outputs[0].token_ids for o in out] == reference["tokens"][name]
 
 
 @pytest.mark.parametrize("name", TINY_MODELS)
@@ -35,7 +35,7 @@ def test_greedy_equals_live_hf_generate(name, reference):
     for p, o in zip(prompts, out):
         want = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
                            max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(p):]
-        assert o["token_ids"] == want.tolist()
+        assert o.outputs[0].token_ids == want.tolist()
 
 
 def test_qwen3_tiny_with_real_vocabulary_equals_hf():
@@ -48,8 +48,8 @@ def test_qwen3_tiny_with_real_vocabulary_equals_hf():
         ids = llm.tokenizer.encode(p)
         want = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                            max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(ids):]
-        assert o["token_ids"] == want.tolist()
-        assert o["text"] == llm.tokenizer.decode(o["token_ids"])
+        assert o.outputs[0].token_ids == want.tolist()
+        assert o.outputs[0].text == llm.tokenizer.decode(o.outputs[0].token_ids)
 
 
 def test_smollm2_greedy_equals_hf_for_32_tokens():
@@ -64,16 +64,16 @@ def test_smollm2_greedy_equals_hf_for_32_tokens():
     for p, o in zip(prompts, out):
         want = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
                            max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(p):]
-        assert o["token_ids"] == want.tolist()
-    answer = llm.chat(convs[0], SamplingParams(temperature=0.0, max_tokens=20))
-    assert "Paris" in answer["text"]
+        assert o.outputs[0].token_ids == want.tolist()
+    answer = llm.chat(convs[0], SamplingParams(temperature=0.0, max_tokens=20))[0]
+    assert "Paris" in answer.outputs[0].text
 
 
 def test_batched_equals_one_at_a_time(reference):
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
     prompts = reference["prompts"]
-    batched = [o["token_ids"] for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
-    single = [llm.generate(p, GREEDY, use_tqdm=False)["token_ids"] for p in prompts]
+    batched = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+    single = [llm.generate(p, GREEDY, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
     assert batched == single
 
 
@@ -81,12 +81,12 @@ def test_prefix_caching_hits_and_changes_nothing():
     system = list(range(10, 80))  # 70 shared tokens: 4 full blocks of 16
     prompts = [system + [100 + i, 200 + i, 300 + i] for i in range(4)]
     plain = LLM(ref_path("tiny-qwen3"), **small_engine_args(enable_prefix_caching=False))
-    want = [o["token_ids"] for o in plain.generate(prompts, GREEDY, use_tqdm=False)]
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, GREEDY, use_tqdm=False)]
     cached = LLM(ref_path("tiny-qwen3"), **small_engine_args())
     cached.generate(prompts[:1], GREEDY, use_tqdm=False)  # warms the cache with the shared prefix
     bm = cached.engine.scheduler.block_manager
     before = bm.num_cached_tokens_total
-    got = [o["token_ids"] for o in cached.generate(prompts, GREEDY, use_tqdm=False)]
+    got = [o.outputs[0].token_ids for o in cached.generate(prompts, GREEDY, use_tqdm=False)]
     assert got == want
     assert bm.num_cached_tokens_total - before >= 4 * 64  # every prompt reused its 4 full prefix blocks
 
@@ -94,14 +94,14 @@ def test_prefix_caching_hits_and_changes_nothing():
 def test_preemption_under_kv_pressure_finishes_every_request(reference):
     prompts = reference["prompts"]
     roomy = LLM(ref_path("tiny-qwen3"), **small_engine_args())
-    want = [o["token_ids"] for o in roomy.generate(prompts, SamplingParams(temperature=0.0, max_tokens=48,
+    want = [o.outputs[0].token_ids for o in roomy.generate(prompts, SamplingParams(temperature=0.0, max_tokens=48,
                                                                            ignore_eos=True), use_tqdm=False)]
     # 16 blocks x 16 tokens: one 256-token sequence fits, the five together (~370 tokens) do not
     tight = LLM(ref_path("tiny-qwen3"), **small_engine_args(num_kvcache_blocks=16))
     got = tight.generate(prompts, SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True), use_tqdm=False)
     assert tight.engine.scheduler.num_preemptions > 0
-    assert [o["token_ids"] for o in got] == want
-    assert all(o["finish_reason"] == "length" for o in got)
+    assert [o.outputs[0].token_ids for o in got] == want
+    assert all(o.outputs[0].finish_reason == "length" for o in got)
     assert tight.engine.scheduler.block_manager.num_free_blocks == 16  # every block came back
 
 
@@ -110,19 +110,19 @@ def test_outputs_keep_input_order_and_per_prompt_params():
     prompts = [[5] * 30, [6], [7] * 10]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (3, 9, 5)]
     out = llm.generate(prompts, params, use_tqdm=False)
-    assert [len(o["token_ids"]) for o in out] == [3, 9, 5]
+    assert [len(o.outputs[0].token_ids) for o in out] == [3, 9, 5]
 
 
 def test_stop_token_ids_and_max_model_len():
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args(max_model_len=64))
     first = llm.generate([3, 4, 5], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
-                         use_tqdm=False)["token_ids"]
+                         use_tqdm=False)[0].outputs[0].token_ids
     stop_at = first[4]
     out = llm.generate([3, 4, 5], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True,
-                                                 stop_token_ids=[stop_at]), use_tqdm=False)
-    assert out["token_ids"] == first[:first.index(stop_at) + 1] and out["finish_reason"] == "stop"
-    long = llm.generate([3] * 60, SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True), use_tqdm=False)
-    assert len(long["token_ids"]) == 4 and long["finish_reason"] == "length"  # 60 + 4 = max_model_len
+                                                 stop_token_ids=[stop_at]), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == first[:first.index(stop_at) + 1] and out.outputs[0].finish_reason == "stop"
+    long = llm.generate([3] * 60, SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True), use_tqdm=False)[0]
+    assert len(long.outputs[0].token_ids) == 4 and long.outputs[0].finish_reason == "length"  # 60 + 4 = max_model_len
 
 
 def test_eos_stops_generation():
@@ -132,27 +132,27 @@ def test_eos_stops_generation():
     # make the model's 3rd greedy token count as EOS: generation must stop right there
     llm = LLM(ref_path(name), **small_engine_args())
     llm.engine.eos_token_ids = {tokens[2]}
-    out = llm.generate(ref["prompts"][1], SamplingParams(temperature=0.0, max_tokens=20), use_tqdm=False)
-    assert out["token_ids"] == tokens[:3] and out["finish_reason"] == "stop"
+    out = llm.generate(ref["prompts"][1], SamplingParams(temperature=0.0, max_tokens=20), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == tokens[:3] and out.outputs[0].finish_reason == "stop"
 
 
 def test_stream_yields_the_generated_text():
     llm = LLM("qwen3-tiny", **small_engine_args())
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     streamed = "".join(llm.stream("Once upon a time", params))
-    assert streamed == llm.generate("Once upon a time", params, use_tqdm=False)["text"]
+    assert streamed == llm.generate("Once upon a time", params, use_tqdm=False)[0].outputs[0].text
 
 
 def test_stop_strings_cut_the_text():
     llm = LLM("qwen3-tiny", **small_engine_args())
     full = llm.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
-                        use_tqdm=False)
-    stop = full["text"][len(full["text"]) // 2:][:3]
+                        use_tqdm=False)[0]
+    stop = full.outputs[0].text[len(full.outputs[0].text) // 2:][:3]
     assert stop.strip()
     out = llm.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
-                                                          stop=[stop]), use_tqdm=False)
-    assert out["finish_reason"] == "stop" and stop not in out["text"]
-    assert full["text"].startswith(out["text"])
+                                                          stop=[stop]), use_tqdm=False)[0]
+    assert out.outputs[0].finish_reason == "stop" and stop not in out.outputs[0].text
+    assert full.outputs[0].text.startswith(out.outputs[0].text)
 
 
 def test_async_scheduling_gives_the_same_outputs_as_sync():
@@ -172,8 +172,8 @@ def test_async_scheduling_gives_the_same_outputs_as_sync():
         assert llm.engine.scheduler.num_preemptions > 0
         assert llm.engine.scheduler.block_manager.num_free_blocks == 16
     assert outs[True] == outs[False]
-    assert outs[True][2]["token_ids"][-1] == stop_tok and outs[True][2]["finish_reason"] == "stop"
-    assert len(outs[True][1]["token_ids"]) == 1
+    assert outs[True][2].outputs[0].token_ids[-1] == stop_tok and outs[True][2].outputs[0].finish_reason == "stop"
+    assert len(outs[True][1].outputs[0].token_ids) == 1
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
@@ -197,7 +197,7 @@ def test_a_sharded_checkpoint_reads_only_the_files_its_index_names(tmp_path):
     ref = greedy_reference()
     llm = LLM(str(tmp_path), **small_engine_args())
     params = SamplingParams(temperature=0.0, max_tokens=ref["max_new_tokens"], ignore_eos=True)
-    assert [o["token_ids"] for o in llm.generate(ref["prompts"], params, use_tqdm=False)] == ref["tokens"]["tiny-qwen3"]
+    assert [o.outputs[0].token_ids for o in llm.generate(ref["prompts"], params, use_tqdm=False)] == ref["tokens"]["tiny-qwen3"]
     llm.shutdown()
     shard = sorted(tmp_path.glob("model-*.safetensors"))[0]
     shutil.move(str(shard), str(tmp_path / "elsewhere.bin"))
@@ -223,7 +223,7 @@ def test_generation_config_sets_the_default_sampling_params(tmp_path):
     assert (d.temperature, d.top_k, d.top_p, d.min_p, d.repetition_penalty, d.max_tokens) == (
         hf.temperature, hf.top_k, hf.top_p, hf.min_p, hf.repetition_penalty, hf.max_new_tokens)
     out = llm.generate([[1, 2, 3]], use_tqdm=False)[0]
-    assert len(out["token_ids"]) == 7 or out["finish_reason"] == "stop"
+    assert len(out.outputs[0].token_ids) == 7 or out.outputs[0].finish_reason == "stop"
     llm.shutdown()
     plain = LLM(str(tmp_path), generation_config="vllm", **small_engine_args())
     assert plain.get_default_sampling_params() == SamplingParams()

@@ -172,8 +172,8 @@ def test_fused_decoder_layer_gives_hf_greedy_tokens(name, monkeypatch):
     params = SamplingParams(temperature=0.0, max_tokens=INTERPRETED_TOKENS, ignore_eos=True)
     out = llm.generate(ref["prompts"], params, use_tqdm=False)
     want = [t[:INTERPRETED_TOKENS] for t in ref["tokens"][name]]  # greedy: the reference's first tokens
-    assert [o["token_ids"] for o in out] == want
-    assert llm.generate(ref["prompts"][:1], params, use_tqdm=False)[0]["token_ids"] == want[0]
+    assert [o.outputs[0].token_ids for o in out] == want
+    assert llm.generate(ref["prompts"][:1], params, use_tqdm=False)[0].outputs[0].token_ids == want[0]
 
 
 @pytest.mark.gpu
@@ -187,9 +187,9 @@ def test_gpu_greedy_equals_hf_reference_fp32(name):
     ref = greedy_reference()
     llm = LLM(ref_path(name), **small_engine_args(device="cuda", attention_backend="triton"))
     params = SamplingParams(temperature=0.0, max_tokens=ref["max_new_tokens"], ignore_eos=True)
-    assert [o["token_ids"] for o in llm.generate(ref["prompts"], params, use_tqdm=False)] == ref["tokens"][name]
+    assert [o.outputs[0].token_ids for o in llm.generate(ref["prompts"], params, use_tqdm=False)] == ref["tokens"][name]
     for p, want in zip(ref["prompts"], ref["tokens"][name]):
-        assert llm.generate([p], params, use_tqdm=False)[0]["token_ids"] == want
+        assert llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids == want
 
 
 @pytest.mark.parametrize("device, dtype", list(_cases()))
@@ -253,8 +253,8 @@ def test_gpu_graph_sampling_equals_eager(extra):
     for eager in (False, True):
         with LLM(ref_path("tiny-qwen3"), **small_engine_args(device="cuda", attention_backend="triton",
                                                              enforce_eager=eager, kv_cache_memory=64 << 20)) as llm:
-            outs.append([o["token_ids"] for o in llm.generate(ref["prompts"][:3], params, use_tqdm=False)])
-            outs.append(llm.generate([ref["prompts"][0]], params[0], use_tqdm=False)[0]["token_ids"])
+            outs.append([o.outputs[0].token_ids for o in llm.generate(ref["prompts"][:3], params, use_tqdm=False)])
+            outs.append(llm.generate([ref["prompts"][0]], params[0], use_tqdm=False)[0].outputs[0].token_ids)
     assert outs[0] == outs[2], "batched: CUDA graphs sampled other tokens than eager"
     assert outs[1] == outs[3], "batch 1: CUDA graphs sampled other tokens than eager"
 

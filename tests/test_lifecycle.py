@@ -73,7 +73,7 @@ def test_dropping_the_llm_frees_the_engine_without_the_cycle_collector():
 
 def test_context_manager_shuts_down():
     with LLM("qwen3-tiny", **small_engine_args()) as llm:
-        assert llm.generate("Hello", GREEDY, use_tqdm=False)["token_ids"]
+        assert llm.generate("Hello", GREEDY, use_tqdm=False)[0].outputs[0].token_ids
         refs = engine_tensors(llm)
     assert alive(refs) == 0
     with pytest.raises(RuntimeError, match="shut down"):
@@ -84,11 +84,11 @@ def test_notebook_rerun_of_llm_cell():
     """`llm = LLM(...)` run twice: the first engine is alive while the second is built, then freed."""
     args = small_engine_args()
     llm = LLM("qwen3-tiny", **args)
-    want = llm.generate("Hello", GREEDY, use_tqdm=False)["token_ids"]
+    want = llm.generate("Hello", GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     first = engine_tensors(llm)
     llm = LLM("qwen3-tiny", **args)  # the re-run
     assert alive(first) == 0, "the first engine outlived its last reference"
-    assert llm.generate("Hello", GREEDY, use_tqdm=False)["token_ids"] == want
+    assert llm.generate("Hello", GREEDY, use_tqdm=False)[0].outputs[0].token_ids == want
     llm.shutdown()
 
 
@@ -97,13 +97,13 @@ def test_notebook_rerun_of_tensor_parallel_llm_cell_says_what_to_do():
     how to free the first, and works once it is shut down."""
     args = small_engine_args()
     llm = LLM("qwen3-tiny", tensor_parallel_size=2, **args)
-    want = llm.generate("Hello", GREEDY, use_tqdm=False)["token_ids"]
+    want = llm.generate("Hello", GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     with pytest.raises(RuntimeError, match=r"llm\.shutdown\(\)"):
         LLM("qwen3-tiny", tensor_parallel_size=2, **args)
-    assert llm.generate("Hello", GREEDY, use_tqdm=False)["token_ids"] == want  # the first is unharmed
+    assert llm.generate("Hello", GREEDY, use_tqdm=False)[0].outputs[0].token_ids == want  # the first is unharmed
     llm.shutdown()
     llm = LLM("qwen3-tiny", tensor_parallel_size=2, **args)
-    assert llm.generate("Hello", GREEDY, use_tqdm=False)["token_ids"] == want
+    assert llm.generate("Hello", GREEDY, use_tqdm=False)[0].outputs[0].token_ids == want
     llm.shutdown()
 
 
@@ -190,13 +190,13 @@ def test_three_engines_in_one_process_give_their_memory_back():
 def test_notebook_rerun_on_cuda_builds_beside_the_old_engine_then_frees_it():
     start = _free_gib()
     llm = LLM("qwen3-0.6b-random", **GPU_ARGS)
-    want = llm.generate("Hello", GREEDY, use_tqdm=False)["token_ids"]
+    want = llm.generate("Hello", GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         llm = LLM("qwen3-0.6b-random", **GPU_ARGS)  # the re-run: the first engine is alive while this one builds
     print("warnings:", [str(w.message)[:200] for w in caught], file=sys.stderr)
     assert any("other minillm engine" in str(w.message) for w in caught), "the smaller KV cache went unexplained"
-    assert llm.generate("Hello", GREEDY, use_tqdm=False)["token_ids"] == want
+    assert llm.generate("Hello", GREEDY, use_tqdm=False)[0].outputs[0].token_ids == want
     llm.shutdown()
     assert _free_gib() > start - 1.0, "the first engine's memory was not given back when it was replaced"
 

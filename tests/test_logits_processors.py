@@ -133,8 +133,8 @@ def test_engine_repetition_penalty_equals_transformers_generate(hf_model):
     """Greedy, batched, with async scheduling (the newest token is read back a step late)."""
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, repetition_penalty=1.8)
-    got = [o["token_ids"] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
-    plain = [o["token_ids"] for o in llm.generate(PROMPTS, SamplingParams(
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    plain = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, SamplingParams(
         temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False)]
     assert got != plain, "the penalty should change these greedy tokens"
     assert got == [hf_generate(hf_model, p, repetition_penalty=1.8, eos_token_id=None) for p in PROMPTS]
@@ -146,7 +146,7 @@ def test_engine_penalties_equal_a_transformers_loop(hf_model):
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, presence_penalty=0.6,
                             frequency_penalty=0.9)
-    got = [o["token_ids"] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     for prompt, tokens in zip(PROMPTS, got):
         ids, out = list(prompt), []
         for _ in range(NEW_TOKENS):
@@ -168,19 +168,19 @@ def test_engine_min_tokens_and_logit_bias_equal_transformers_generate(hf_model):
     out = llm.generate(PROMPTS, params, use_tqdm=False)
     for prompt, o in zip(PROMPTS, out):
         want = hf_generate(hf_model, prompt, min_new_tokens=4, sequence_bias={(eos,): 30.0}, eos_token_id=eos)
-        assert o["token_ids"] == want and len(want) == 5 and want[-1] == eos and o["finish_reason"] == "stop"
+        assert o.outputs[0].token_ids == want and len(want) == 5 and want[-1] == eos and o.outputs[0].finish_reason == "stop"
     llm.shutdown()
 
 
 def test_include_stop_str_in_output():
     llm = LLM("qwen3-tiny", **small_engine_args(max_model_len=128))
-    plain = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))["text"]
+    plain = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))[0].outputs[0].text
     stop = plain[5:8]
     start = plain.index(stop)
     for include, want in ((False, plain[:start]), (True, plain[:start + len(stop)])):
         params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=stop,
                                 include_stop_str_in_output=include)
-        assert llm.generate("Hello", params)["text"] == want
+        assert llm.generate("Hello", params)[0].outputs[0].text == want
         assert "".join(llm.stream("Hello", params)) == want
     llm.shutdown()
 
@@ -209,11 +209,11 @@ def test_gpu_graph_steps_with_penalties_equal_transformers(hf_model):
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args(device="cuda", attention_backend="triton"))
     assert llm.engine.model_runner.graphs is not None
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, repetition_penalty=1.8)
-    got = [o["token_ids"] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     assert got == [hf_generate(hf_model, p, repetition_penalty=1.8, eos_token_id=None) for p in PROMPTS]
     eos = hf_model.config.eos_token_id
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=4, logit_bias={eos: 30.0})
-    got = [o["token_ids"] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     assert got == [hf_generate(hf_model, p, min_new_tokens=4, sequence_bias={(eos,): 30.0}, eos_token_id=eos)
                    for p in PROMPTS]
     llm.shutdown()

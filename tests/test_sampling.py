@@ -38,21 +38,21 @@ def test_top_k_and_top_p_filtering():
 def test_seeded_requests_are_reproducible_and_independent_of_the_batch():
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
     p = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=1234)
-    alone = llm.generate([5, 6, 7], p, use_tqdm=False)["token_ids"]
+    alone = llm.generate([5, 6, 7], p, use_tqdm=False)[0].outputs[0].token_ids
     noisy = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
     batch = llm.generate([[1, 2], [5, 6, 7], [9] * 20], [noisy, p, noisy], use_tqdm=False)
-    assert batch[1]["token_ids"] == alone
+    assert batch[1].outputs[0].token_ids == alone
     other = llm.generate([5, 6, 7], SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=99),
-                         use_tqdm=False)["token_ids"]
+                         use_tqdm=False)[0].outputs[0].token_ids
     assert other != alone
 
 
 def test_top_k_1_is_greedy():
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
-    greedy = llm.generate([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    greedy = llm.generate([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)[0]
     topk1 = llm.generate([5, 6, 7], SamplingParams(temperature=1.5, top_k=1, max_tokens=12, ignore_eos=True),
-                         use_tqdm=False)
-    assert greedy["token_ids"] == topk1["token_ids"]
+                         use_tqdm=False)[0]
+    assert greedy.outputs[0].token_ids == topk1.outputs[0].token_ids
 
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-2),

@@ -116,7 +116,7 @@ def test_chat_continues_the_final_message_with_the_template_options():
     text = AutoTokenizer.from_pretrained(llm.model_path).apply_chat_template(
         CONV, tokenize=False, add_generation_prompt=False, continue_final_message=True)
     want = llm.generate([llm.tokenizer.encode(text, add_special_tokens=False)], params)[0]
-    got = llm.chat(CONV, params, add_generation_prompt=False, continue_final_message=True)
+    got = llm.chat(CONV, params, add_generation_prompt=False, continue_final_message=True)[0]
     assert got == want
     with pytest.raises(ValueError, match="cannot both be True"):
         llm.chat(CONV, params, continue_final_message=True)
@@ -139,7 +139,7 @@ def test_llm_takes_another_folders_tokenizer(tmp_path):
     want = LLM("qwen3-tiny", **small_engine_args(max_model_len=128)).generate("Hello there", params)
     got = LLM(str(tmp_path), tokenizer="qwen3-tiny", **small_engine_args(max_model_len=128)).generate("Hello there",
                                                                                                        params)
-    assert got == want and got["text"]
+    assert got == want and got[0].outputs[0].text
     with pytest.raises(ValueError, match="has no tokenizer.json"):
         LLM(str(tmp_path), tokenizer=str(tmp_path), **small_engine_args(max_model_len=128))
     with pytest.raises(ValueError, match="tokenizer must be None"):

@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tokens(llm, prompts, params=GREEDY):
-    return [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
 def gone(procs, within_s: float = 10.0) -> bool:
@@ -52,6 +52,9 @@ def test_qwen3_tiny_tp2_equals_tp1_and_shuts_down_when_collected():
     shared = ref.tokenizer.encode("A long shared system prompt that fills more than one block of sixteen tokens. ")
     long_prompts = [shared + ref.tokenizer.encode(q) for q in ("Why?", "How so?", "When, exactly?")]
     want = tokens(ref, PROMPTS), tokens(ref, long_prompts)
+    # n=3 seeded samples: forked from one prefill, then each copies the shared partial block (on every rank)
+    samples = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=8, ignore_eos=True)
+    want_samples = [o.token_ids for o in ref.generate(long_prompts[:1], samples, use_tqdm=False)[0].outputs]
     ref.shutdown()
 
     llm = LLM("qwen3-tiny", tensor_parallel_size=2, **args)
@@ -59,6 +62,7 @@ def test_qwen3_tiny_tp2_equals_tp1_and_shuts_down_when_collected():
     assert tokens(llm, PROMPTS) == want[0]
     assert tokens(llm, long_prompts) == want[1]  # a second batch: prefix-cache hits, more decode steps
     assert [tokens(llm, [p])[0] for p in PROMPTS[:2]] == want[0][:2]  # one at a time
+    assert [o.token_ids for o in llm.generate(long_prompts[:1], samples, use_tqdm=False)[0].outputs] == want_samples
     ranks = runner.collective_rpc(shard_summary)
     assert [r["rank"] for r in ranks] == [0, 1]
     assert ranks[0]["kv_cache"] == ranks[1]["kv_cache"]  # same blocks on every rank ...
@@ -206,7 +210,7 @@ def test_random_qwen3_checkpoint_writer(tmp_path, monkeypatch):
     assert abs(w.std().item() - zoo.INIT_STD) < 0.002 and model.model.norm.weight.float().eq(1).all()
     assert not model.config.tie_word_embeddings
     llm = LLM(str(tmp_path), **small_engine_args())
-    assert len(llm.generate([1, 2, 3], GREEDY, use_tqdm=False)["token_ids"]) == GREEDY.max_tokens
+    assert len(llm.generate([1, 2, 3], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == GREEDY.max_tokens
     llm.shutdown()
 
 
@@ -236,13 +240,13 @@ llm = LLM("qwen3-tiny", tensor_parallel_size=2, device=DEVICE, dtype="float32",
 assert os.environ["RANK"] == "0"  # minillm.launch runs the script on rank 0 only; the others serve
 out = llm.generate(["Hello", "The capital of France is"],
                    SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
-print("TOKENS", [o["token_ids"] for o in out])
+print("TOKENS", [o.outputs[0].token_ids for o in out])
 llm.shutdown()
 # a second engine in the same job (rank 1 serves it too), left running: minillm.launch stops it
 again = LLM("qwen3-tiny", tensor_parallel_size=2, device=DEVICE, dtype="float32", kvcache_block_size=16,
             max_model_len=128)
 assert again.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
-                      use_tqdm=False)[0]["token_ids"] == out[0]["token_ids"]
+                      use_tqdm=False)[0].outputs[0].token_ids == out[0].outputs[0].token_ids
 """
 
 

@@ -5,6 +5,11 @@ A full block is identified by a hash chained over the whole prefix, hash(prev_ha
 two blocks match only if everything before them matched too. On a hash hit the tokens are compared
 as well: a hash collision must never hand a sequence someone else's K/V.
 
+n samples of one prompt share its blocks: the later samples fork from the first once its prompt is
+computed (their block tables point at the same blocks, each ref_count + 1), and a sample about to
+write into a block that others still read gets its own copy first (copy on write): only the last,
+partly filled block is ever written, so only it is ever copied.
+
 Blocks with ref_count 0 keep their contents and hash until they are handed out again; free blocks
 are reused oldest-first, so recently freed prefixes stay cached longest.
 """
@@ -80,6 +85,47 @@ class Block:
         self.token_ids: list[int] = []
 
 
+# >>> exercise 3.7 | notebooks/03_paged_kv_cache.ipynb | 8. n samples of one prompt: fork and copy on write
+def fork_block_table(parent_table: list[int], blocks: list[Block]) -> list[int]:
+    """A new sample's block table, sharing every block of its parent's (no K/V is copied).
+
+    parent_table: the parent's physical block ids; blocks: every Block by id (block.ref_count = how
+    many block tables hold it). -> a new list with the same ids; each shared block's ref_count + 1.
+    """
+    for block_id in parent_table:
+        blocks[block_id].ref_count += 1
+    return list(parent_table)
+
+
+def append_slot(block_table: list[int], num_tokens: int, block_size: int, blocks: list[Block],
+                take_block: Callable[[], Block]) -> tuple[int, int] | None:
+    """Make room for the K/V of a sequence's newest token, position num_tokens - 1, before the decode
+    step that writes it. Updates block_table (and ref counts) in place.
+
+    - The position starts a new logical block (num_tokens % block_size == 1, or block_size 1):
+      append take_block().block_id. -> None.
+    - Otherwise the position lies in the last block. If that block is shared (ref_count > 1: another
+      sample still reads it), copy on write: take a fresh block, put it in the table instead, and
+      give up one reference to the shared one. -> (old block id, new block id): the device copies
+      the old block's rows into the new one before the step writes.
+    - Otherwise (the last block is this sequence's alone) -> None.
+    take_block() hands out a free Block with ref_count already 1.
+
+    Hints: only the last block can be shared and written: full blocks are never written again.
+    """
+    if (num_tokens - 1) % block_size == 0:
+        block_table.append(take_block().block_id)
+        return None
+    old = blocks[block_table[-1]]
+    if old.ref_count == 1:
+        return None
+    new = take_block()
+    old.ref_count -= 1
+    block_table[-1] = new.block_id
+    return old.block_id, new.block_id
+# <<< exercise 3.7
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         self.block_size = block_size
@@ -88,6 +134,8 @@ class BlockManager:
         self.hash_to_block_id: dict[int, int] = {}
         self.free_block_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.num_cached_tokens_total = 0  # prefix-cache hits, in tokens, since start (a statistic)
+        # copy-on-write copies (src block, dst block) the next step must do on the device first
+        self.copies: list[tuple[int, int]] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -112,7 +160,7 @@ class BlockManager:
     def allocate(self, seq: Sequence) -> None:
         """Give a waiting sequence blocks for all its tokens, reusing cached full blocks of its prefix."""
         assert not seq.block_table
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and seq.params.prompt_logprobs is None:  # those compute every position
             hashes, num_hits = match_prefix(seq.token_ids, self.block_size, self.hash_to_block_id,
                                             lambda block_id: self.blocks[block_id].token_ids)
         else:
@@ -140,15 +188,25 @@ class BlockManager:
         seq.block_table.clear()
         seq.num_cached_tokens = 0
 
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """child shares all of parent's blocks (parent's prompt is being computed this step)."""
+        assert not child.block_table
+        child.block_table = fork_block_table(parent.block_table, self.blocks)
+        child.num_cached_tokens = parent.num_tokens  # nothing of its own to compute
+
     def can_append(self, seq: Sequence) -> bool:
-        """Room for the K/V of seq's newest token? It needs a fresh block when it starts one."""
-        return self.num_free_blocks >= (seq.num_tokens % self.block_size == 1)
+        """Room for the K/V of seq's newest token? It needs a fresh block when it starts one, or when
+        its last block is shared (copy on write)."""
+        starts_block = (seq.num_tokens - 1) % self.block_size == 0
+        return self.num_free_blocks >= (starts_block or self.blocks[seq.block_table[-1]].ref_count > 1)
 
     def may_append(self, seq: Sequence) -> None:
-        """Before a decode step: add a block if the newest token starts one; hash a block it fills."""
+        """Before a decode step: add a block if the newest token starts one, or copy a shared last
+        block (recorded in `copies`); hash a block it fills."""
         n, bs = seq.num_tokens, self.block_size
-        if n % bs == 1:
-            seq.block_table.append(self._take(next(iter(self.free_block_ids))).block_id)
+        copy = append_slot(seq.block_table, n, bs, self.blocks, lambda: self._take(next(iter(self.free_block_ids))))
+        if copy is not None:
+            self.copies.append(copy)
         if self.enable_prefix_caching and n % bs in (0, 1):
             # With async scheduling the newest token is a PLACEHOLDER_TOKEN until its step is read
             # back, so a block filled now may only become hashable one step later.

@@ -19,6 +19,8 @@ from minillm.engine.model_runner import ModelRunner, Pending
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import PLACEHOLDER_TOKEN, Sequence
 from minillm.layers.attention import backend_for
+from minillm.layers.sampler import TokenLogprobs
+from minillm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from minillm.sampling_params import SamplingParams, describe, is_integer
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -171,7 +173,8 @@ class LLMEngine:
 
     def add_requests(self, prompts: list, params: list[SamplingParams]) -> list[Sequence]:
         """Queue one request per (prompt, params), all or none: each one is checked before any is queued.
-        prompts: token-id lists (see check_prompt). -> their Sequences, in order."""
+        prompts: token-id lists (see check_prompt). -> their Sequences (sample 0 of each), in order;
+        with n > 1 a Sequence's `samples` holds all n."""
         if len(prompts) != len(params):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         checked = []
@@ -181,11 +184,17 @@ class LLMEngine:
             except ValueError as e:
                 raise (ValueError(f"prompt {i}: {e}") if len(prompts) > 1 else e) from None
         seqs = [Sequence(ids, sp, self.config.kvcache_block_size, self._min_tokens_blocked(sp)) for ids, sp in checked]
+        for seq in seqs:  # n > 1: the other samples wait in sample 0 until its prompt is computed
+            p = seq.params
+            seq.unforked = [seq.fork(i, dataclasses.replace(p, seed=None if p.seed is None else p.seed + i))
+                            for i in range(1, p.n)]
+            seq.samples += seq.unforked
         with self._owned():
             for seq in seqs:
-                if seq.params.stop:
-                    self.detokenizers[seq.seq_id] = IncrementalDetokenizer(self.tokenizer)
-                self.requests[seq.seq_id] = seq
+                for sample in seq.samples:
+                    if sample.params.stop:
+                        self.detokenizers[sample.seq_id] = IncrementalDetokenizer(self.tokenizer)
+                    self.requests[sample.seq_id] = sample
                 self.scheduler.add(seq)
         return seqs
 
@@ -243,6 +252,10 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         """End a request: no placeholder stays, its blocks are freed, the engine forgets it."""
+        seq.finished_time = time.time()
+        unforked, seq.unforked = seq.unforked, []  # samples that were waiting for this one's prompt
+        for sample in unforked:
+            self._finish(sample, reason)
         seq.drop_placeholders()
         self.scheduler.finish(seq, reason)
         self.requests.pop(seq.seq_id, None)
@@ -272,8 +285,16 @@ class LLMEngine:
             seqs, is_prefill = self.scheduler.schedule()
             if not seqs:
                 raise RuntimeError("the scheduler found nothing to run although requests are pending; this is a bug")
+            if is_prefill:
+                seqs = self._fork(seqs)
             prev = self.pending if self.async_scheduling else None
-            launched = self.model_runner.launch(seqs, is_prefill, prev)
+            copies, self.scheduler.block_manager.copies = self.scheduler.block_manager.copies, []
+            launched = self.model_runner.launch(seqs, is_prefill, prev, copies)
+            now = time.time()
+            for seq in seqs:
+                seq.fork_of = None  # forked: from now on it computes its own tokens
+                if seq.first_scheduled_time is None:
+                    seq.first_scheduled_time, seq.num_prefix_cache_hits = now, seq.num_cached_tokens
             if is_prefill:
                 self.num_prefill_tokens += sum(s.num_tokens - s.num_cached_tokens for s in seqs)
             else:
@@ -294,6 +315,23 @@ class LLMEngine:
         self.pending = launched
         return ran, finished
 
+    def _fork(self, seqs: list[Sequence]) -> list[Sequence]:
+        """n > 1: the samples waiting in a sequence whose prompt is computed in this step fork from it
+        (share its blocks, sample from its logits row), while max_num_seqs allows; the others queue
+        as sequences of their own (their prompt's full blocks then come from the prefix cache).
+        -> the step's sequences with the forked samples after their parent."""
+        out = []
+        for seq in seqs:
+            out.append(seq)
+            waiting, seq.unforked = [s for s in seq.unforked if not s.is_finished], []
+            room = self.config.max_num_seqs - len(self.scheduler.running)
+            for sample in waiting[:max(room, 0)]:
+                self.scheduler.fork(seq, sample)
+                out.append(sample)
+            for sample in reversed(waiting[max(room, 0):]):
+                self.scheduler.waiting.appendleft(sample)
+        return out
+
     def _append_placeholders(self, seqs: list[Sequence]) -> list[int]:
         """Give every launched sequence a placeholder for its coming token. One that reaches max_tokens
         or max_model_len with it is scheduled no more; it finishes when that token is read back.
@@ -309,15 +347,23 @@ class LLMEngine:
     def _fill_tokens(self, pending: Pending, token_ids: list[int], finished: list[Sequence]) -> None:
         """Write a read-back step's tokens over their placeholders; finish the requests that stop here
         (stop tokens, stop strings) or that got their last token."""
+        self._fill_prompt_logprobs(pending)
         rows = [(seq, pos, tok) for seq, pos, tok in zip(pending.seqs, pending.positions, token_ids)
                 if not seq.is_finished]  # a finished request (a stop one step earlier, an abort) drops its token
+        row_of = {seq.seq_id: row for row, seq in enumerate(pending.seqs)}
         seqs = [seq for seq, _, _ in rows]
         outcomes = fill_placeholders([s.token_ids for s in seqs], [pos for _, pos, _ in rows],
                                      [tok for _, _, tok in rows], [s.finish_reason == "length" for s in seqs],
                                      self.eos_token_ids, [s.params for s in seqs])
+        now = time.time()
         for seq, (_, _, tok), outcome in zip(seqs, rows, outcomes):
             if outcome == "dropped":
                 continue
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            if seq.params.logprobs is not None:
+                seq.logprobs.append(position_logprobs(pending.logprobs, row_of[seq.seq_id], seq.params.logprobs, tok))
+                seq.cumulative_logprob += float(pending.logprobs.chosen[row_of[seq.seq_id]])
             detok = self.detokenizers.get(seq.seq_id)
             if detok is not None and outcome != "stop":
                 detok.add([tok])
@@ -327,18 +373,65 @@ class LLMEngine:
                 self._finish(seq, outcome)  # drops a placeholder launched after this token
                 finished.append(seq)
 
+    def _fill_prompt_logprobs(self, pending: Pending) -> None:
+        for row, first, lp in pending.prompt_logprobs:
+            seq = pending.seqs[row]
+            k = seq.params.prompt_logprobs
+            for i in range(len(lp.chosen)):
+                if first + i == len(seq.prompt_logprobs):  # (a recomputed prompt is scored once)
+                    seq.prompt_logprobs.append(position_logprobs(lp, i, k, seq.token_ids[first + i]))
+
     def is_finished(self) -> bool:
         return not self.requests and self.pending is None
 
-    def output(self, seq: Sequence) -> dict:
-        """The result of a finished request: text, token_ids, finish_reason."""
-        text = self.tokenizer.decode(seq.completion_token_ids) if self.tokenizer else ""
+    def completion(self, seq: Sequence) -> CompletionOutput:
+        """One sample's result so far (final once it is finished)."""
+        tokens = seq.resolved_completion()
+        text = self.tokenizer.decode(tokens) if self.tokenizer else ""
         cut = seq.params.cut_at_stop(text)
-        text = text if cut is None else cut
-        return {"text": text, "token_ids": seq.completion_token_ids, "finish_reason": seq.finish_reason}
+        stop_reason = None
+        if cut is not None:
+            stop_reason, text = seq.params.first_stop(text), cut
+        elif seq.finish_reason == "stop" and tokens and tokens[-1] in seq.params.stop_token_ids:
+            stop_reason = tokens[-1]
+        logprobs = None
+        if seq.params.logprobs is not None:
+            logprobs = [self._logprob_objects(d) for d in seq.logprobs[:len(tokens)]]
+        return CompletionOutput(index=seq.index, text=text, token_ids=tokens,
+                                cumulative_logprob=seq.cumulative_logprob if logprobs is not None else None,
+                                logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=stop_reason)
+
+    def request_output(self, seq: Sequence, prompt: str | None = None) -> RequestOutput:
+        """The result of one request (seq: its sample 0) so far: all its samples, in index order."""
+        samples = sorted(seq.samples, key=lambda s: s.index)
+        firsts = [s.first_token_time for s in samples if s.first_token_time is not None]
+        ends = [s.finished_time for s in samples]
+        metrics = RequestMetrics(arrival_time=seq.arrival_time, first_scheduled_time=seq.first_scheduled_time,
+                                 first_token_time=min(firsts, default=None),
+                                 finished_time=None if None in ends else max(ends))
+        prompt_logprobs = None
+        if seq.params.prompt_logprobs is not None:
+            prompt_logprobs = [None if d is None else self._logprob_objects(d) for d in seq.prompt_logprobs]
+        return RequestOutput(request_id=str(seq.seq_id), prompt=prompt, prompt_token_ids=seq.prompt_token_ids,
+                             prompt_logprobs=prompt_logprobs, outputs=[self.completion(s) for s in samples],
+                             finished=all(s.is_finished for s in samples), metrics=metrics,
+                             num_cached_tokens=seq.num_prefix_cache_hits)
+
+    def _logprob_objects(self, entry: dict[int, tuple[float, int]]) -> dict:
+        decode = (lambda t: self.tokenizer.decode([t])) if self.tokenizer else (lambda t: None)  # noqa: E731
+        return {t: Logprob(lp, rank, decode(t)) for t, (lp, rank) in entry.items()}
 
     def shutdown(self) -> None:
         """Free everything on the device (weights, KV cache, CUDA graphs) and stop tensor-parallel
         workers, in order (minillm/engine/tp.py). Idempotent; the engine cannot run after it."""
         self.pending = None  # the last launched step's tokens, on the device
         self.model_runner.shutdown()
+
+
+def position_logprobs(lp: TokenLogprobs, row: int, k: int, token_id: int) -> dict[int, tuple[float, int]]:
+    """One position's {token id: (logprob, rank)}: the chosen token (token_id) first, then the k most
+    likely (as vLLM orders them)."""
+    entry = {token_id: (float(lp.chosen[row]), int(lp.rank[row]))}
+    for rank, (t, v) in enumerate(zip(lp.top_ids[row, :k].tolist(), lp.top_logprobs[row, :k].tolist()), start=1):
+        entry.setdefault(t, (v, rank))
+    return entry

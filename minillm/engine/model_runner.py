@@ -25,7 +25,7 @@ from minillm.distributed import tp_group
 from minillm.engine.cuda_graph import NO_SOURCE_ROW, DecodeGraphs, to_device
 from minillm.engine.sequence import PLACEHOLDER_TOKEN, Sequence
 from minillm.layers.attention import Attention, backend_for
-from minillm.layers.sampler import Sampler
+from minillm.layers.sampler import Sampler, TokenLogprobs, token_logprobs
 from minillm.loader import load_model
 from minillm.models.qwen3 import Qwen3ForCausalLM, layer_forward_for
 from minillm.sampling_params import SamplingParams
@@ -181,7 +181,7 @@ class ModelRunner:
         n = min(c.max_num_batched_tokens, c.max_num_seqs * c.max_model_len)
         num_seqs = max(1, n // c.max_model_len)
         seqs = [Sequence([0] * c.max_model_len, _GREEDY, self.block_size) for _ in range(num_seqs)]
-        self.run_model(*self.load_batch(build_prefill_batch(seqs, self.block_size)), is_prefill=True)
+        self.forward_batch(build_prefill_batch(seqs, self.block_size))
         reset_context()
         peak = torch.cuda.max_memory_allocated(self.device) - before
         torch.cuda.empty_cache()
@@ -203,8 +203,12 @@ class ModelRunner:
     # ---- inputs ---------------------------------------------------------------------------
     # A step's inputs are built on the host as a Batch of numpy arrays (cheap to make, to pickle
     # to tensor-parallel workers, and to copy into CUDA-graph buffers), then loaded to the device.
-    def build_batch(self, seqs: list[Sequence], is_prefill: bool) -> "Batch":
-        return build_prefill_batch(seqs, self.block_size) if is_prefill else build_decode_batch(seqs, self.block_size)
+    def build_batch(self, seqs: list[Sequence], is_prefill: bool, block_copies=()) -> "Batch":
+        """block_copies: the (src, dst) block copies (copy on write) the step does first."""
+        batch = build_prefill_batch(seqs, self.block_size) if is_prefill else build_decode_batch(seqs, self.block_size)
+        if block_copies:
+            batch.block_copies = np.asarray(block_copies, dtype=np.int64).reshape(-1, 2)
+        return batch
 
     def send_batch(self, batch: "Batch") -> None:
         """Tensor parallel: hand this step's Batch to the other ranks, which run the same forward on it
@@ -225,6 +229,16 @@ class ModelRunner:
         )
         return dev(b.input_ids), dev(b.positions)
 
+    def forward_batch(self, b: "Batch") -> torch.Tensor:
+        """load_batch, then run_model on the rows whose logits the step needs -> logits."""
+        return self.run_model(*self.load_batch(b), None if b.logits_rows is None else to_device(b.logits_rows, self.device))
+
+    def copy_blocks(self, copies: np.ndarray | None) -> None:
+        """Copy on write: copy each (src, dst) block's K/V rows, in every layer, before the step writes."""
+        if copies is not None:
+            src, dst = to_device(copies[:, 0].copy(), self.device), to_device(copies[:, 1].copy(), self.device)
+            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+
     def prepare_sample(self, seqs: list[Sequence], on_device: bool = True):
         """-> keyword arguments of Sampler.forward; the per-row arrays as device tensors (no device
         sync), or as host numpy arrays when on_device is False."""
@@ -240,6 +254,8 @@ class ModelRunner:
             args["processors"] = logits_inputs(seqs, self.model_config.vocab_size)
             if any(p.min_p > 0 for p in ps):
                 args["min_p"] = np.asarray([p.min_p for p in ps], dtype=np.float32)
+            if any(p.logprobs is not None for p in ps):
+                args["num_logprobs"] = max(p.logprobs or 0 for p in ps)
         if self.device.type == "cuda" and not args.keys() & {"top_k", "top_p", "processors"}:
             # the fused sampler: one Philox key per row and step, from the request's seed when it has
             # one (reproducible whatever else is in the batch), else from the engine's own stream
@@ -261,30 +277,37 @@ class ModelRunner:
 
     # ---- forward --------------------------------------------------------------------------
     @torch.inference_mode()
-    def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, is_prefill: bool) -> torch.Tensor:
+    def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                  logits_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """-> the logits of the rows in logits_rows (prefill: each sequence's last position, every
+        position of a prompt_logprobs request), or of every row."""
         hidden = self.model(input_ids, positions)
-        if is_prefill:  # only each sequence's last position produces a next token
-            last = get_context().cu_seqlens_q[1:].long() - 1
-            hidden = hidden[last]
-        return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden if logits_rows is None else hidden[logits_rows])
 
     @torch.inference_mode()
-    def launch(self, seqs: list[Sequence], is_prefill: bool, prev: "Pending | None" = None) -> "Pending":
+    def launch(self, seqs: list[Sequence], is_prefill: bool, prev: "Pending | None" = None,
+               block_copies=()) -> "Pending":
         """Queue one step on the device and return without waiting for it: build and send the batch,
-        run it (a decode graph's replay when one fits, else the eager forward), sample."""
+        copy the blocks copy-on-write asks for, run it (a decode graph's replay when one fits, else
+        the eager forward), sample."""
         self._check_alive()
-        batch = self.build_batch(seqs, is_prefill)
+        batch = self.build_batch(seqs, is_prefill, block_copies)
         self.send_batch(batch)
+        self.copy_blocks(batch.block_copies)
         src = self.input_sources(seqs, batch, prev)
         graphed = not is_prefill and self.graphs is not None and self.graphs.padded_size(len(seqs))
         sample_args = self.prepare_sample(seqs, on_device=not graphed)
         if "processors" in sample_args and src is not None:  # queued before a replay overwrites prev's tokens
             sample_args["processors"]["last_ids"] = self.last_ids(prev, src)
         if graphed:
-            token_ids = self.graphs.run(batch, None if src is None else prev.token_ids, src, sample_args)
+            sampled = self.graphs.run(batch, None if src is None else prev.token_ids, src, sample_args)
+            prompt_logprobs = []
         else:
-            token_ids = self.eager_step(batch, prev, src, sample_args)
-        return self.pending(seqs, is_prefill, token_ids)
+            sampled, prompt_logprobs = self.eager_step(batch, prev, src, sample_args)
+        token_ids, logprobs = sampled if isinstance(sampled, tuple) else (sampled, None)
+        pending = self.pending(seqs, is_prefill, token_ids)
+        pending.logprobs, pending.prompt_logprobs = logprobs, prompt_logprobs
+        return pending
 
     def input_sources(self, seqs: list[Sequence], batch: "Batch", prev: "Pending | None") -> np.ndarray | None:
         """With async scheduling a decode sequence's newest token may still be on the device (its host
@@ -303,21 +326,29 @@ class ModelRunner:
         return torch.where(idx != NO_SOURCE_ROW, prev.token_ids[idx.clamp_min(0)], self.model_config.vocab_size)
 
     def eager_step(self, batch: "Batch", prev: "Pending | None", src: np.ndarray | None,
-                   sample_args: dict) -> torch.Tensor:
-        """The forward launched op by op (prefill; decode without a graph) -> sampled ids [B] on the device."""
+                   sample_args: dict) -> tuple:
+        """The forward launched op by op (prefill; decode without a graph) -> (what the sampler returns:
+        ids [B] on the device, or (ids, TokenLogprobs)), the prompt logprobs [(row, first position,
+        TokenLogprobs)]."""
         input_ids, positions = self.load_batch(batch)
+        logits_rows = None if batch.logits_rows is None else to_device(batch.logits_rows, self.device)
         if src is not None:
             idx = to_device(src, self.device)
             input_ids = torch.where(idx != NO_SOURCE_ROW, prev.token_ids[idx.clamp_min(0)], input_ids)
         try:
-            return self.sampler(self.run_model(input_ids, positions, batch.is_prefill), **sample_args)
+            logits = self.run_model(input_ids, positions, logits_rows)
+            prompt_logprobs = [(row, pos, token_logprobs(logits[first:first + len(targets)], to_device(targets, self.device), k))
+                               for row, first, pos, targets, k in batch.prompt_logprobs]
+            if batch.sample_rows is not None:
+                logits = logits[to_device(batch.sample_rows, self.device)]
+            return self.sampler(logits, **sample_args), prompt_logprobs
         finally:
             reset_context()
 
     def pending(self, seqs: list[Sequence], is_prefill: bool, token_ids: torch.Tensor) -> "Pending":
         """A launched step; on CUDA its sampled ids start their copy to pinned host memory."""
         pending = Pending(seqs, is_prefill, token_ids, {s.seq_id: i for i, s in enumerate(seqs)})
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":  # (logprobs, the slow path, are read back with a plain copy)
             pending.host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
             pending.host.copy_(token_ids, non_blocking=True)
             pending.event = torch.cuda.Event()
@@ -325,7 +356,12 @@ class ModelRunner:
         return pending
 
     def resolve(self, pending: "Pending") -> list[int]:
-        """Wait for a launched step; -> its sampled token ids (host ints)."""
+        """Wait for a launched step; -> its sampled token ids (host ints). Its logprobs, if any, are
+        then on the host too."""
+        if pending.logprobs is not None:
+            pending.logprobs = TokenLogprobs(*(t.cpu() for t in pending.logprobs))
+        pending.prompt_logprobs = [(row, pos, TokenLogprobs(*(t.cpu() for t in lp)))
+                                   for row, pos, lp in pending.prompt_logprobs]
         if pending.event is not None:
             pending.event.synchronize()
             return pending.host.tolist()
@@ -405,6 +441,9 @@ class Pending:
     positions: list[int] = field(default_factory=list)
     host: torch.Tensor | None = None  # pinned host copy (CUDA)
     event: torch.cuda.Event | None = None
+    logprobs: TokenLogprobs | None = None  # per row (SamplingParams.logprobs)
+    # (row, position of the first token scored, TokenLogprobs) per prompt_logprobs request
+    prompt_logprobs: list[tuple[int, int, TokenLogprobs]] = field(default_factory=list)
 
 
 @dataclass
@@ -422,6 +461,14 @@ class Batch:
     max_seqlen_k: int = 0
     context_lens: np.ndarray | None = None  # [B] int32 (decode)
     block_tables: np.ndarray | None = None  # [B, max_blocks] int32, PAD_BLOCK-padded (decode; prefill with prefix hits)
+    block_copies: np.ndarray | None = None  # [K, 2] int64 (src, dst) blocks to copy first (copy on write)
+    # prefill: the rows of the forward whose logits are needed, and each sequence's row among them
+    # (a sample forked in this step shares its parent's)
+    logits_rows: np.ndarray | None = None  # [R] int64
+    sample_rows: np.ndarray | None = None  # [B] int64, None when row i is logits row i
+    # prefill, prompt_logprobs requests: (row in the step, first logits row, first position scored,
+    # the prompt tokens scored [n] int64, k); only rank 0 reads it
+    prompt_logprobs: list[tuple[int, int, int, np.ndarray, int]] = field(default_factory=list)
 
 
 def logits_inputs(seqs: list[Sequence], vocab_size: int) -> dict:
@@ -462,7 +509,14 @@ def block_tables_array(seqs: list[Sequence]) -> np.ndarray:
 def build_prefill_batch(seqs: list[Sequence], block_size: int) -> Batch:
     input_ids, positions, slots = [], [], []
     cu_q, cu_k = [0], [0]
-    for s in seqs:
+    logits_rows, sample_rows, prompt_logprobs = [], [], []
+    row_of: dict[int, int] = {}  # seq_id -> its sample row
+    computed = []  # the sequences the forward runs
+    for row, s in enumerate(seqs):
+        if s.fork_of is not None:  # forked from a sample earlier in this step: no tokens of its own
+            sample_rows.append(row_of[s.fork_of.seq_id])
+            continue
+        computed.append(s)
         start, end = s.num_cached_tokens, s.num_tokens
         input_ids.append(np.asarray(s.token_ids[start:], dtype=np.int64))
         positions.append(np.arange(start, end, dtype=np.int64))
@@ -470,13 +524,24 @@ def build_prefill_batch(seqs: list[Sequence], block_size: int) -> Batch:
         cu_k.append(cu_k[-1] + end)
         if s.block_table:  # empty during the warm-up run that measures memory
             slots.append(slot_mapping_for(np.asarray(s.block_table), start, end, block_size))
+        k = s.params.prompt_logprobs
+        scored = s.token_ids[start + 1:min(end + 1, s.num_prompt_tokens)]  # position p scores token p + 1
+        if k is not None and scored:
+            prompt_logprobs.append((row, len(logits_rows), start + 1, np.asarray(scored, dtype=np.int64), k))
+            logits_rows.extend(range(cu_q[-2], cu_q[-2] + len(scored)))
+        logits_rows.append(cu_q[-1] - 1)  # the last position: the next token's logits
+        row_of[s.seq_id] = len(logits_rows) - 1
+        sample_rows.append(row_of[s.seq_id])
     prefix_hit = cu_k[-1] > cu_q[-1]  # keys longer than queries: read them through the block tables
     return Batch(
         is_prefill=True, input_ids=np.concatenate(input_ids), positions=np.concatenate(positions),
         slot_mapping=np.concatenate(slots) if slots else None,
         cu_seqlens_q=np.asarray(cu_q, dtype=np.int32), cu_seqlens_k=np.asarray(cu_k, dtype=np.int32),
         max_seqlen_q=max(b - a for a, b in zip(cu_q, cu_q[1:])), max_seqlen_k=max(b - a for a, b in zip(cu_k, cu_k[1:])),
-        block_tables=block_tables_array(seqs) if prefix_hit else None,
+        block_tables=block_tables_array(computed) if prefix_hit else None,
+        logits_rows=np.asarray(logits_rows, dtype=np.int64),
+        sample_rows=None if sample_rows == list(range(len(seqs))) else np.asarray(sample_rows, dtype=np.int64),
+        prompt_logprobs=prompt_logprobs,
     )
 
 

@@ -93,6 +93,13 @@ class Scheduler:
         self.num_preemptions += len(preempted)
         return scheduled, is_prefill
 
+    def fork(self, parent: Sequence, sample: Sequence) -> None:
+        """n > 1: run `sample` from this step on, sharing parent's blocks (parent's prompt is computed
+        in this step; the sample takes its first token from the same logits)."""
+        self.block_manager.fork(parent, sample)
+        sample.status, sample.fork_of = SequenceStatus.RUNNING, parent
+        self.running.append(sample)
+
     def remove(self, seq: Sequence) -> None:
         """Schedule a sequence no more and free its blocks (its status is the caller's business)."""
         self.block_manager.deallocate(seq)

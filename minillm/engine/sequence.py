@@ -1,6 +1,7 @@
 """Sequence: one request's tokens, its place in the KV cache (block_table) and its sampling params."""
 from __future__ import annotations
 
+import time
 from enum import Enum, auto
 from itertools import count
 
@@ -21,14 +22,21 @@ class Sequence:
     _ids = count()
 
     def __init__(self, token_ids: list[int], params: SamplingParams, block_size: int,
-                 min_tokens_blocked: tuple[int, ...] = ()):
+                 min_tokens_blocked: tuple[int, ...] = (), index: int = 0):
         """min_tokens_blocked: the tokens params.min_tokens holds back (EOS unless ignore_eos, and
-        stop_token_ids: the engine knows the model's EOS)."""
+        stop_token_ids: the engine knows the model's EOS); index: which of its request's n samples."""
         self.seq_id = next(Sequence._ids)
+        self.index = index
+        # n > 1: sample 0 carries the other samples until its prompt is computed, then they fork from
+        # it (share its blocks); in the step they fork, a sample reads its logits row from fork_of
+        self.unforked: list[Sequence] = []
+        self.fork_of: Sequence | None = None
+        self.samples: list[Sequence] = [self]  # sample 0: its request's samples, itself first
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = len(token_ids)
         self.num_cached_tokens = 0  # prompt tokens whose K/V came from the prefix cache
+        self.num_prefix_cache_hits = 0  # num_cached_tokens when first scheduled (kept after its blocks are freed)
         self.block_size = block_size
         self.block_table: list[int] = []
         self.params = params
@@ -37,7 +45,15 @@ class Sequence:
         self.min_tokens_blocked = min_tokens_blocked
         # a logits processor or min_p is on: its steps sample outside the fused sampler (params are the
         # engine's own checked copy, which nothing changes afterwards; read once per step and row)
-        self.slow_sampling = params.processes_logits or params.min_p > 0
+        self.slow_sampling = params.processes_logits or params.min_p > 0 or params.logprobs is not None
+        # with SamplingParams.logprobs / prompt_logprobs: per token {token id: (logprob, rank)}
+        self.logprobs: list[dict[int, tuple[float, int]]] = []
+        self.prompt_logprobs: list[dict[int, tuple[float, int]] | None] = [None]  # token 0 has none
+        self.cumulative_logprob = 0.0
+        self.arrival_time = time.time()
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finished_time: float | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -96,3 +112,7 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def fork(self, index: int, params: SamplingParams) -> "Sequence":
+        """Another sample of the same prompt (not started: it forks from this one when its prompt is computed)."""
+        return Sequence(self.token_ids, params, self.block_size, self.min_tokens_blocked, index)

@@ -88,10 +88,11 @@ class ShardRunner(ModelRunner):
         """A worker's half of a step: the same forward as rank 0 on the same Batch (the same decode
         graph when rank 0 replays one: same size, same collectives), no sampling."""
         try:
+            self.copy_blocks(batch.block_copies)
             if not batch.is_prefill and self.graphs is not None and self.graphs.padded_size(len(batch.input_ids)):
                 self.graphs.run(batch)
             else:
-                self.run_model(*self.load_batch(batch), batch.is_prefill)
+                self.forward_batch(batch)
         finally:
             reset_context()
 

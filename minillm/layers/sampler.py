@@ -6,6 +6,8 @@ softmax, no cumulative sum, no host sync: the whole step stays on the GPU.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -74,26 +76,48 @@ def gumbel_sample(logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch
     return sampled if greedy is None else torch.where(temperatures > 0, sampled, greedy)
 # <<< exercise 5.3
 
+class TokenLogprobs(NamedTuple):
+    """Per row: the chosen token's log-probability and rank (1 = most likely), and the k most likely
+    tokens with theirs. Tensors on the logits' device."""
+
+    chosen: torch.Tensor  # [B] fp32
+    rank: torch.Tensor  # [B] int64
+    top_ids: torch.Tensor  # [B, k] int64
+    top_logprobs: torch.Tensor  # [B, k] fp32
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> TokenLogprobs:
+    """log_softmax of logits [B, V] (fp32) at token_ids [B], with each one's rank, and the top k."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(1, token_ids[:, None].long())  # [B, 1]
+    rank = (logprobs > chosen).sum(dim=-1) + 1
+    top = logprobs.topk(k, dim=-1)
+    return TokenLogprobs(chosen[:, 0], rank, top.indices, top.values)
+
+
 class Sampler(nn.Module):
     def forward(self, logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor | None = None,
                 top_p: torch.Tensor | None = None, generators: list | None = None,
                 all_greedy: bool | None = None, any_greedy: bool | None = None,
                 seeds: torch.Tensor | None = None, processors: dict | None = None,
-                min_p: torch.Tensor | None = None) -> torch.Tensor:
+                min_p: torch.Tensor | None = None, num_logprobs: int | None = None):
         """logits: [B, V]; temperatures: [B] (0 = greedy); generators: per row a torch.Generator or None;
         all_greedy / any_greedy: pass them when known on the host (saves device syncs and work);
         seeds: [B] per-row Philox keys -> the fused Triton sampler (CUDA; nothing else asked for);
-        processors: apply_logits_processors' keyword arguments; min_p: [B].
-        -> [B] int64 token ids."""
+        processors: apply_logits_processors' keyword arguments; min_p: [B]; num_logprobs: k.
+        -> [B] int64 token ids; with num_logprobs, (ids, TokenLogprobs of the logits after the
+        processors, before temperature and the warpers)."""
         if seeds is not None and top_k is None and top_p is None and processors is None and min_p is None:
             return sample_triton(logits, temperatures, seeds)
-        logits = logits.float()
+        logits = processed = logits.float()
         if processors is not None:
-            logits = apply_logits_processors(logits, **processors)
+            logits = processed = apply_logits_processors(logits, **processors)
         if min_p is not None:
             logits = apply_min_p(logits, min_p, temperatures)
         if all_greedy is None:
             all_greedy = not bool((temperatures > 0).any())
         if all_greedy:
-            return logits.argmax(dim=-1)
-        return gumbel_sample(logits, temperatures, top_k, top_p, generators, any_greedy)
+            ids = logits.argmax(dim=-1)
+        else:
+            ids = gumbel_sample(logits, temperatures, top_k, top_p, generators, any_greedy)
+        return ids if num_logprobs is None else (ids, token_logprobs(processed, ids, num_logprobs))

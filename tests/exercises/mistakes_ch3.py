@@ -417,3 +417,78 @@ MISTAKES: list[Mistake] = [
             "sequence that stays in the decode batch",
             "test_ch3.py::test_schedule_step_admits_in_order_within_budgets"),
 ]
+
+
+# ---- 3.7 n samples: fork and copy on write --------------------------------------------------------
+def fork_without_ref_counts(parent_table, blocks):
+    return list(parent_table)  # the bug: the shared blocks' ref_count is not raised
+
+
+def fork_aliases_the_parent(parent_table, blocks):
+    for block_id in parent_table:
+        blocks[block_id].ref_count += 1
+    return parent_table  # the bug: the same list, not a copy
+
+
+def _append_slot(block_table, num_tokens, block_size, blocks, take_block, *, copy=True, release=True,
+                 always_copy=False, new_block_test=lambda n, bs: (n - 1) % bs == 0):
+    """append_slot with one bug switched on."""
+    if new_block_test(num_tokens, block_size):
+        block_table.append(take_block().block_id)
+        return None
+    old = blocks[block_table[-1]]
+    if not copy or (old.ref_count == 1 and not always_copy):
+        return None
+    new = take_block()
+    if release:
+        old.ref_count -= 1
+    block_table[-1] = new.block_id
+    return old.block_id, new.block_id
+
+
+def append_slot_writes_into_shared(block_table, num_tokens, block_size, blocks, take_block):
+    return _append_slot(block_table, num_tokens, block_size, blocks, take_block, copy=False)
+
+
+def append_slot_keeps_the_reference(block_table, num_tokens, block_size, blocks, take_block):
+    return _append_slot(block_table, num_tokens, block_size, blocks, take_block, release=False)
+
+
+def append_slot_copies_its_own_block(block_table, num_tokens, block_size, blocks, take_block):
+    return _append_slot(block_table, num_tokens, block_size, blocks, take_block, always_copy=True)
+
+
+def append_slot_new_block_one_late(block_table, num_tokens, block_size, blocks, take_block):
+    return _append_slot(block_table, num_tokens, block_size, blocks, take_block,
+                        new_block_test=lambda n, bs: n % bs == 1)
+
+
+MISTAKES += [
+    Mistake("ch3_fork_without_ref_counts", "3.7", {"fork_block_table": fork_without_ref_counts},
+            "the forked table shares the blocks without raising their ref_count: when the first sample finishes "
+            "it frees blocks the others still read, and a new request overwrites their K/V. Add 1 to "
+            "blocks[block_id].ref_count for every block of the parent's table",
+            "test_ch3.py::test_fork_block_table_shares_every_block"),
+    Mistake("ch3_fork_aliases_the_parent", "3.7", {"fork_block_table": fork_aliases_the_parent},
+            "fork_block_table returns the parent's own list: the block a sample appends (or copies) then lands "
+            "in the parent's table too. Return a new list, list(parent_table)",
+            "test_ch3.py::test_fork_block_table_shares_every_block"),
+    Mistake("ch3_append_slot_writes_into_shared", "3.7", {"append_slot": append_slot_writes_into_shared},
+            "a sample writes its token into a last block other samples still read (ref_count > 1): their K/V "
+            "at that row is overwritten. Copy on write: take a fresh block, put it in the table instead, give "
+            "up one reference to the shared block, and return (old id, new id) so the device copies it first",
+            "test_ch3.py::test_append_slot_copies_a_shared_block_before_writing", {"case": 2}),
+    Mistake("ch3_append_slot_keeps_the_reference", "3.7", {"append_slot": append_slot_keeps_the_reference},
+            "after the copy the shared block keeps this sequence's reference: its ref_count never reaches 0 "
+            "and the block is never freed. Subtract 1 from the old block's ref_count when the table moves to "
+            "the copy",
+            "test_ch3.py::test_append_slot_copies_a_shared_block_before_writing", {"case": 2}),
+    Mistake("ch3_append_slot_copies_its_own_block", "3.7", {"append_slot": append_slot_copies_its_own_block},
+            "the last block is copied even when the sequence holds it alone (ref_count 1): a block and a copy "
+            "per decode step for nothing. Copy only when blocks[block_table[-1]].ref_count > 1",
+            "test_ch3.py::test_append_slot_copies_a_shared_block_before_writing", {"case": 1}),
+    Mistake("ch3_append_slot_new_block_one_late", "3.7", {"append_slot": append_slot_new_block_one_late},
+            "a new block is taken when num_tokens % block_size == 1, which never holds for blocks of one "
+            "token. Position num_tokens - 1 starts a block when (num_tokens - 1) % block_size == 0",
+            "test_ch3.py::test_append_slot_copies_a_shared_block_before_writing", {"case": 5}),
+]

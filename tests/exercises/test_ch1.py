@@ -310,7 +310,7 @@ def test_your_loader_runs_the_engine(impl_name, exercise_id):
     with use_impl(impl_name, exercises={exercise_id}):
         llm = LLM(ref_path("tiny-qwen2"), **small_engine_args())
         out = llm.generate(ref["prompts"][:3], params, use_tqdm=False)
-    check_equal([o["token_ids"] for o in out], ref["tokens"]["tiny-qwen2"][:3], exercise_id,
+    check_equal([o.outputs[0].token_ids for o in out], ref["tokens"]["tiny-qwen2"][:3], exercise_id,
                 "greedy tokens of the engine loaded by your functions")
 
 

@@ -334,9 +334,9 @@ def test_your_layer_in_the_engine_gives_the_same_greedy_tokens(impl_name):
     prompts = greedy_reference()["prompts"][:4]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
-    want = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     with use_impl(impl_name, exercises={"2.6"}):
-        got = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     check_equal(got, want, "2.6", "greedy tokens of the engine running your functions")
 
 

@@ -49,13 +49,13 @@ def engine_tokens(monkeypatch, patches: dict, **engine_args) -> tuple[list, list
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args(**engine_args))
     out = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS, ignore_eos=True),
                        use_tqdm=False)
-    return [o["token_ids"] for o in out], [t[:GREEDY_TOKENS] for t in ref["tokens"]["tiny-qwen3"][1:4]]
+    return [o.outputs[0].token_ids for o in out], [t[:GREEDY_TOKENS] for t in ref["tokens"]["tiny-qwen3"][1:4]]
 
 
 def prefix_prompts_without_cache() -> list[list[int]]:
     """Greedy tokens of PREFIX_PROMPTS from an engine without prefix caching (every prefill starts at 0)."""
     plain = LLM(ref_path("tiny-qwen3"), **small_engine_args(enable_prefix_caching=False))
-    return [o["token_ids"] for o in plain.generate(PREFIX_PROMPTS, PREFIX_PARAMS, use_tqdm=False)]
+    return [o.outputs[0].token_ids for o in plain.generate(PREFIX_PROMPTS, PREFIX_PARAMS, use_tqdm=False)]
 
 
 def prefix_prompts_from_the_cache() -> tuple[list[list[int]], int]:
@@ -64,7 +64,7 @@ def prefix_prompts_from_the_cache() -> tuple[list[list[int]], int]:
     -> (tokens, prefix-cache hits in tokens)."""
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
     llm.generate(PREFIX_PROMPTS[:1], PREFIX_PARAMS, use_tqdm=False)
-    tokens = [o["token_ids"] for o in llm.generate(PREFIX_PROMPTS, PREFIX_PARAMS, use_tqdm=False)]
+    tokens = [o.outputs[0].token_ids for o in llm.generate(PREFIX_PROMPTS, PREFIX_PARAMS, use_tqdm=False)]
     return tokens, llm.engine.scheduler.block_manager.num_cached_tokens_total
 
 
@@ -614,10 +614,97 @@ def test_schedule_step_in_the_engine_under_kv_pressure(impl, monkeypatch):
     prompts = ref["prompts"]
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     roomy = LLM(ref_path("tiny-qwen3"), **small_engine_args())
-    want = [o["token_ids"] for o in roomy.generate(prompts, params, use_tqdm=False)]
+    want = [o.outputs[0].token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
     monkeypatch.setattr(sched, "schedule_step", impl.schedule_step)
     tight = LLM(ref_path("tiny-qwen3"), **small_engine_args(num_kvcache_blocks=10, max_model_len=128))
-    got = [o["token_ids"] for o in tight.generate(prompts, params, use_tqdm=False)]
+    got = [o.outputs[0].token_ids for o in tight.generate(prompts, params, use_tqdm=False)]
     check_equal(got, want, "3.6", "greedy tokens with a 10-block KV cache (preemption) vs a roomy one")
     check_equal(tight.engine.scheduler.num_preemptions > 0, True, "3.6", "preemptions happened")
     check_equal(tight.engine.scheduler.block_manager.num_free_blocks, 10, "3.6", "free blocks at the end")
+
+
+# ---- 3.7 n samples: fork and copy on write ------------------------------------------------------
+def _blocks(ref_counts: list[int]):
+    from minillm.engine.block_manager import Block
+    blocks = [Block(i) for i in range(len(ref_counts))]
+    for b, rc in zip(blocks, ref_counts):
+        b.ref_count = rc
+    return blocks
+
+
+def _fork_case(fork_block_table):
+    blocks = _blocks([1, 1, 2, 0, 1, 0])
+    parent = [0, 2, 4]
+    child = fork_block_table(parent, blocks)
+    child_copy = list(child) if isinstance(child, list) else child
+    parent_untouched = parent == [0, 2, 4]
+    if isinstance(child, list):
+        child.append(5)  # the sample's own next block must not appear in the parent's table
+    return child_copy, parent == [0, 2, 4] and parent_untouched, [b.ref_count for b in blocks]
+
+
+@pytest.mark.ex3_7
+def test_fork_block_table_shares_every_block(impl):
+    want = ([0, 2, 4], True, [2, 1, 3, 0, 2, 0])
+    check_equal(_fork_case(impl.fork_block_table), want, "3.7",
+                "(the child's table, the parent's table unchanged after the child grows, every block's ref_count)",
+                suspects=suspects_of("fork_block_table", _fork_case))
+
+
+APPEND_SLOT_CASES = [  # (what, block_table, num_tokens, block_size, ref_counts) -> see _append_case
+    ("the newest token starts a new block (5 tokens, blocks of 4)", [3], 5, 4, [0, 0, 0, 1, 0, 0]),
+    ("the newest token lies in the sequence's own last block", [3, 1], 6, 4, [0, 1, 0, 1, 0, 0]),
+    ("the newest token lies in a last block 3 samples share: copy on write", [3, 1], 6, 4, [0, 3, 0, 2, 0, 0]),
+    ("an earlier block is shared but the last is the sequence's own", [3, 1], 7, 4, [0, 1, 0, 4, 0, 0]),
+    ("a shared last block that is full: the newest token starts a new block", [3], 5, 4, [0, 0, 0, 2, 0, 0]),
+    ("blocks of one token: every token starts a block", [3, 1], 3, 1, [0, 1, 0, 1, 0, 0]),
+]
+
+
+def _append_case(append_slot, table, num_tokens, block_size, ref_counts):
+    """-> (append_slot's return, the table after, every ref_count after); free blocks are handed out 5, 4, ..."""
+    blocks, table, free = _blocks(ref_counts), list(table), [5, 4]
+
+    def take_block():
+        block = blocks[free.pop(0)]
+        block.ref_count = 1
+        return block
+    copy = append_slot(table, num_tokens, block_size, blocks, take_block)
+    return copy, table, [b.ref_count for b in blocks]
+
+
+@pytest.mark.ex3_7
+@pytest.mark.parametrize("case", range(len(APPEND_SLOT_CASES)))
+def test_append_slot_copies_a_shared_block_before_writing(impl, case):
+    from minillm.engine.block_manager import append_slot as right
+    what, *args = APPEND_SLOT_CASES[case]
+    check_equal(_append_case(impl.append_slot, *args), _append_case(right, *args), "3.7",
+                f"(copy, block table, ref counts) when {what}",
+                suspects=suspects_of("append_slot", lambda fn: _append_case(fn, *args)))
+
+
+@pytest.mark.ex3_7
+def test_n_samples_in_the_engine_with_your_fork_and_copy_on_write(impl, monkeypatch):
+    """n=4 seeded samples of one prompt: sample i must equal a request of its own with seed + i, and
+    the prompt's 7 blocks are allocated once (then 3 copies at the first decode step)."""
+    import minillm.engine.block_manager as bm_mod
+    prompt = [(7 * i + 3) % 500 for i in range(100)]  # 6 full blocks of 16 and a partial one
+    params = SamplingParams(n=4, temperature=1.0, seed=11, max_tokens=12, ignore_eos=True)
+    alone = LLM(ref_path("tiny-qwen3"), **small_engine_args())
+    want = [alone.generate([prompt], SamplingParams(temperature=1.0, seed=11 + i, max_tokens=12, ignore_eos=True),
+                           use_tqdm=False)[0].outputs[0].token_ids for i in range(4)]
+    alone.shutdown()
+    monkeypatch.setattr(bm_mod, "fork_block_table", impl.fork_block_table)
+    monkeypatch.setattr(bm_mod, "append_slot", impl.append_slot)
+    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args(enable_prefix_caching=False, async_scheduling=False))
+    engine, bm = llm.engine, llm.engine.scheduler.block_manager
+    parent = engine.add_request(prompt, params)
+    used = []
+    while not engine.is_finished():
+        engine.step()
+        used.append(len(bm.blocks) - bm.num_free_blocks)
+    check_equal(used[:2], [7, 10], "3.7", "blocks in use after the prefill step and after the first decode step")
+    check_equal([o.token_ids for o in engine.request_output(parent).outputs], want, "3.7",
+                "each sample's tokens (vs a request of its own with seed + i)")
+    check_equal(bm.num_free_blocks, len(bm.blocks), "3.7", "free blocks at the end (every reference given back)")
+    llm.shutdown()

@@ -182,13 +182,13 @@ def test_graph_path_in_the_engine(impl_name):
     greedy = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in GRAPH_MAX_TOKENS]
     seeded = [SamplingParams(max_tokens=n, **SEEDED) for n in GRAPH_MAX_TOKENS]
     eager = LLM(ref_path("tiny-qwen3"), **small_engine_args(attention_backend="triton"))
-    want_seeded = [o["token_ids"] for o in eager.generate(prompts, seeded, use_tqdm=False)]
+    want_seeded = [o.outputs[0].token_ids for o in eager.generate(prompts, seeded, use_tqdm=False)]
     with use_impl(impl_name, exercises={"5.1"}):
         llm = LLM(ref_path("tiny-qwen3"), **small_engine_args(attention_backend="triton"))
         runner, config = llm.engine.model_runner, llm.engine.config
         runner.graphs = graphs = EagerGraphs(runner.model, config.max_num_seqs, config.blocks_per_seq(), runner.device)
-        got = [o["token_ids"] for o in llm.generate(prompts, greedy, use_tqdm=False)]
-        got_seeded = [o["token_ids"] for o in llm.generate(prompts, seeded, use_tqdm=False)]
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+        got_seeded = [o.outputs[0].token_ids for o in llm.generate(prompts, seeded, use_tqdm=False)]
     check_equal(any(p is not None and p > b for b, p in graphs.runs), True, "5.1",
                 f"some decode steps ran a larger graph with padding rows (batch, graph size: "
                 f"{sorted(set(graphs.runs))})")
@@ -352,12 +352,12 @@ def test_placeholders_in_the_engine(impl_name):
     seeded = [SamplingParams(temperature=1.0, max_tokens=n, seed=5 + n, stop_token_ids=[7, 300])
               for n in (3, 9, 12, 20, 4)]
     args = small_engine_args(async_scheduling=True, max_model_len=max_model_len)
-    want_seeded = [(o["token_ids"], o["finish_reason"])
+    want_seeded = [(o.outputs[0].token_ids, o.outputs[0].finish_reason)
                    for o in LLM(ref_path("tiny-qwen3"), **args).generate(prompts, seeded, use_tqdm=False)]
     with use_impl(impl_name, exercises={"5.2"}):
         llm = LLM(ref_path("tiny-qwen3"), **args)
-        got = [(o["token_ids"], o["finish_reason"]) for o in llm.generate(prompts, greedy, use_tqdm=False)]
-        got_seeded = [(o["token_ids"], o["finish_reason"]) for o in llm.generate(prompts, seeded, use_tqdm=False)]
+        got = [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in llm.generate(prompts, greedy, use_tqdm=False)]
+        got_seeded = [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in llm.generate(prompts, seeded, use_tqdm=False)]
     check_equal(got, want, "5.2", "(tokens, finish_reason) of greedy requests with async scheduling using your 5.2 "
                 "(vs transformers' tokens cut at max_tokens, at a stop id, at max_model_len, at a stop id that is "
                 "the last token max_tokens allows)")
@@ -642,10 +642,10 @@ def test_sampler_in_the_engine(impl_name):
               SamplingParams(temperature=1.5, top_k=2, seed=3, max_tokens=16, ignore_eos=True),
               SamplingParams(temperature=2.0, top_p=0.6, seed=4, max_tokens=16, ignore_eos=True),
               SamplingParams(temperature=0.7, top_k=40, top_p=0.8, seed=5, max_tokens=16, ignore_eos=True)]
-    want = [o["token_ids"] for o in LLM(ref_path("tiny-qwen3"), **small_engine_args()).generate(
+    want = [o.outputs[0].token_ids for o in LLM(ref_path("tiny-qwen3"), **small_engine_args()).generate(
         prompts, params, use_tqdm=False)]
     with use_impl(impl_name, exercises={"5.3"}):
-        got = [o["token_ids"] for o in LLM(ref_path("tiny-qwen3"), **small_engine_args()).generate(
+        got = [o.outputs[0].token_ids for o in LLM(ref_path("tiny-qwen3"), **small_engine_args()).generate(
             prompts, params, use_tqdm=False)]
     check_equal(got[0], ref["tokens"]["tiny-qwen3"][0][:16], "5.3",
                 "greedy tokens beside sampled ones (vs transformers)")
