@@ -8,7 +8,7 @@ Exercise 3.3: paged_decode_torch  (notebooks/03_paged_kv_cache.ipynb, section '4
 Exercise 3.4: store_kvcache_kernel  (notebooks/03_paged_kv_cache.ipynb, section '5. The store kernel in Triton')
 Exercise 3.5: paged_decode_kernel  (notebooks/03_paged_kv_cache.ipynb, section '6. The paged decode kernel in Triton')
 Exercise 3.6: schedule_step  (notebooks/03_paged_kv_cache.ipynb, section '7. The scheduler: admission and preemption')
-Exercise 3.7: fork_block_table, append_slot  (notebooks/03_paged_kv_cache.ipynb, section '8. n samples of one prompt: fork and copy on write')
+Exercise 3.7: fork_block_table, append_slot  (notebooks/03_paged_kv_cache.ipynb, section '10. n samples of one prompt: fork and copy on write')
 """
 from __future__ import annotations
 
@@ -266,14 +266,14 @@ def schedule_step(waiting: deque[Sequence], running: deque[Sequence], block_mana
     raise NotImplementedError("Exercise 3.6: implement schedule_step in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '7. The scheduler: admission and preemption')")
 
 
-# ---- Exercise 3.7 (notebooks/03_paged_kv_cache.ipynb, section '8. n samples of one prompt: fork and copy on write'), from minillm.engine.block_manager ----
+# ---- Exercise 3.7 (notebooks/03_paged_kv_cache.ipynb, section '10. n samples of one prompt: fork and copy on write'), from minillm.engine.block_manager ----
 def fork_block_table(parent_table: list[int], blocks: list[Block]) -> list[int]:
     """A new sample's block table, sharing every block of its parent's (no K/V is copied).
 
     parent_table: the parent's physical block ids; blocks: every Block by id (block.ref_count = how
     many block tables hold it). -> a new list with the same ids; each shared block's ref_count + 1.
     """
-    raise NotImplementedError("Exercise 3.7: implement fork_block_table in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '8. n samples of one prompt: fork and copy on write')")
+    raise NotImplementedError("Exercise 3.7: implement fork_block_table in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '10. n samples of one prompt: fork and copy on write')")
 
 
 def append_slot(block_table: list[int], num_tokens: int, block_size: int, blocks: list[Block],
@@ -292,4 +292,4 @@ def append_slot(block_table: list[int], num_tokens: int, block_size: int, blocks
 
     Hints: only the last block can be shared and written: full blocks are never written again.
     """
-    raise NotImplementedError("Exercise 3.7: implement append_slot in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '8. n samples of one prompt: fork and copy on write')")
+    raise NotImplementedError("Exercise 3.7: implement append_slot in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '10. n samples of one prompt: fork and copy on write')")

@@ -85,7 +85,7 @@ class Block:
         self.token_ids: list[int] = []
 
 
-# >>> exercise 3.7 | notebooks/03_paged_kv_cache.ipynb | 8. n samples of one prompt: fork and copy on write
+# >>> exercise 3.7 | notebooks/03_paged_kv_cache.ipynb | 10. n samples of one prompt: fork and copy on write
 def fork_block_table(parent_table: list[int], blocks: list[Block]) -> list[int]:
     """A new sample's block table, sharing every block of its parent's (no K/V is copied).
 
