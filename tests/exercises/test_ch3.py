@@ -633,14 +633,14 @@ def _blocks(ref_counts: list[int]):
 
 
 def _fork_case(fork_block_table):
+    """-> (the child's table, whether the parent's table is unchanged after the child grew, every ref_count)."""
     blocks = _blocks([1, 1, 2, 0, 1, 0])
     parent = [0, 2, 4]
     child = fork_block_table(parent, blocks)
-    child_copy = list(child) if isinstance(child, list) else child
-    parent_untouched = parent == [0, 2, 4]
+    got = list(child) if isinstance(child, list) else child
     if isinstance(child, list):
         child.append(5)  # the sample's own next block must not appear in the parent's table
-    return child_copy, parent == [0, 2, 4] and parent_untouched, [b.ref_count for b in blocks]
+    return got, parent == [0, 2, 4], [b.ref_count for b in blocks]
 
 
 @pytest.mark.ex3_7
