@@ -275,15 +275,17 @@ class LLMEngine:
             prev = self.pending if self.async_scheduling else None
             launched = self.model_runner.launch(seqs, is_prefill, prev)
             if is_prefill:
-                self.num_prefill_tokens += sum(s.num_tokens - s.num_cached_tokens for s in seqs)
+                self.num_prefill_tokens += sum(s.num_new_tokens for s in seqs)
             else:
                 self.num_decode_tokens += len(seqs)
+                for s in seqs:  # this step computes the K/V of each one's newest token
+                    s.num_computed_tokens = s.num_tokens
             launched.positions = self._append_placeholders(seqs)
         if not self.async_scheduling:  # read this step back now
             self.pending, launched = launched, None
         ran = []
         if self.pending is not None:
-            ran = self.pending.seqs
+            ran = [s for s, pos in zip(self.pending.seqs, self.pending.positions) if pos is not None]
             self._fill_tokens(self.pending, self.model_runner.resolve(self.pending), finished)
         if not self.async_scheduling:  # this call launched the step and read it back
             waited = self.pending
@@ -294,23 +296,29 @@ class LLMEngine:
         self.pending = launched
         return ran, finished
 
-    def _append_placeholders(self, seqs: list[Sequence]) -> list[int]:
+    def _append_placeholders(self, seqs: list[Sequence]) -> list[int | None]:
         """Give every launched sequence a placeholder for its coming token. One that reaches max_tokens
         or max_model_len with it is scheduled no more; it finishes when that token is read back.
-        -> the placeholders' positions."""
-        positions, at_limit = append_placeholders([s.token_ids for s in seqs], [s.num_prompt_tokens for s in seqs],
-                                                  [s.params.max_tokens for s in seqs], self.config.max_model_len)
-        for seq, limit in zip(seqs, at_limit):
+        A prefill chunk short of its prompt's end gets none: its row's token is never read.
+        -> the placeholders' positions (None for such a chunk)."""
+        sampling = [s for s in seqs if s.num_computed_tokens >= s.num_tokens]
+        positions, at_limit = append_placeholders([s.token_ids for s in sampling],
+                                                  [s.num_prompt_tokens for s in sampling],
+                                                  [s.params.max_tokens for s in sampling], self.config.max_model_len)
+        for seq, limit in zip(sampling, at_limit):
             if limit:
                 self.scheduler.remove(seq)
                 seq.finish_reason = "length"  # final once its last token is read back
-        return positions
+        where = {s.seq_id: pos for s, pos in zip(sampling, positions)}
+        return [where.get(s.seq_id) for s in seqs]
 
     def _fill_tokens(self, pending: Pending, token_ids: list[int], finished: list[Sequence]) -> None:
         """Write a read-back step's tokens over their placeholders; finish the requests that stop here
         (stop tokens, stop strings) or that got their last token."""
+        # a finished request (a stop one step earlier, an abort) drops its token; a prefill chunk short of
+        # its prompt's end (no position) sampled one nobody keeps
         rows = [(seq, pos, tok) for seq, pos, tok in zip(pending.seqs, pending.positions, token_ids)
-                if not seq.is_finished]  # a finished request (a stop one step earlier, an abort) drops its token
+                if pos is not None and not seq.is_finished]
         seqs = [seq for seq, _, _ in rows]
         outcomes = fill_placeholders([s.token_ids for s in seqs], [pos for _, pos, _ in rows],
                                      [tok for _, _, tok in rows], [s.finish_reason == "length" for s in seqs],
