@@ -36,9 +36,8 @@ def prompts_of(lengths, seed=0, prefix=()):
     return [list(prefix) + [rng.randrange(1, 500) for _ in range(n)] for n in lengths]
 
 
-def generate(engine: LLMEngine, prompts, params=GREEDY, steps: list | None = None) -> list[list[int]]:
-    """Run the prompts to the end. -> each request's completion token ids (in order).
-    steps: if given, gets (is_prefill of the step launched, its sequences) per step."""
+def generate(engine: LLMEngine, prompts, params=GREEDY) -> list[list[int]]:
+    """Run the prompts to the end; every block comes back. -> each request's completion token ids."""
     seqs = engine.add_requests(prompts, [params] * len(prompts) if isinstance(params, SamplingParams) else params)
     while not engine.is_finished():
         engine.step()
@@ -122,6 +121,25 @@ def test_prefix_cache_holds_only_computed_blocks():
     b = Sequence(list(range(100, 130)), SamplingParams(), 4)
     bm.allocate(b)
     assert b.num_cached_tokens == 20 == b.num_computed_tokens  # not 28: blocks 5 and 6 were never computed
+
+
+def test_a_prompt_aborted_half_prefilled_leaves_only_computed_blocks_cached():
+    """In the engine: a 200-token prompt aborted after two chunks of 32 leaves 4 full blocks of 16 in
+    the prefix cache, not the 12 that allocate hashed; the same prompt again gets the right tokens."""
+    prompt = prompts_of([200], seed=4)[0]
+    want = generate(make_engine(enable_prefix_caching=False), [prompt])
+    engine = make_engine(max_num_batched_tokens=32)
+    (first,) = engine.add_requests([prompt], [GREEDY])
+    engine.step()
+    engine.step()  # two chunks launched: 64 tokens computed
+    assert first.num_computed_tokens == 64 and not first.completion_token_ids
+    engine.abort(first)
+    (again,) = engine.add_requests([prompt], [GREEDY])
+    engine.step()
+    assert again.num_cached_tokens == 64  # (deallocate resets it when the request ends)
+    while not engine.is_finished():
+        engine.step()
+    assert [again.completion_token_ids] == want
 
 
 def test_decodes_run_between_the_chunks_of_a_long_prompt():

@@ -280,7 +280,7 @@ class LLMEngine:
                 self.num_decode_tokens += len(seqs)
                 for s in seqs:  # this step computes the K/V of each one's newest token
                     s.num_computed_tokens = s.num_tokens
-            launched.positions = self._append_placeholders(seqs)
+            launched.positions = self._append_placeholders(seqs, is_prefill)
         if not self.async_scheduling:  # read this step back now
             self.pending, launched = launched, None
         ran = []
@@ -296,12 +296,12 @@ class LLMEngine:
         self.pending = launched
         return ran, finished
 
-    def _append_placeholders(self, seqs: list[Sequence]) -> list[int | None]:
+    def _append_placeholders(self, seqs: list[Sequence], is_prefill: bool) -> list[int | None]:
         """Give every launched sequence a placeholder for its coming token. One that reaches max_tokens
         or max_model_len with it is scheduled no more; it finishes when that token is read back.
         A prefill chunk short of its prompt's end gets none: its row's token is never read.
         -> the placeholders' positions (None for such a chunk)."""
-        sampling = [s for s in seqs if s.num_computed_tokens >= s.num_tokens]
+        sampling = [s for s in seqs if s.num_computed_tokens >= s.num_tokens] if is_prefill else seqs
         positions, at_limit = append_placeholders([s.token_ids for s in sampling],
                                                   [s.num_prompt_tokens for s in sampling],
                                                   [s.params.max_tokens for s in sampling], self.config.max_model_len)
@@ -309,6 +309,8 @@ class LLMEngine:
             if limit:
                 self.scheduler.remove(seq)
                 seq.finish_reason = "length"  # final once its last token is read back
+        if len(sampling) == len(seqs):
+            return positions
         where = {s.seq_id: pos for s, pos in zip(sampling, positions)}
         return [where.get(s.seq_id) for s in seqs]
 

@@ -124,7 +124,8 @@ class Scheduler:
         self.num_preemptions += len(preempted)
         if is_prefill:  # a chunk's later blocks enter the prefix cache only with the chunk that computes them
             for seq in scheduled:
-                self.block_manager.cache_computed_blocks(seq, seq.num_computed_tokens)
+                if seq.num_new_tokens < len(seq) - seq.num_cached_tokens:  # a chunk (a whole prompt: allocate did it)
+                    self.block_manager.cache_computed_blocks(seq, seq.num_computed_tokens)
         return scheduled, is_prefill
 
     def remove(self, seq: Sequence) -> None:
