@@ -307,7 +307,7 @@ class EngineConfig:
     tokenizer: str | None = None  # a folder with tokenizer.json (or a model name); None: the model's own
     generation_config: str = "auto"  # auto: sampling defaults from generation_config.json; vllm: SamplingParams()
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 16384
+    max_num_batched_tokens: int = 16384  # tokens one step computes at most (a longer prompt: in chunks)
     max_model_len: int | None = None  # None: min(4096, the model's max_position_embeddings)
     kvcache_block_size: int = 256
     num_kvcache_blocks: int | None = None  # KV-cache budget in blocks ...
@@ -316,6 +316,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     enforce_eager: bool = False  # CUDA: no CUDA graphs
     enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True  # prefill a prompt longer than max_num_batched_tokens over several steps
     async_scheduling: bool = True  # read each step's tokens back one step later (overlaps CPU and GPU)
     attention_backend: str = "auto"  # auto | torch | triton | flash_attn
     device: str = "auto"  # auto | cpu | cuda
@@ -334,7 +335,7 @@ class EngineConfig:
                  f"{name} must be a positive integer (at most 2**31 - 1), got {describe(v)}")
         need(self.tokenizer is None or isinstance(self.tokenizer, str),
              f"tokenizer must be None (the model's own) or a folder path or model name, got {describe(self.tokenizer)}")
-        for name in ("enforce_eager", "enable_prefix_caching", "async_scheduling"):
+        for name in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill", "async_scheduling"):
             v = getattr(self, name)
             need(isinstance(v, bool), f"{name} must be True or False, got {describe(v)}")
         for name, choices in (("attention_backend", ATTENTION_BACKENDS), ("device", ("auto", "cpu", "cuda")),
@@ -353,10 +354,10 @@ class EngineConfig:
         need(self.max_model_len <= mc.max_position_embeddings,
              f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings="
              f"{mc.max_position_embeddings}; lower max_model_len")
-        need(self.max_num_batched_tokens >= self.max_model_len,
+        need(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
              f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than max_model_len="
-             f"{self.max_model_len}, so a long prompt could never be prefilled; raise max_num_batched_tokens "
-             f"or lower max_model_len")
+             f"{self.max_model_len}, so without chunked prefill a long prompt could never be prefilled; raise "
+             f"max_num_batched_tokens, lower max_model_len, or set enable_chunked_prefill=True")
         u = self.gpu_memory_utilization
         need(is_real(u) and 0.0 < u <= 1.0, f"gpu_memory_utilization must be a number in (0, 1], got {describe(u)}")
         n, m = self.num_kvcache_blocks, self.kv_cache_memory

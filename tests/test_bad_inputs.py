@@ -278,7 +278,7 @@ BAD_ENGINE_ARGS = [
     (dict(max_model_len=1), "max_model_len must be"),
     (dict(max_model_len=1.5), "max_model_len must be"),
     (dict(max_model_len="64"), "max_model_len must be"),
-    (dict(max_num_batched_tokens=32), "max_num_batched_tokens"),
+    (dict(max_num_batched_tokens=32, enable_chunked_prefill=False), "max_num_batched_tokens"),
     (dict(max_num_batched_tokens=2**40), "max_num_batched_tokens must be"),
     (dict(kvcache_block_size=24), "power of two"),
     (dict(kvcache_block_size=8), "power of two"),

@@ -50,7 +50,7 @@ def test_unknown_model_lists_embedded_names():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(num_kvcache_blocks=3), "too small for one"),
     (dict(max_model_len=100000), "max_position_embeddings"),
-    (dict(max_num_batched_tokens=32), "max_num_batched_tokens"),
+    (dict(max_num_batched_tokens=32, enable_chunked_prefill=False), "max_num_batched_tokens"),
     (dict(kvcache_block_size=24), "power of two"),
     (dict(tensor_parallel_size=3), "does not divide"),
     (dict(attention_backend="nope"), "attention_backend"),

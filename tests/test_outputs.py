@@ -231,3 +231,20 @@ def test_gpu_forked_samples_and_logprobs_in_graph_steps():
     assert [o.outputs[0].token_ids for o in greedy] == [o.outputs[0].token_ids for o in plain]
     assert all(p[t].rank == 1 for o in greedy for t, p in zip(o.outputs[0].token_ids, o.outputs[0].logprobs))
     llm.shutdown()
+
+
+def test_samples_fork_after_the_last_chunk_and_prompt_logprobs_span_chunks():
+    """With chunked prefill (a 100-token prompt in chunks of 32) the samples fork in the step of the
+    prompt's last chunk, and prompt_logprobs gathers every chunk's positions: both as without chunks."""
+    params = SamplingParams(n=3, temperature=1.0, seed=4, max_tokens=8, ignore_eos=True, prompt_logprobs=1)
+    outs = {}
+    for budget in (512, 32):
+        llm = LLM(ref_path("tiny-qwen3"), **small_engine_args(max_num_batched_tokens=budget))
+        outs[budget] = llm.generate([LONG_PROMPT, PROMPTS[0]], params, use_tqdm=False)
+        assert used_blocks(llm) == 0
+        llm.shutdown()
+    for chunked, whole in zip(outs[32], outs[512]):
+        assert [o.token_ids for o in chunked.outputs] == [o.token_ids for o in whole.outputs]
+        assert len(chunked.prompt_logprobs) == len(chunked.prompt_token_ids)
+        for a, b in zip(chunked.prompt_logprobs[1:], whole.prompt_logprobs[1:]):
+            assert a.keys() == b.keys() and all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)

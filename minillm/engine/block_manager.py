@@ -178,6 +178,26 @@ class BlockManager:
                 if h != NO_HASH:
                     self._register(block, h, seq.block(i))
             seq.block_table.append(block.block_id)
+        seq.num_computed_tokens = seq.num_cached_tokens
+
+    def cache_computed_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Make the prefix cache hold exactly seq's full blocks whose K/V is computed by the steps
+        scheduled so far: those within its first `num_tokens` tokens. allocate registers every full block
+        of the prompt, right when the whole prompt is prefilled in one step (a sequence admitted later in
+        that step reads them in the same forward, after they are written); when only a chunk of it is
+        scheduled, the blocks past the chunk leave the cache here, and come back with the chunk that
+        computes them. Otherwise a request admitted later, or this one after a preemption, could find a
+        block whose K/V was never written."""
+        if not self.enable_prefix_caching:
+            return
+        for i, block_id in enumerate(seq.block_table):
+            block = self.blocks[block_id]
+            if (i + 1) * self.block_size <= num_tokens:
+                self._hash_full_block(seq, i)
+            elif block.hash != NO_HASH and block.ref_count == 1:  # registered by allocate, not computed yet
+                if self.hash_to_block_id.get(block.hash) == block_id:
+                    del self.hash_to_block_id[block.hash]
+                block.hash, block.token_ids = NO_HASH, []
 
     def deallocate(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):
@@ -186,13 +206,13 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free_block_ids[block_id] = None
         seq.block_table.clear()
-        seq.num_cached_tokens = 0
+        seq.num_cached_tokens = seq.num_computed_tokens = seq.num_new_tokens = 0
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """child shares all of parent's blocks (parent's prompt is being computed this step)."""
         assert not child.block_table
         child.block_table = fork_block_table(parent.block_table, self.blocks)
-        child.num_cached_tokens = parent.num_tokens  # nothing of its own to compute
+        child.num_computed_tokens, child.num_new_tokens = parent.num_tokens, 0  # nothing of its own to compute
 
     def can_append(self, seq: Sequence) -> bool:
         """Room for the K/V of seq's newest token? It needs a fresh block when it starts one, or when

@@ -296,15 +296,17 @@ class LLMEngine:
                 if seq.first_scheduled_time is None:
                     seq.first_scheduled_time, seq.num_prefix_cache_hits = now, seq.num_cached_tokens
             if is_prefill:
-                self.num_prefill_tokens += sum(s.num_tokens - s.num_cached_tokens for s in seqs)
+                self.num_prefill_tokens += sum(s.num_new_tokens for s in seqs)
             else:
                 self.num_decode_tokens += len(seqs)
-            launched.positions = self._append_placeholders(seqs)
+                for s in seqs:  # this step computes the K/V of each one's newest token
+                    s.num_computed_tokens = s.num_tokens
+            launched.positions = self._append_placeholders(seqs, is_prefill)
         if not self.async_scheduling:  # read this step back now
             self.pending, launched = launched, None
         ran = []
         if self.pending is not None:
-            ran = self.pending.seqs
+            ran = [s for s, pos in zip(self.pending.seqs, self.pending.positions) if pos is not None]
             self._fill_tokens(self.pending, self.model_runner.resolve(self.pending), finished)
         if not self.async_scheduling:  # this call launched the step and read it back
             waited = self.pending
@@ -316,13 +318,15 @@ class LLMEngine:
         return ran, finished
 
     def _fork(self, seqs: list[Sequence]) -> list[Sequence]:
-        """n > 1: the samples waiting in a sequence whose prompt is computed in this step fork from it
-        (share its blocks, sample from its logits row), while max_num_seqs allows; the others queue
-        as sequences of their own (their prompt's full blocks then come from the prefix cache).
+        """n > 1: the samples waiting in a sequence whose prompt is computed in this step (its last chunk)
+        fork from it (share its blocks, sample from its logits row), while max_num_seqs allows; the
+        others queue as sequences of their own (their prompt's full blocks then come from the prefix cache).
         -> the step's sequences with the forked samples after their parent."""
         out = []
         for seq in seqs:
             out.append(seq)
+            if seq.num_computed_tokens < seq.num_tokens:  # a chunk: its samples fork after its last one
+                continue
             waiting, seq.unforked = [s for s in seq.unforked if not s.is_finished], []
             room = self.config.max_num_seqs - len(self.scheduler.running)
             for sample in waiting[:max(room, 0)]:
@@ -332,24 +336,32 @@ class LLMEngine:
                 self.scheduler.waiting.appendleft(sample)
         return out
 
-    def _append_placeholders(self, seqs: list[Sequence]) -> list[int]:
+    def _append_placeholders(self, seqs: list[Sequence], is_prefill: bool) -> list[int | None]:
         """Give every launched sequence a placeholder for its coming token. One that reaches max_tokens
         or max_model_len with it is scheduled no more; it finishes when that token is read back.
-        -> the placeholders' positions."""
-        positions, at_limit = append_placeholders([s.token_ids for s in seqs], [s.num_prompt_tokens for s in seqs],
-                                                  [s.params.max_tokens for s in seqs], self.config.max_model_len)
-        for seq, limit in zip(seqs, at_limit):
+        A prefill chunk short of its prompt's end gets none: its row's token is never read.
+        -> the placeholders' positions (None for such a chunk)."""
+        sampling = [s for s in seqs if s.num_computed_tokens >= s.num_tokens] if is_prefill else seqs
+        positions, at_limit = append_placeholders([s.token_ids for s in sampling],
+                                                  [s.num_prompt_tokens for s in sampling],
+                                                  [s.params.max_tokens for s in sampling], self.config.max_model_len)
+        for seq, limit in zip(sampling, at_limit):
             if limit:
                 self.scheduler.remove(seq)
                 seq.finish_reason = "length"  # final once its last token is read back
-        return positions
+        if len(sampling) == len(seqs):
+            return positions
+        where = {s.seq_id: pos for s, pos in zip(sampling, positions)}
+        return [where.get(s.seq_id) for s in seqs]
 
     def _fill_tokens(self, pending: Pending, token_ids: list[int], finished: list[Sequence]) -> None:
         """Write a read-back step's tokens over their placeholders; finish the requests that stop here
         (stop tokens, stop strings) or that got their last token."""
         self._fill_prompt_logprobs(pending)
+        # a finished request (a stop one step earlier, an abort) drops its token; a prefill chunk short of
+        # its prompt's end (no position) sampled one nobody keeps
         rows = [(seq, pos, tok) for seq, pos, tok in zip(pending.seqs, pending.positions, token_ids)
-                if not seq.is_finished]  # a finished request (a stop one step earlier, an abort) drops its token
+                if pos is not None and not seq.is_finished]
         row_of = {seq.seq_id: row for row, seq in enumerate(pending.seqs)}
         seqs = [seq for seq, _, _ in rows]
         outcomes = fill_placeholders([s.token_ids for s in seqs], [pos for _, pos, _ in rows],

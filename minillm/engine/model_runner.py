@@ -178,9 +178,13 @@ class ModelRunner:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
+        # the most tokens one step computes: whole prompts of max_model_len, or (chunked prefill, a budget
+        # below max_model_len) one chunk of max_num_batched_tokens
         n = min(c.max_num_batched_tokens, c.max_num_seqs * c.max_model_len)
-        num_seqs = max(1, n // c.max_model_len)
-        seqs = [Sequence([0] * c.max_model_len, _GREEDY, self.block_size) for _ in range(num_seqs)]
+        length = min(c.max_model_len, n)
+        seqs = [Sequence([0] * length, _GREEDY, self.block_size) for _ in range(max(1, n // length))]
+        for s in seqs:
+            s.num_computed_tokens = s.num_new_tokens = length
         self.forward_batch(build_prefill_batch(seqs, self.block_size))
         reset_context()
         peak = torch.cuda.max_memory_allocated(self.device) - before
@@ -239,9 +243,10 @@ class ModelRunner:
             src, dst = to_device(copies[:, 0].copy(), self.device), to_device(copies[:, 1].copy(), self.device)
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
-    def prepare_sample(self, seqs: list[Sequence], on_device: bool = True):
+    def prepare_sample(self, seqs: list[Sequence], on_device: bool = True, partial: list[bool] | None = None):
         """-> keyword arguments of Sampler.forward; the per-row arrays as device tensors (no device
-        sync), or as host numpy arrays when on_device is False."""
+        sync), or as host numpy arrays when on_device is False. partial[i]: row i is a prefill chunk
+        short of its prompt's end, whose token nobody keeps (it uses no request's generator)."""
         ps = [s.params for s in seqs]
         temps = np.asarray([p.temperature for p in ps], dtype=np.float32)
         args = dict(temperatures=temps, all_greedy=bool((temps == 0).all()), any_greedy=bool((temps == 0).any()))
@@ -265,7 +270,7 @@ class ModelRunner:
                     keys[i] = (p.seed * 1_000_003 + seq.num_tokens) % (2**31 - 1)
             args["seeds"] = keys.astype(np.int64)
         elif any(p.seed is not None for p in ps):
-            args["generators"] = [self.generator_for(s) for s in seqs]
+            args["generators"] = [None if partial and partial[i] else self.generator_for(s) for i, s in enumerate(seqs)]
         return {k: to_device(v, self.device) for k, v in args.items()} if on_device else args
 
     def generator_for(self, seq: Sequence):
@@ -296,7 +301,10 @@ class ModelRunner:
         self.copy_blocks(batch.block_copies)
         src = self.input_sources(seqs, batch, prev)
         graphed = not is_prefill and self.graphs is not None and self.graphs.padded_size(len(seqs))
-        sample_args = self.prepare_sample(seqs, on_device=not graphed)
+        # a chunk short of its prompt's end samples a token nobody keeps: it must not draw on the
+        # request's own random stream (a seeded request's tokens do not depend on chunking)
+        partial = [s.num_computed_tokens < s.num_tokens for s in seqs] if is_prefill else None
+        sample_args = self.prepare_sample(seqs, on_device=not graphed, partial=partial)
         if "processors" in sample_args and src is not None:  # queued before a replay overwrites prev's tokens
             sample_args["processors"]["last_ids"] = self.last_ids(prev, src)
         if graphed:
@@ -438,7 +446,8 @@ class Pending:
     token_ids: torch.Tensor  # [B] int64, on the device
     rows: dict[int, int]  # seq_id -> row in this step
     # the index of each sequence's placeholder for this step's token: the engine appends them after launch
-    positions: list[int] = field(default_factory=list)
+    # (None: a prefill chunk short of its prompt's end, whose sampled token nobody reads)
+    positions: list[int | None] = field(default_factory=list)
     host: torch.Tensor | None = None  # pinned host copy (CUDA)
     event: torch.cuda.Event | None = None
     logprobs: TokenLogprobs | None = None  # per row (SamplingParams.logprobs)
@@ -448,8 +457,8 @@ class Pending:
 
 @dataclass
 class Batch:
-    """One step's model inputs on the host. Prefill packs the uncached tokens of every sequence;
-    decode has one token per sequence. Arrays are numpy; None where a phase does not use them."""
+    """One step's model inputs on the host. Prefill packs the tokens each sequence computes in this
+    step (its uncached prompt, or one chunk of it); decode has one token per sequence. Arrays are numpy; None where a phase does not use them."""
 
     is_prefill: bool
     input_ids: np.ndarray  # [N] int64
@@ -460,7 +469,8 @@ class Batch:
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
     context_lens: np.ndarray | None = None  # [B] int32 (decode)
-    block_tables: np.ndarray | None = None  # [B, max_blocks] int32, PAD_BLOCK-padded (decode; prefill with prefix hits)
+    block_tables: np.ndarray | None = None  # [B, max_blocks] int32, PAD_BLOCK-padded (decode; prefill with keys
+    #                                         before its queries: prefix hits, or the chunks of earlier steps)
     block_copies: np.ndarray | None = None  # [K, 2] int64 (src, dst) blocks to copy first (copy on write)
     # prefill: the rows of the forward whose logits are needed, and each sequence's row among them
     # (a sample forked in this step shares its parent's)
@@ -507,6 +517,10 @@ def block_tables_array(seqs: list[Sequence]) -> np.ndarray:
 
 
 def build_prefill_batch(seqs: list[Sequence], block_size: int) -> Batch:
+    """Each sequence computes positions num_computed_tokens - num_new_tokens .. num_computed_tokens - 1
+    (the scheduler set both): its whole uncached prompt, or one chunk of a long one. Its keys are all
+    its tokens up to the chunk's end: those before the chunk (prefix-cache hits, earlier chunks) are
+    read from the KV cache through the block tables."""
     input_ids, positions, slots = [], [], []
     cu_q, cu_k = [0], [0]
     logits_rows, sample_rows, prompt_logprobs = [], [], []
@@ -517,8 +531,10 @@ def build_prefill_batch(seqs: list[Sequence], block_size: int) -> Batch:
             sample_rows.append(row_of[s.fork_of.seq_id])
             continue
         computed.append(s)
-        start, end = s.num_cached_tokens, s.num_tokens
-        input_ids.append(np.asarray(s.token_ids[start:], dtype=np.int64))
+        end = s.num_computed_tokens
+        start = end - s.num_new_tokens
+        assert 0 <= start < end <= s.num_tokens, "a prefill sequence computes at least one new token"
+        input_ids.append(np.asarray(s.token_ids[start:end], dtype=np.int64))
         positions.append(np.arange(start, end, dtype=np.int64))
         cu_q.append(cu_q[-1] + end - start)
         cu_k.append(cu_k[-1] + end)

@@ -35,7 +35,14 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = len(token_ids)
-        self.num_cached_tokens = 0  # prompt tokens whose K/V came from the prefix cache
+        self.num_cached_tokens = 0  # prompt tokens whose K/V came from the prefix cache (a statistic)
+        # tokens whose K/V is in the cache or computed by a step already scheduled: prefix-cache hits,
+        # then each prefill chunk (the scheduler adds it), then each decode step (the engine sets it)
+        self.num_computed_tokens = 0
+        # the tokens the prefill step it was last scheduled in computes for it: positions
+        # num_computed_tokens - num_new_tokens .. num_computed_tokens - 1 (the whole uncached prompt, or one
+        # chunk of a long one). The scheduler sets it to 0 once running sequences have decoded after a chunk.
+        self.num_new_tokens = 0
         self.num_prefix_cache_hits = 0  # num_cached_tokens when first scheduled (kept after its blocks are freed)
         self.block_size = block_size
         self.block_table: list[int] = []

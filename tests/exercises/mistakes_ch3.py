@@ -265,29 +265,45 @@ paged_decode_attention_lse_natural_log = _decode_with(DECODE_LSE_NATURAL_LOG)
 
 # ---- 3.6 one scheduler step -----------------------------------------------------------------------------
 def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, *,
-                   skip_ahead=False, preempt_oldest=False, may_append=True):
+                   skip_ahead=False, preempt_oldest=False, may_append=True, forget_computed=False,
+                   no_decode_first=False, spare_half_prefilled=False):
     """schedule_step with one bug switched on."""
     scheduled, preempted, num_tokens = [], [], 0
+    head = waiting[0] if waiting else None
+    decode_first = (not no_decode_first and head is not None and bool(head.block_table) and head.num_new_tokens > 0
+                    and bool(running))
+    if decode_first:
+        head.num_new_tokens = 0
     for seq in list(waiting):
-        if len(running) + len(scheduled) >= max_num_seqs:
+        if decode_first or len(running) + len(scheduled) >= max_num_seqs:
             break
-        if num_tokens + len(seq) > max_num_batched_tokens or not block_manager.can_allocate(seq):
-            if skip_ahead:  # the bug: try the next one instead of stopping
-                continue
+        if not seq.block_table:
+            if not block_manager.can_allocate(seq) or (scheduled and num_tokens + len(seq) > max_num_batched_tokens):
+                if skip_ahead:  # the bug: try the next one instead of stopping
+                    continue
+                break
+            block_manager.allocate(seq)
+        # the bug (forget_computed): the chunk counts from the prompt's start, not from what is computed
+        left = len(seq) if forget_computed else len(seq) - seq.num_computed_tokens
+        n = min(left, max_num_batched_tokens - num_tokens)
+        seq.num_new_tokens = n
+        seq.num_computed_tokens += n
+        num_tokens += n
+        scheduled.append(seq)
+        if seq.num_computed_tokens < len(seq):
             break
-        block_manager.allocate(seq)
-        num_tokens += len(seq) - seq.num_cached_tokens
         seq.status = SequenceStatus.RUNNING
         waiting.remove(seq)
-        scheduled.append(seq)
     if scheduled:
-        running.extend(scheduled)
+        running.extend(s for s in scheduled if s.status == SequenceStatus.RUNNING)
         return scheduled, True, preempted
 
     while running:
         seq = running.popleft()
         while not block_manager.can_append(seq):
-            if running:  # the bug (preempt_oldest): the victim comes off the left, the oldest
+            if not spare_half_prefilled and waiting and waiting[0].block_table:
+                victim = waiting.popleft()
+            elif running:  # the bug (preempt_oldest): the victim comes off the left, the oldest
                 victim = running.popleft() if preempt_oldest else running.pop()
             else:
                 victim = seq
@@ -317,6 +333,22 @@ def schedule_step_preempts_the_oldest(waiting: deque, running: deque, block_mana
 def schedule_step_without_may_append(waiting: deque, running: deque, block_manager, max_num_seqs,
                                      max_num_batched_tokens):
     return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, may_append=False)
+
+
+def schedule_step_forgets_computed_tokens(waiting: deque, running: deque, block_manager, max_num_seqs,
+                                          max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, forget_computed=True)
+
+
+def schedule_step_chunks_back_to_back(waiting: deque, running: deque, block_manager, max_num_seqs,
+                                      max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, no_decode_first=True)
+
+
+def schedule_step_spares_the_half_prefilled(waiting: deque, running: deque, block_manager, max_num_seqs,
+                                            max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens,
+                          spare_half_prefilled=True)
 
 
 # ---- the list ------------------------------------------------------------------------------------------
@@ -416,6 +448,24 @@ MISTAKES: list[Mistake] = [
             "block, no block is added to its table and the token's K/V has no slot. Call may_append for every "
             "sequence that stays in the decode batch",
             "test_ch3.py::test_schedule_step_admits_in_order_within_budgets"),
+    Mistake("ch3_schedule_forgets_computed_tokens", "3.6", {"schedule_step": schedule_step_forgets_computed_tokens},
+            "a chunk's size ignores the tokens already computed: it is min(len(seq), budget left), so the "
+            "last chunk runs past the prompt's end (num_computed_tokens > len(seq)). A sequence computes "
+            "n = min(len(seq) - seq.num_computed_tokens, max_num_batched_tokens - tokens): prefix-cache hits "
+            "and earlier chunks are already in the cache",
+            "test_ch3.py::test_schedule_step_chunks_a_long_prompt"),
+    Mistake("ch3_schedule_chunks_back_to_back", "3.6", {"schedule_step": schedule_step_chunks_back_to_back},
+            "the chunks of a long prompt run back to back while other sequences are running, so they wait for "
+            "the whole prompt. Decodes first: when the front of `waiting` holds blocks, its num_new_tokens > 0 "
+            "and `running` is not empty, set its num_new_tokens to 0 and decode the running sequences",
+            "test_ch3.py::test_schedule_step_decodes_between_chunks"),
+    Mistake("ch3_schedule_spares_the_half_prefilled", "3.6",
+            {"schedule_step": schedule_step_spares_the_half_prefilled},
+            "under KV pressure a running sequence is preempted while the prompt being chunked keeps its blocks: "
+            "that prompt was admitted last, so it is the first victim (waiting[0] when it holds blocks); "
+            "sparing it can leave every running sequence preempted and the cache held by a prompt that cannot "
+            "finish",
+            "test_ch3.py::test_schedule_step_preempts_a_half_prefilled_prompt_first"),
 ]
 
 

@@ -587,6 +587,87 @@ def preempt_itself_when_alone_script(schedule_step):
                 (out, waiting, running), (([], False, [A]), [A], []))
 
 
+def chunk_a_long_prompt_script(schedule_step):
+    bm = BlockManager(num_blocks=10, block_size=4, enable_prefix_caching=False)
+    A, B = _seqs([10, 3])
+    waiting, running = deque([A, B]), deque()
+    out = schedule_step(waiting, running, bm, 8, 4)
+    yield _step("(step 1 output, waiting, running) with a token budget of 4: A (10 tokens) is the first of the "
+                "step, so a chunk of it is admitted; it stays at the front of waiting", (out, waiting, running),
+                (([A], True, []), [A, B], []))
+    yield _step("A's (block_table, num_computed_tokens, num_new_tokens, status) after its first chunk: all its "
+                "blocks, 4 tokens computed", (A.block_table, A.num_computed_tokens, A.num_new_tokens, A.status),
+                ([0, 1, 2], 4, 4, SequenceStatus.WAITING))
+    out = schedule_step(waiting, running, bm, 8, 4)
+    yield _step("(step 2 output, A.num_computed_tokens, A.num_new_tokens): nothing runs, so A's next chunk follows",
+                (out, A.num_computed_tokens, A.num_new_tokens), (([A], True, []), 8, 4))
+    out = schedule_step(waiting, running, bm, 8, 4)
+    yield _step("(step 3 output, A.num_computed_tokens, A.num_new_tokens): the last chunk is the 2 tokens left",
+                (out, A.num_computed_tokens, A.num_new_tokens), (([A], True, []), 10, 2))
+    yield _step("(waiting, running, A.status) after A's last chunk: A runs; B (3 tokens) would make 5 > 4 and is "
+                "not the first of the step, so it waits", (waiting, running, A.status),
+                ([B], [A], SequenceStatus.RUNNING))
+    A.append_token(1)
+    out = schedule_step(waiting, running, bm, 8, 4)
+    yield _step("(step 4 output, waiting, running): prefill first, B fits whole", (out, waiting, running),
+                (([B], True, []), [], [A, B]))
+
+
+def decode_between_chunks_script(schedule_step):
+    bm = BlockManager(num_blocks=20, block_size=4, enable_prefix_caching=False)
+    A, B = _seqs([3, 20])
+    waiting, running = deque([A, B]), deque()
+    out = schedule_step(waiting, running, bm, 8, 8)
+    yield _step("(step 1 output, B.num_computed_tokens) with a budget of 8: A (3 tokens) whole; B would make 23 "
+                "and only the first sequence of a step may be chunked", (out, B.num_computed_tokens),
+                (([A], True, []), 0))
+    A.append_token(1)
+    kinds = []
+    for _ in range(6):
+        scheduled, is_prefill, _ = schedule_step(waiting, running, bm, 8, 8)
+        kinds.append((_names(scheduled), is_prefill, B.num_computed_tokens))
+        if not is_prefill:
+            for s in scheduled:
+                s.append_token(1)
+        elif B.num_computed_tokens == len(B):
+            B.append_token(1)
+    yield _step("steps 2-7 as (scheduled, is_prefill, B.num_computed_tokens): prefill first gives B its first "
+                "chunk; then A decodes after each of B's chunks (20 = 8 + 8 + 4), then both decode", kinds,
+                [(["B"], True, 8), (["A"], False, 8), (["B"], True, 16), (["A"], False, 16), (["B"], True, 20),
+                 (["A", "B"], False, 20)])
+
+
+def preempt_half_prefilled_script(schedule_step):
+    bm = BlockManager(num_blocks=5, block_size=4, enable_prefix_caching=False)
+    A, B = _seqs([8, 12])
+    waiting, running = deque([A, B]), deque()
+    schedule_step(waiting, running, bm, 8, 8)  # A whole (2 blocks)
+    A.append_token(1)  # A's 9th token needs a third block
+    out = schedule_step(waiting, running, bm, 8, 8)
+    yield _step("(step 2 output, free blocks): a chunk of B takes B's 3 blocks, none is left",
+                (out, bm.num_free_blocks), (([B], True, []), 0))
+    out = schedule_step(waiting, running, bm, 8, 8)
+    yield _step("(step 3 output, waiting, running): A must decode and needs a block; B, admitted last and half "
+                "prefilled, is preempted", (out, waiting, running), (([A], False, [B]), [B], [A]))
+    yield _step("B's (block_table, num_computed_tokens, status) after its preemption: it restarts from scratch",
+                (B.block_table, B.num_computed_tokens, B.status), ([], 0, SequenceStatus.WAITING))
+
+
+@pytest.mark.ex3_6
+def test_schedule_step_chunks_a_long_prompt(impl):
+    check_script(impl, chunk_a_long_prompt_script)
+
+
+@pytest.mark.ex3_6
+def test_schedule_step_decodes_between_chunks(impl):
+    check_script(impl, decode_between_chunks_script)
+
+
+@pytest.mark.ex3_6
+def test_schedule_step_preempts_a_half_prefilled_prompt_first(impl):
+    check_script(impl, preempt_half_prefilled_script)
+
+
 @pytest.mark.ex3_6
 def test_schedule_step_admits_in_order_within_budgets(impl):
     check_script(impl, admit_in_order_script)
@@ -621,6 +702,23 @@ def test_schedule_step_in_the_engine_under_kv_pressure(impl, monkeypatch):
     check_equal(got, want, "3.6", "greedy tokens with a 10-block KV cache (preemption) vs a roomy one")
     check_equal(tight.engine.scheduler.num_preemptions > 0, True, "3.6", "preemptions happened")
     check_equal(tight.engine.scheduler.block_manager.num_free_blocks, 10, "3.6", "free blocks at the end")
+
+
+@pytest.mark.ex3_6
+def test_schedule_step_in_the_engine_with_chunked_prefill(impl, monkeypatch):
+    import minillm.engine.scheduler as sched
+    ref = greedy_reference()
+    prompts = ref["prompts"]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    roomy = LLM(ref_path("tiny-qwen3"), **small_engine_args())
+    want = [o.outputs[0].token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
+    monkeypatch.setattr(sched, "schedule_step", impl.schedule_step)
+    chunked = LLM(ref_path("tiny-qwen3"), **small_engine_args(max_num_batched_tokens=16))
+    got = [o.outputs[0].token_ids for o in chunked.generate(prompts, params, use_tqdm=False)]
+    check_equal(got, want, "3.6", "greedy tokens with max_num_batched_tokens=16 (prompts prefilled in chunks) vs "
+                "without chunks")
+    check_equal(chunked.engine.num_prefill_tokens, sum(map(len, prompts)), "3.6",
+                "prefill tokens computed (each prompt token once)")
 
 
 # ---- 3.7 n samples: fork and copy on write ------------------------------------------------------
