@@ -202,6 +202,16 @@ def test_triton_backend_with_chunks():
     assert got == want
 
 
+@pytest.mark.gpu
+def test_gpu_chunks_with_graphs_and_async_scheduling(unchunked):
+    """On CUDA (fp32, triton backend, decode graphs, async scheduling): the same greedy tokens with
+    chunks of 33 as the CPU engine without chunks."""
+    engine = make_engine(device="cuda", attention_backend="triton", max_num_batched_tokens=33)
+    assert engine.model_runner.graphs is not None
+    assert generate(engine, prompts_of(LONG_AND_SHORT)) == unchunked
+    engine.shutdown()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_prefill_kernel_chunk_after_unaligned_computed_keys(dtype):
     """Chunks start anywhere in a block (a budget of 33 tokens): queries after 33, 71 and 1 keys."""
