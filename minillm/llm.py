@@ -206,7 +206,7 @@ class LLM:
         if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
             prompt = tok.encode_chat(prompt)
         seq = self.engine.add_request(self._prompt_ids(prompt), sampling_params or self.get_default_sampling_params())
-        return RequestStream(self.engine, seq, tok)
+        return RequestStream(self.engine, seq, tok, prompt if isinstance(prompt, str) else None)
 
     def shutdown(self) -> None:
         """Free everything the engine holds on the device (weights, KV cache, CUDA graphs) and stop its
@@ -232,8 +232,8 @@ class RequestStream:
     `output` is a RequestOutput, as generate returns for the prompt.
     """
 
-    def __init__(self, engine: LLMEngine, seq: Sequence, tokenizer: Tokenizer):
-        self.engine, self.seq = engine, seq
+    def __init__(self, engine: LLMEngine, seq: Sequence, tokenizer: Tokenizer, prompt: str | None = None):
+        self.engine, self.seq, self.prompt = engine, seq, prompt
         self.output: RequestOutput | None = None
         self._detok = IncrementalDetokenizer(tokenizer)
         self._num_read = 0  # completion tokens given to the detokenizer
@@ -266,7 +266,7 @@ class RequestStream:
         if new:
             self._detok.add(new)
         if seq.is_finished:
-            self.output = self.engine.request_output(seq)
+            self.output = self.engine.request_output(seq, self.prompt)
             text = self.output.outputs[0].text  # exactly generate()'s text
         else:
             text = self._detok.text

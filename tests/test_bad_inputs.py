@@ -258,7 +258,7 @@ def test_a_request_keeps_its_own_copy_of_the_params(tiny):
     sp.max_tokens, sp.temperature = 1, math.nan  # too late to change this request
     while not seq.is_finished:
         tiny.engine.step()
-    assert tiny.engine.output(seq)[0].outputs[0].token_ids == tiny.want[0]
+    assert tiny.engine.completion(seq).token_ids == tiny.want[0]
     assert_whole(tiny)
 
 
