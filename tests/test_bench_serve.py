@@ -137,3 +137,44 @@ def test_no_server_says_so(capsys):
         cli_main(["bench", "serve", "--base-url", "http://127.0.0.1:9", "--num-prompts", "1"])
     assert e.value.code == 1
     assert "is `python -m minillm serve` running there?" in capsys.readouterr().err
+
+
+# ---- against a real server --------------------------------------------------------------------------
+def test_end_to_end_on_a_cpu_server(tmp_path, capsys):
+    """Four short requests at two rates (all at once, then 20/s) against qwen3-tiny, then two of the
+    sharegpt-like workload: every request completes with exactly its requested output length (ignore_eos),
+    and the JSON holds benchmark_serving's fields with consistent values."""
+    from serving_helpers import running_server
+
+    out, out2 = tmp_path / "serve.json", tmp_path / "sharegpt.json"
+    lengths = ["--min-len", "4", "--max-input-len", "24", "--max-output-len", "8"]
+    with running_server(model="qwen3-tiny") as base:
+        cli_main(["bench", "serve", "--base-url", base, "--request-rate", "inf", "20", "--num-prompts", "4",
+                  "--seed", "1", "--json-file", str(out), *lengths])
+        cli_main(["bench", "serve", "--base-url", base, "--workload", "sharegpt-like", "--num-prompts", "2",
+                  "--json-file", str(out2), *lengths])
+    printed = capsys.readouterr().out
+    assert printed.count("Serving Benchmark Result") == 3 and "Median TPOT (ms):" in printed
+    res = json.loads(out.read_text())
+    prompts, output_lens = bench.make_workload(4, 4, 24, 8, seed=1)
+    assert res["model"] == "qwen3-tiny" and res["base_url"] == base
+    assert res["workload"]["name"] == "nanovllm" and res["workload"]["output_tokens"] == sum(output_lens)
+    assert [r["request_rate"] for r in res["runs"]] == ["inf", 20.0]
+    for r in res["runs"]:
+        assert (r["completed"], r["failed"], r["errors"]) == (4, 0, [])
+        assert r["output_lens"] == r["requested_output_lens"] == output_lens  # ignore_eos: exactly max_tokens
+        assert r["input_lens"] == [len(p) for p in prompts]
+        assert r["total_output_tokens"] == sum(output_lens)
+        assert r["output_throughput"] == pytest.approx(sum(output_lens) / r["duration"])
+        assert r["request_throughput"] == pytest.approx(4 / r["duration"])
+        assert r["total_token_throughput"] == pytest.approx((sum(output_lens) + r["total_input_tokens"]) / r["duration"])
+        for x in ("ttft", "tpot", "itl", "e2el"):
+            values = [r[f"{s}_{x}_ms"] for s in ("mean", "median", "p90", "p99")]
+            assert all(math.isfinite(v) and v > 0 for v in values), (x, values)
+            assert r[f"median_{x}_ms"] <= r[f"p90_{x}_ms"] <= r[f"p99_{x}_ms"]
+        assert r["p99_ttft_ms"] <= r["p99_e2el_ms"] and max(r["ttfts"]) * 1e3 <= r["duration"] * 1e3
+    res2 = json.loads(out2.read_text())
+    assert res2["workload"]["name"] == "sharegpt-like"
+    run = res2["runs"][0]
+    assert run["completed"] == 2 and run["output_lens"] == run["requested_output_lens"]
+    assert all(4 <= n <= 8 for n in run["output_lens"]) and all(4 <= n <= 24 for n in run["input_lens"])

@@ -165,8 +165,8 @@ def test_chat_page_streams_keeps_the_conversation_and_stops(tmp_path):
     with running_server(model="qwen3-tiny", max_model_len=MAX_MODEL_LEN) as base, sync_playwright() as pw:
         m = metrics(base)
         assert m["minillm_num_requests_running"] == 0, m
-        total_blocks = m["minillm_kv_cache_free_blocks"]  # nothing has run: every block is free
-        assert total_blocks > 0, m
+        total_blocks = m["minillm_kv_cache_total_blocks"]
+        assert total_blocks > 0 and m["minillm_kv_cache_free_blocks"] == total_blocks, m  # nothing has run
         try:
             browser, launch_error = pw.chromium.launch_persistent_context(
                 str(chromium_home / "profile"), executable_path=chromium, headless=True,
