@@ -3,7 +3,8 @@ qwen3-tiny serves it at "/", and headless Chromium (driven by Playwright, found 
 finds it: tests/jupyter_browser.py) opens it, shows the served model's name, streams an answer (the
 reply's text is updated chunk by chunk, counted with a MutationObserver), sends the whole conversation
 with the next turn, shows an error's own message, and stops a long answer mid-way; the server's
-/metrics then show nothing running and every KV-cache block free again.
+/metrics then show nothing running and every KV-cache block free again. Against a server started with
+an API key, the page works once the key is typed.
 
 Without a Chromium the test fails and says how to get one (`make test` installs Debian's package).
 Every wait is on a condition, with a bounded timeout; nothing sleeps to synchronize.
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -25,9 +28,9 @@ ANSWER_TIMEOUT_MS = 90_000  # one short answer, start to finish, on a busy 2-cor
 METRICS_TIMEOUT_S = 30      # from Stop to the server showing the request gone and its blocks free
 BROWSER_EXIT_S = 30
 SHORT_ANSWER_TOKENS = 24    # enough chunks to see the text grow
-LONG_ANSWER_TOKENS = 1000   # still running when Stop is pressed (the test stops it after 3 updates)
+LONG_ANSWER_TOKENS = 3000   # still running when Stop is pressed (the test stops it after 3 updates)
 MIN_UPDATES = 3             # DOM updates of a reply while it streams
-MAX_MODEL_LEN = 2048        # the long answer plus the chat template's tokens fit
+MAX_MODEL_LEN = 4096        # the long answer plus the chat template's tokens fit
 
 # Records every DOM update of an answer's text: window.replyUpdates[i] lists, for the i-th answer, the
 # answer's state (data-state) and text length at each update, in order.
@@ -131,9 +134,9 @@ def _drive(page, base: str, total_blocks: float) -> None:
 
     # 4. Stop mid-way through a long answer: the page stops, the server frees the request's blocks
     before = metrics(base)
-    ask(page, "Count to a thousand.", LONG_ANSWER_TOKENS)
+    ask(page, "Count to three thousand.", LONG_ANSWER_TOKENS)
     assert [m["content"] for m in chat_bodies[3]["messages"]][-2:] == [
-        answers.nth(1).locator(".content").inner_text(), "Count to a thousand."]  # the failed turn is gone
+        answers.nth(1).locator(".content").inner_text(), "Count to three thousand."]  # the failed turn is gone
     page.wait_for_function(f"() => (window.replyUpdates[3] || []).length >= {MIN_UPDATES}",
                            timeout=ANSWER_TIMEOUT_MS)
     expect(page.locator("#stop")).to_be_enabled()
@@ -147,8 +150,29 @@ def _drive(page, base: str, total_blocks: float) -> None:
         f"the server generated {generated:.0f} tokens for the stopped answer: Stop did not abort it")
 
 
-@pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_chat_page_streams_keeps_the_conversation_and_stops(tmp_path):
+def _drive_with_key(page, base: str, key: str) -> None:
+    """A server started with --api-key: the page says it cannot list the models until the key is
+    typed, then shows the model and chats with the key."""
+    from playwright.sync_api import expect
+
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    page.goto(f"{base}/")
+    expect(page.locator("#error")).to_contain_text("missing or wrong API key")
+    expect(page.locator("#model")).to_have_text("Model: unknown")
+    page.fill("#api-key", key)
+    page.press("#api-key", "Tab")  # the field's change event: the page asks for the model again
+    expect(page.locator("#model")).to_have_text("Model: qwen3-tiny")
+    expect(page.locator("#error")).to_be_hidden()
+    ask(page, "Hello?", 4)
+    expect(page.locator(".message.assistant").nth(0)).to_have_attribute("data-state", "done",
+                                                                         timeout=ANSWER_TIMEOUT_MS)
+
+
+@contextmanager
+def chromium_page(tmp_path: Path):
+    """A page of a headless Chromium (the one find_chromium names) whose profile, cache and crash
+    reports live under tmp_path; fails saying how to get a Chromium when there is none. On leaving, the
+    browser is closed and none of its processes may outlive it."""
     try:
         chromium, missing = find_chromium(), ""
     except BrowserNotFound as e:
@@ -162,11 +186,7 @@ def test_chat_page_streams_keeps_the_conversation_and_stops(tmp_path):
     # Chromium keeps its crash-report database and cache under the XDG folders: keep them here too
     browser_env = dict(os.environ, XDG_CONFIG_HOME=str(chromium_home / "config"),
                        XDG_CACHE_HOME=str(chromium_home / "cache"))
-    with running_server(model="qwen3-tiny", max_model_len=MAX_MODEL_LEN) as base, sync_playwright() as pw:
-        m = metrics(base)
-        assert m["minillm_num_requests_running"] == 0, m
-        total_blocks = m["minillm_kv_cache_total_blocks"]
-        assert total_blocks > 0 and m["minillm_kv_cache_free_blocks"] == total_blocks, m  # nothing has run
+    with sync_playwright() as pw:
         try:
             browser, launch_error = pw.chromium.launch_persistent_context(
                 str(chromium_home / "profile"), executable_path=chromium, headless=True,
@@ -177,8 +197,25 @@ def test_chat_page_streams_keeps_the_conversation_and_stops(tmp_path):
             pytest.fail(f"Chromium {chromium} did not start: {launch_error[:2000]}\n{HOW_TO_GET_ONE}",
                         pytrace=False)
         try:
-            _drive(browser.pages[0] if browser.pages else browser.new_page(), base, total_blocks)
+            yield browser.pages[0] if browser.pages else browser.new_page()
         finally:
             browser.close()
     leaked = wait_until_gone(str(chromium_home), BROWSER_EXIT_S)
     assert not leaked, f"browser processes still run after the test closed the browser: {leaked}"
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_chat_page_streams_keeps_the_conversation_and_stops(tmp_path):
+    with running_server(model="qwen3-tiny", max_model_len=MAX_MODEL_LEN) as base:
+        m = metrics(base)
+        assert m["minillm_num_requests_running"] == 0, m
+        total_blocks = m["minillm_kv_cache_total_blocks"]
+        assert total_blocks > 0 and m["minillm_kv_cache_free_blocks"] == total_blocks, m  # nothing has run
+        with chromium_page(tmp_path) as page:
+            _drive(page, base, total_blocks)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_chat_page_with_an_api_key(tmp_path):
+    with running_server(model="qwen3-tiny", api_key="sesame") as base, chromium_page(tmp_path) as page:
+        _drive_with_key(page, base, "sesame")
