@@ -375,7 +375,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--seed", type=int, default=0, help="workload and arrival times (default 0)")
     p.add_argument("--json-file", default=None, help="write the result there as JSON")
-    # the parent `bench` fills in its own defaults through the device; no torch is needed to send requests
+    # the parent `bench` still fills in its own workload defaults by device (cli.check_bench_args): "cpu"
+    # spares it probing CUDA, which sending requests does not need
     p.set_defaults(device="cpu")
 
 
