@@ -211,8 +211,10 @@ class AsyncLLM:
         return self._num_waiting
 
     @property
-    def num_unfinished(self) -> int:
-        return len(self._requests)
+    def num_running(self) -> int:
+        """Requests the engine has started (run at least one step) and not finished."""
+        with self._cond:
+            return len(self._requests) - self._num_waiting
 
     def shutdown(self, timeout: float = 60.0) -> None:
         """Stop the engine thread (requests still in flight fail with EngineError), then free the engine."""
@@ -287,9 +289,7 @@ class AsyncLLM:
             else:
                 still.append(req)
         self._live = still
-        bm = self.engine.scheduler.block_manager
-        self.metrics.set_state(running=len(self._requests) - self._num_waiting, waiting=self._num_waiting,
-                               free_blocks=bm.num_free_blocks)
+        self.metrics.set_free_blocks(self.engine.scheduler.block_manager.num_free_blocks)
 
     def _scheduled(self, req: _Request) -> None:
         self.metrics.count_prompt_tokens(len(req.prompt_ids))

@@ -40,7 +40,6 @@ class Metrics:
     def __init__(self, num_blocks: int):
         self.lock = threading.Lock()
         self.num_blocks = num_blocks
-        self.running = self.waiting = 0
         self.free_blocks = num_blocks
         self.prompt_tokens = self.generation_tokens = self.failed = 0
         self.finished = dict.fromkeys(FINISH_REASONS, 0)
@@ -48,9 +47,9 @@ class Metrics:
         self.tpot = Histogram(TPOT_BUCKETS)
 
     # ---- the engine thread writes ------------------------------------------------------------
-    def set_state(self, running: int, waiting: int, free_blocks: int) -> None:
+    def set_free_blocks(self, free_blocks: int) -> None:
         with self.lock:
-            self.running, self.waiting, self.free_blocks = max(running, 0), waiting, free_blocks
+            self.free_blocks = free_blocks
 
     def count_prompt_tokens(self, n: int) -> None:
         with self.lock:
@@ -80,7 +79,8 @@ class Metrics:
                 self.tpot.observe(max(0.0, m.finished_time - m.first_token_time) / (n - 1))
 
     # ---- the server reads --------------------------------------------------------------------
-    def render(self) -> str:
+    def render(self, running: int, waiting: int) -> str:
+        """The text /metrics returns; running and waiting are the AsyncLLM's counts now."""
         with self.lock:
             usage = 1.0 - self.free_blocks / self.num_blocks if self.num_blocks else 0.0
             lines = []
@@ -89,9 +89,9 @@ class Metrics:
                 lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *samples])
 
             metric("minillm_num_requests_running", "gauge", "Requests the engine has started and not finished.",
-                   [f"minillm_num_requests_running {self.running}"])
+                   [f"minillm_num_requests_running {running}"])
             metric("minillm_num_requests_waiting", "gauge", "Requests accepted and not yet scheduled.",
-                   [f"minillm_num_requests_waiting {self.waiting}"])
+                   [f"minillm_num_requests_waiting {waiting}"])
             metric("minillm_kv_cache_usage_perc", "gauge", "Fraction of KV-cache blocks in use (0..1).",
                    [f"minillm_kv_cache_usage_perc {min(1.0, max(0.0, usage))!r}"])
             metric("minillm_kv_cache_free_blocks", "gauge", "KV-cache blocks free.",

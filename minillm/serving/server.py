@@ -240,7 +240,8 @@ def create_app(async_llm: AsyncLLM, model_name: str, api_key: str | None = None)
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(async_llm.metrics.render(), media_type="text/plain; version=0.0.4")
+        text = async_llm.metrics.render(running=async_llm.num_running, waiting=async_llm.num_waiting)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/")
     async def index():
