@@ -226,6 +226,30 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server):
     good_request(server.base_url)
 
 
+def test_a_non_streaming_client_that_disconnects_aborts_its_request(server):
+    """The server watches for the disconnect while it waits for the answer; the engine is held meanwhile,
+    so the request cannot finish first."""
+    async_llm = server.async_llm
+    total = metrics(server.base_url)["minillm_kv_cache_total_blocks"]
+    before = metrics(server.base_url)
+    body = json.dumps(dict(model=MODEL, prompt=PROMPTS[6], max_tokens=480, ignore_eos=True)).encode()
+    host, port = server.base_url.rsplit("/", 1)[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        wait_for(lambda: async_llm.num_running == 1, "the request to start")
+        with engine_held(async_llm):
+            sock.close()
+            wait_for(lambda: any(r.aborted for r in list(async_llm._requests.values())), "the server to abort it")
+    m = wait_for(lambda: (lambda m: m if m["minillm_kv_cache_free_blocks"] == total
+                          and m["minillm_num_requests_running"] == 0 else None)(metrics(server.base_url)),
+                 "the aborted request's blocks to be freed")
+    key = 'minillm_request_success_total{finished_reason="abort"}'
+    assert m[key] == before[key] + 1
+    assert m["minillm_generation_tokens_total"] - before["minillm_generation_tokens_total"] < 480
+    good_request(server.base_url)
+
+
 def test_abort_frees_blocks_before_the_next_step(server):
     """AsyncLLM.abort: at most the step already under way (and the one that reads it back) runs after it."""
     engine, async_llm = server.async_llm.engine, server.async_llm
