@@ -208,6 +208,11 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                         "else an installed nano-vllm")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout (the table goes to stderr)")
     p.add_argument("--json-file", default=None, help="also write the JSON there, rewritten after each engine")
+    # `bench serve --base-url URL ...`: load a running server instead (minillm/bench_serve.py)
+    from minillm.bench_serve import add_serve_args
+    modes = p.add_subparsers(dest="bench_mode", metavar="serve")
+    add_serve_args(modes.add_parser("serve", help="load a running `python -m minillm serve`: TTFT, TPOT, ITL "
+                                                  "and throughput at each request rate (see minillm/bench_serve.py)"))
 
 
 def check_args(args) -> None:
@@ -652,6 +657,9 @@ def _prepare(args) -> dict:
 
 def run_bench(args) -> dict:
     """Run the benchmark the arguments describe (add_bench_args); print and return its result."""
+    if getattr(args, "bench_mode", None) == "serve":
+        from minillm.bench_serve import run_bench_serve
+        return run_bench_serve(args)
     import torch
 
     from minillm.timing import describe_device, device_ceilings

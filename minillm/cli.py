@@ -1,4 +1,4 @@
-"""Command line: python -m minillm generate | chat | bench.
+"""Command line: python -m minillm generate | chat | bench | serve.
 
 Every error is one line on stderr, "error: ...", with exit status 2 for bad input (arguments, model
 files, prompts) and 1 for anything else (MINILLM_DEBUG=1 shows its traceback). A closed pipe
@@ -127,6 +127,46 @@ def cmd_bench(args) -> None:
     run_bench(args)
 
 
+def _listen(host: str, port: int):
+    """A socket bound to host:port and listening (before the model loads: a taken port fails at once)."""
+    import socket
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {port}")
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as e:
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def cmd_serve(args) -> None:
+    if args.max_waiting < 1:
+        raise ValueError(f"--max-waiting must be at least 1, got {args.max_waiting}")
+    if args.max_num_seqs < 1:
+        raise ValueError(f"--max-num-seqs must be at least 1, got {args.max_num_seqs}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError("--api-key is empty; give the key clients must send, or leave --api-key out")
+    sock = _listen(args.host, args.port)
+    try:
+        from minillm import LLM
+        from minillm.serving.async_engine import AsyncLLM
+        from minillm.serving.server import serve
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
+                  max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
+                  enforce_eager=args.enforce_eager, max_num_seqs=args.max_num_seqs)
+        async_llm = AsyncLLM(llm, max_waiting=args.max_waiting)
+        try:
+            name = args.served_model_name or args.model
+            host, port = sock.getsockname()[:2]
+            print(f"minillm serves {name!r} at http://{host}:{port}/v1 (OpenAI API; chat page at /, metrics at "
+                  f"/metrics; Ctrl-C stops)", file=sys.stderr)
+            serve(async_llm, name, sock, api_key=args.api_key)
+        finally:
+            async_llm.shutdown()
+    finally:
+        sock.close()
+
+
 def _check_text_args(args) -> None:
     """Text arguments must be valid UTF-8 (Python hands invalid bytes over as lone surrogates)."""
     from minillm.tokenizer import check_text
@@ -152,6 +192,15 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="throughput benchmark (nano-vLLM's workload)")
     from minillm.bench import add_bench_args
     add_bench_args(b)
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)")
+    _engine_args(s)
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    s.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    s.add_argument("--api-key", default=None, help="clients must send 'Authorization: Bearer KEY'")
+    s.add_argument("--max-waiting", type=int, default=256,
+                   help="requests that may wait to be scheduled; one more gets 503 + Retry-After")
+    s.add_argument("--max-num-seqs", type=int, default=256, help="sequences the engine runs at once")
+    s.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
     return parser
 
 
@@ -170,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args = _parser().parse_args(argv)
         _check_text_args(args)
-        {"generate": cmd_generate, "chat": cmd_chat, "bench": cmd_bench}[args.command](args)
+        {"generate": cmd_generate, "chat": cmd_chat, "bench": cmd_bench, "serve": cmd_serve}[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here at the latest, not at interpreter exit
     except ValueError as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)

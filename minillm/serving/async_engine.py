@@ -1,0 +1,318 @@
+"""AsyncLLM: one engine, stepped by one background thread, streaming to asyncio callers (vLLM's AsyncLLM).
+
+Threads: the engine thread is the only one that touches the LLMEngine (add, step, abort, read
+outputs). Callers on an asyncio event loop (the server) hand it requests and aborts through two
+lists under one Condition and read each request's outputs from its own asyncio.Queue, which the
+engine thread fills with loop.call_soon_threadsafe. New requests join the running batch at the next
+step (continuous batching). With nothing to do the thread sleeps on the Condition (no busy loop).
+
+    stream = async_llm.add_request("Hello", SamplingParams(max_tokens=8))   # checked now: ValueError
+    async for out in stream:            # RequestOutputs holding only what is new (vLLM's DELTA kind)
+        print(out.outputs[0].text, out.outputs[0].token_ids, out.outputs[0].finish_reason)
+
+Backpressure: at most max_waiting requests may wait to be scheduled (accepted, no step run yet);
+one more raises QueueFullError (the server's 503). abort() (a client that went away) ends a request
+before the engine's next step, which frees its KV blocks. An error inside a step fails every request
+in flight with EngineError, and the engine goes on serving; shutdown() fails what is left and frees
+the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+from minillm.engine.sequence import Sequence
+from minillm.outputs import CompletionOutput, RequestOutput
+from minillm.sampling_params import SamplingParams, describe
+from minillm.serving.metrics import Metrics
+from minillm.tokenizer import IncrementalDetokenizer, check_text
+
+_END = object()  # the queue's last item after the final output
+
+
+class QueueFullError(Exception):
+    """max_waiting requests are already waiting: try again later."""
+
+
+class EngineError(Exception):
+    """The engine failed this request (an error inside a step), or it is shutting down."""
+
+
+class _SampleText:
+    """One sample's new tokens and text since the last look (stop strings held back until ruled out,
+    as llm.RequestStream does): the deltas join to exactly the text generate() returns."""
+
+    def __init__(self, seq: Sequence, tokenizer):
+        self.seq = seq
+        self.detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+        self.num_read = self.num_sent = 0
+        self.hold = max((len(s) for s in seq.params.stop), default=1) - 1
+        self.done = False
+
+    def delta(self, engine) -> CompletionOutput | None:
+        seq = self.seq
+        new = seq.resolved_completion()[self.num_read:]
+        logprobs = None
+        if seq.params.logprobs is not None:
+            logprobs = [engine._logprob_objects(d) for d in seq.logprobs[self.num_read:self.num_read + len(new)]]
+        self.num_read += len(new)
+        stop_reason = None
+        if seq.is_finished:
+            self.done = True
+            final = engine.completion(seq)
+            text, stop_reason = final.text, final.stop_reason
+        elif self.detok is None:
+            text = ""
+        else:
+            if new:
+                self.detok.add(new)
+            text = self.detok.text
+            cut = seq.params.cut_at_stop(text)
+            text = cut if cut is not None else text[:max(0, len(text) - self.hold)]
+        delta = text[self.num_sent:]
+        self.num_sent += len(delta)
+        if not (delta or new or self.done):
+            return None
+        return CompletionOutput(index=seq.index, text=delta, token_ids=new, logprobs=logprobs,
+                                cumulative_logprob=seq.cumulative_logprob if logprobs is not None else None,
+                                finish_reason=seq.finish_reason if self.done else None, stop_reason=stop_reason)
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_ids: list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    seq: Sequence | None = None
+    samples: list[_SampleText] = field(default_factory=list)
+    waiting: bool = True  # counted against max_waiting until its first step
+    aborted: bool = False
+
+    def put(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the caller's event loop is closed: nobody is listening
+            pass
+
+
+class AsyncStream:
+    """The outputs of one request: `async for out in stream`; close() (or abort()) ends the request."""
+
+    def __init__(self, async_llm: "AsyncLLM", request: _Request):
+        self._llm, self._req, self.request_id = async_llm, request, request.request_id
+        self.prompt_token_ids = request.prompt_ids
+        self.finished = False
+
+    def __aiter__(self) -> "AsyncStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._req.queue.get()
+        if item is _END:
+            self.finished = True
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        return item
+
+    def abort(self) -> None:
+        """End the request now (its KV blocks are freed before the engine's next step). Idempotent."""
+        if not self.finished:
+            self._llm.abort(self.request_id)
+
+    close = abort
+
+
+class AsyncLLM:
+    """An LLM (minillm.LLM) served to asyncio callers; see the module docstring."""
+
+    def __init__(self, llm, max_waiting: int = 256):
+        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
+            raise ValueError(f"max_waiting must be an integer >= 1, got {describe(max_waiting)}")
+        self.llm, self.engine, self.tokenizer = llm, llm.engine, llm.tokenizer
+        self.max_waiting = max_waiting
+        self.metrics = Metrics(len(self.engine.scheduler.block_manager.blocks))
+        self._cond = threading.Condition()
+        self._inbox: list[_Request] = []  # accepted, not yet given to the engine
+        self._aborts: list[_Request] = []
+        self._requests: dict[str, _Request] = {}  # every accepted, unfinished request
+        self._num_waiting = 0
+        self._stopping = False
+        self._dead: str | None = None  # why the engine thread ended
+        self._live: list[_Request] = []  # the engine thread's own: requests in the engine
+        self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
+        self._thread.start()
+
+    # ---- callers (the event loop) ------------------------------------------------------------
+    def default_sampling_params(self) -> SamplingParams:
+        return self.llm.get_default_sampling_params()
+
+    def add_request(self, prompt, params: SamplingParams, request_id: str | None = None) -> AsyncStream:
+        """Check and queue one request (prompt: text or token ids). Raises ValueError for bad input,
+        QueueFullError when max_waiting requests wait, EngineError when the engine has stopped."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("the prompt is empty: give a non-empty string or list of token ids")
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer.json: give prompts as lists of token ids")
+            ids = self.tokenizer.encode(check_text(prompt))
+        else:
+            ids = prompt
+        ids = self.engine.check_prompt(ids)  # pure checks: safe outside the engine thread
+        params = self.engine.check_params(params)
+        req = _Request(request_id or uuid.uuid4().hex, prompt if isinstance(prompt, str) else None, ids, params,
+                       asyncio.get_running_loop())
+        with self._cond:
+            if self._stopping or self._dead:
+                raise EngineError(f"the engine is not running ({self._dead or 'shutting down'})")
+            if self._num_waiting >= self.max_waiting:
+                raise QueueFullError(f"{self._num_waiting} requests are waiting (max_waiting={self.max_waiting})")
+            if req.request_id in self._requests:
+                raise ValueError(f"request id {req.request_id!r} is already in use")
+            self._num_waiting += 1
+            self._requests[req.request_id] = req
+            self._inbox.append(req)
+            self._cond.notify()
+        return AsyncStream(self, req)
+
+    async def generate(self, prompt, params: SamplingParams, request_id: str | None = None):
+        """vLLM's AsyncLLM.generate: an async iterator of RequestOutput deltas; closing it aborts."""
+        stream = self.add_request(prompt, params, request_id)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.abort()
+
+    def abort(self, request_id: str) -> None:
+        """End a request before the next step (a no-op for one that has finished)."""
+        with self._cond:
+            req = self._requests.get(request_id)
+            if req is None or req.aborted:
+                return
+            req.aborted = True
+            self._aborts.append(req)
+            self._cond.notify()
+
+    @property
+    def is_running(self) -> bool:
+        return not self._stopping and self._dead is None and self._thread.is_alive()
+
+    @property
+    def num_waiting(self) -> int:
+        return self._num_waiting
+
+    @property
+    def num_running(self) -> int:
+        """Requests the engine has started (run at least one step) and not finished."""
+        with self._cond:
+            return len(self._requests) - self._num_waiting
+
+    def shutdown(self, timeout: float = 60.0) -> None:
+        """Stop the engine thread (requests still in flight fail with EngineError), then free the engine."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        if not self._thread.is_alive():  # never free an engine a stuck step still uses
+            self.llm.shutdown()
+
+    # ---- the engine thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        reason = "shut down"
+        try:
+            while True:
+                with self._cond:
+                    while not (self._inbox or self._aborts or self._stopping or not self.engine.is_finished()):
+                        self._cond.wait()
+                    if self._stopping:
+                        return
+                    inbox, self._inbox = self._inbox, []
+                    aborts, self._aborts = self._aborts, []
+                self._admit([r for r in inbox if not r.aborted])
+                for req in aborts:
+                    for sample in req.seq.samples if req.seq is not None else ():
+                        self.engine.abort(sample)  # this thread owns the engine: applied (blocks freed) now
+                    if req.seq is None:
+                        self._end(req, None)
+                if not self.engine.is_finished():
+                    try:
+                        self.engine.step()
+                    except Exception as e:  # noqa: BLE001 -- fail the requests, keep serving
+                        self._fail_live(e)
+                self._publish()
+        except BaseException as e:  # noqa: BLE001 -- the thread dies: nobody may wait forever
+            reason = f"the engine thread died: {type(e).__name__}: {e}"
+            raise
+        finally:
+            with self._cond:
+                self._dead = reason
+                left = list(self._requests.values())
+            for req in left:
+                self._end(req, EngineError(f"the engine stopped before this request finished ({reason})"))
+
+    def _admit(self, reqs: list[_Request]) -> None:
+        for req in reqs:
+            try:  # one at a time: a request the engine refuses fails alone
+                req.seq = self.engine.add_requests([req.prompt_ids], [req.params])[0]
+            except Exception as e:  # noqa: BLE001
+                self._end(req, EngineError(f"{type(e).__name__}: {e}"))
+                continue
+            req.samples = [_SampleText(s, self.tokenizer) for s in req.seq.samples]
+            self._live.append(req)
+
+    def _publish(self) -> None:
+        """Send every request what is new since the last step; finish those that are done."""
+        still = []
+        for req in self._live:
+            if req.waiting and req.seq.first_scheduled_time is not None:
+                self._scheduled(req)
+            deltas = [d for d in (s.delta(self.engine) for s in req.samples if not s.done) if d is not None]
+            self.metrics.count_generation_tokens(sum(len(d.token_ids) for d in deltas))
+            finished = all(s.done for s in req.samples)
+            if deltas or finished:
+                full = self.engine.request_output(req.seq, req.prompt) if finished else None
+                req.put(RequestOutput(request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_ids,
+                                      prompt_logprobs=None, outputs=deltas, finished=finished,
+                                      metrics=full.metrics if full else None))
+            if finished:
+                self.metrics.observe_finished(full)
+                self._end(req, None)
+            else:
+                still.append(req)
+        self._live = still
+        self.metrics.set_free_blocks(self.engine.scheduler.block_manager.num_free_blocks)
+
+    def _scheduled(self, req: _Request) -> None:
+        self.metrics.count_prompt_tokens(len(req.prompt_ids))
+        with self._cond:
+            req.waiting = False
+            self._num_waiting -= 1
+
+    def _fail_live(self, error: Exception) -> None:
+        self.engine.abort_all()  # a step half done: end every request (the engine stays usable)
+        failed, self._live = self._live, []
+        for req in failed:
+            self._end(req, EngineError(f"the engine failed while running this request: {type(error).__name__}: "
+                                       f"{error}"))
+
+    def _end(self, req: _Request, error: Exception | None) -> None:
+        with self._cond:
+            if self._requests.pop(req.request_id, None) is None:
+                return
+            if req.waiting:
+                req.waiting = False
+                self._num_waiting -= 1
+        if error is not None:
+            self.metrics.count_failed()
+            req.put(error)
+        req.put(_END)
+

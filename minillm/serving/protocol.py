@@ -1,0 +1,192 @@
+"""The OpenAI API's shapes: a request body -> (prompt, SamplingParams, stream flags); outputs -> JSON.
+
+Every bad request raises APIError, which the server turns into OpenAI's error body
+{"error": {"message", "type", "param", "code"}} with its HTTP status. Sampling fields keep
+SamplingParams' names and its checks (a bad value's ValueError becomes the 400's message).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from minillm.outputs import CompletionOutput
+from minillm.sampling_params import SamplingParams, describe
+
+MAX_BODY_BYTES = 1 << 20  # a larger request body is a 413
+
+# OpenAI's sampling fields, then vLLM's extra ones; all are SamplingParams fields of the same name
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
+                   "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
+                   "include_stop_str_in_output")
+COMMON_FIELDS = {"model", "stream", "stream_options", "logit_bias", "user", *SAMPLING_FIELDS}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs"}
+CHAT_FIELDS = COMMON_FIELDS | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def check_fields(body, allowed: set[str]) -> None:
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise bad_request(f"unknown field {unknown[0]!r}; this endpoint accepts: {', '.join(sorted(allowed))}",
+                          param=unknown[0], code="unknown_field")
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"{name} must be true or false, got {describe(value)}", param=name)
+    return value
+
+
+def stream_flags(body: dict) -> tuple[bool, bool]:
+    """-> (stream, include_usage)."""
+    stream = _flag(body, "stream")
+    opts = body.get("stream_options")
+    if opts is None:
+        return stream, False
+    if not stream:
+        raise bad_request("stream_options is only allowed with stream: true", param="stream_options")
+    if not isinstance(opts, dict) or set(opts) - {"include_usage"}:
+        raise bad_request(f"stream_options must be {{\"include_usage\": true|false}}, got {opts!r:.80}",
+                          param="stream_options")
+    return stream, _flag(opts, "include_usage")
+
+
+def sampling_params(body: dict, defaults: SamplingParams, chat: bool) -> SamplingParams:
+    """The request's sampling fields over the model's defaults (LLM.get_default_sampling_params)."""
+    changes = {name: body[name] for name in SAMPLING_FIELDS if body.get(name) is not None}
+    renamed = {}  # SamplingParams field -> the request field it came from
+    if chat:
+        if body.get("max_completion_tokens") is not None:
+            changes["max_tokens"] = body["max_completion_tokens"]
+            renamed["max_tokens"] = "max_completion_tokens"
+        want = _flag(body, "logprobs")
+        top = body.get("top_logprobs")
+        if top is not None and not want:
+            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+        if want:
+            changes["logprobs"] = 0 if top is None else top
+            renamed["logprobs"] = "top_logprobs"
+    elif body.get("logprobs") is not None:
+        changes["logprobs"] = body["logprobs"]
+    bias = body.get("logit_bias")
+    if bias is not None:  # OpenAI's JSON keys are token ids as strings
+        if not isinstance(bias, dict) or not all(isinstance(k, str) and re.fullmatch(r"\d{1,19}", k) for k in bias):
+            raise bad_request(f"logit_bias must map token ids (as strings) to numbers, got {bias!r:.80}",
+                              param="logit_bias")
+        changes["logit_bias"] = {int(k): v for k, v in bias.items()}
+    try:
+        return dataclasses.replace(defaults, **changes)
+    except ValueError as e:
+        m = re.match(r"SamplingParams\.(\w+)", str(e))
+        param = renamed.get(m.group(1), m.group(1)) if m else None
+        raise bad_request(str(e), param=param) from None
+
+
+def completion_prompt(body: dict):
+    """-> the prompt: a string or a list of token ids."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        raise bad_request("one prompt per request: send a string or a list of token ids", param="prompt")
+    raise bad_request(f"prompt must be a non-empty string or a non-empty list of token ids, got {describe(prompt)}",
+                      param="prompt")
+
+
+def chat_messages(body: dict) -> list[dict]:
+    """-> the conversation, each message's content as a string (text parts joined)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request(f"messages must be a non-empty list of {{\"role\", \"content\"}} objects, got "
+                          f"{describe(messages)}", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+            raise bad_request(f"messages[{i}] must be an object with a string role and a content, got {m!r:.80}",
+                              param="messages")
+        content = m["content"]
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise bad_request(f"messages[{i}].content: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
+                                  f"are supported", param="messages")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise bad_request(f"messages[{i}].content must be a string or a list of text parts, got "
+                              f"{describe(content)}", param="messages")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+# ---- responses -----------------------------------------------------------------------------------
+def merge(into: dict[int, CompletionOutput], deltas: list[CompletionOutput]) -> None:
+    """Add a step's deltas to the samples collected so far (by index)."""
+    for d in deltas:
+        c = into.setdefault(d.index, CompletionOutput(index=d.index, text="", token_ids=[],
+                                                      logprobs=[] if d.logprobs is not None else None))
+        c.text += d.text
+        c.token_ids = c.token_ids + d.token_ids
+        if d.logprobs is not None:
+            c.logprobs = (c.logprobs or []) + d.logprobs
+        c.cumulative_logprob = d.cumulative_logprob
+        c.finish_reason, c.stop_reason = d.finish_reason or c.finish_reason, d.stop_reason or c.stop_reason
+
+
+def _top(position: dict, k: int) -> list:
+    """The k most likely (token id, Logprob) of one position, most likely first."""
+    ranked = [(t, lp) for t, lp in position.items() if lp.rank is not None and lp.rank <= k]
+    return sorted(ranked, key=lambda x: x[1].rank)
+
+
+def completion_logprobs(c: CompletionOutput, k: int, offset: int = 0) -> dict | None:
+    """OpenAI's legacy logprobs object: tokens, token_logprobs, top_logprobs, text_offset."""
+    if c.logprobs is None:
+        return None
+    tokens, lps, tops, offsets = [], [], [], []
+    for t, position in zip(c.token_ids, c.logprobs):
+        chosen = position[t]
+        tokens.append(chosen.decoded_token or "")
+        lps.append(chosen.logprob)
+        tops.append({lp.decoded_token or "": lp.logprob for _, lp in _top(position, k)})
+        offsets.append(offset)
+        offset += len(tokens[-1])
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_logprobs(c: CompletionOutput, k: int) -> dict | None:
+    """OpenAI's chat logprobs object: {"content": [{token, logprob, bytes, top_logprobs}, ...]}."""
+    if c.logprobs is None:
+        return None
+
+    def entry(lp) -> dict:
+        text = lp.decoded_token or ""
+        return {"token": text, "logprob": lp.logprob, "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [dict(entry(position[t]), top_logprobs=[entry(lp) for _, lp in _top(position, k)])
+                        for t, position in zip(c.token_ids, c.logprobs)]}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}

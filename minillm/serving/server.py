@@ -1,0 +1,262 @@
+"""The OpenAI-compatible HTTP server (FastAPI + uvicorn, server-sent events): `python -m minillm serve`.
+
+    GET  /v1/models             the one model served
+    POST /v1/completions        prompt (text or token ids) -> text; "stream": true for SSE chunks
+    POST /v1/chat/completions   messages -> the assistant's reply; the same sampling fields
+    GET  /health, GET /metrics (Prometheus text), GET / (the chat page, static/index.html)
+
+Every error is OpenAI's JSON {"error": {"message", "type", "param", "code"}}, never a traceback:
+400 bad input, 401 a missing or wrong API key, 404 an unknown model or path, 413 a body over
+MAX_BODY_BYTES, 503 (with Retry-After) when max_waiting requests already wait, 500 an engine error
+(every request in flight fails; the server goes on). A client that disconnects aborts its request.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from minillm.serving.async_engine import AsyncLLM, AsyncStream, EngineError, QueueFullError
+from minillm.serving.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_BODY_BYTES, APIError, bad_request,
+                                      chat_logprobs, chat_messages, check_fields, completion_logprobs,
+                                      completion_prompt, merge, sampling_params, stream_flags, usage)
+
+STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+RETRY_AFTER_S = 1  # what a 503 asks the client to wait
+log = logging.getLogger("minillm.serving")
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events whose request is aborted however the response ends (a client gone mid-stream)."""
+
+    def __init__(self, events, stream: AsyncStream):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.stream = stream
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.stream.abort()  # a no-op once the request has finished
+
+
+async def _read_json(request: Request) -> dict:
+    """The body as JSON: 413 past MAX_BODY_BYTES (the rest is read and dropped, so the client sees the
+    answer rather than a reset connection), 400 when it is not JSON."""
+    size, body, too_big = 0, bytearray(), False
+    length = request.headers.get("content-length", "")
+    too_big = length.isdigit() and int(length) > MAX_BODY_BYTES
+    async for chunk in request.stream():
+        size += len(chunk)
+        too_big = too_big or size > MAX_BODY_BYTES
+        if not too_big:
+            body += chunk
+        elif size > 16 * MAX_BODY_BYTES:
+            break
+    if too_big:
+        raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="request_too_large")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect(stream: AsyncStream, request: Request) -> dict | None:
+    """Every output of a non-streaming request, merged by sample index; None when the client went away
+    first (the request is aborted)."""
+    async def consume() -> dict:
+        outs: dict = {}
+        async for out in stream:
+            merge(outs, out.outputs)
+        return outs
+
+    done_task, gone_task = asyncio.ensure_future(consume()), asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({done_task, gone_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stream.abort()
+        for task in (done_task, gone_task):
+            if not task.done():
+                task.cancel()
+    return done_task.result() if done_task.done() and not done_task.cancelled() else None
+
+
+def create_app(async_llm: AsyncLLM, model_name: str, api_key: str | None = None) -> FastAPI:
+    """The server's routes over one AsyncLLM (which the caller owns and shuts down)."""
+    app = FastAPI(title="minillm", docs_url=None, redoc_url=None, openapi_url=None)
+    created = int(time.time())
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):  # unknown path, wrong method
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return await api_error(request, APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}",
+                                                 type=kind))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception):  # a bug: logged here, one line to the client
+        log.exception("error serving %s %s", request.method, request.url.path)
+        return JSONResponse(APIError(500, f"internal error: {type(e).__name__}: {e}",
+                                     type="internal_server_error").body(), status_code=500)
+
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+                           type="authentication_error", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    async def parse(request: Request, allowed: set[str]) -> dict:
+        authorize(request)
+        body = await _read_json(request)
+        check_fields(body, allowed)
+        model = body.get("model")
+        if model is not None and model != model_name:
+            raise APIError(404, f"the model {model!r} does not exist; this server serves {model_name!r}",
+                           type="not_found_error", param="model", code="model_not_found")
+        return body
+
+    def submit(prompt, params, param: str) -> AsyncStream:
+        try:
+            return async_llm.add_request(prompt, params)
+        except ValueError as e:
+            raise bad_request(str(e), param=param) from None
+        except QueueFullError as e:
+            raise APIError(503, f"the server is busy: {e}; retry after {RETRY_AFTER_S} s", type="server_busy",
+                           code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except EngineError as e:
+            raise APIError(503, str(e), type="service_unavailable") from None
+
+    async def run(request: Request, stream: AsyncStream, params, chat: bool, stream_mode: bool, include_usage: bool):
+        rid = ("chatcmpl-" if chat else "cmpl-") + stream.request_id
+        kind = "chat.completion" if chat else "text_completion"
+        k = params.logprobs
+        n_prompt = len(stream.prompt_token_ids)
+        if not stream_mode:
+            try:
+                outs = await _collect(stream, request)
+            except EngineError as e:
+                raise APIError(500, str(e), type="internal_server_error") from None
+            if outs is None:  # the client has gone: nobody reads this
+                return JSONResponse({}, status_code=499)
+            choices = []
+            for i in sorted(outs):
+                c = outs[i]
+                if chat:
+                    choices.append({"index": i, "message": {"role": "assistant", "content": c.text},
+                                    "logprobs": chat_logprobs(c, k), "finish_reason": c.finish_reason})
+                else:
+                    choices.append({"index": i, "text": c.text, "logprobs": completion_logprobs(c, k),
+                                    "finish_reason": c.finish_reason})
+            return JSONResponse({"id": rid, "object": kind, "created": int(time.time()), "model": model_name,
+                                 "choices": choices,
+                                 "usage": usage(n_prompt, sum(len(c.token_ids) for c in outs.values()))})
+
+        async def events():
+            head = {"id": rid, "object": kind + ".chunk" if chat else kind, "created": int(time.time()),
+                    "model": model_name}
+            extra = {"usage": None} if include_usage else {}
+            n_tokens, offsets = 0, {}
+            try:
+                if chat:
+                    for i in range(params.n):
+                        yield _sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                         "logprobs": None, "finish_reason": None}], **extra})
+                async for out in stream:
+                    for c in out.outputs:
+                        n_tokens += len(c.token_ids)
+                        if chat:
+                            choice = {"index": c.index, "delta": {"content": c.text} if c.text else {},
+                                      "logprobs": chat_logprobs(c, k)}
+                        else:
+                            choice = {"index": c.index, "text": c.text,
+                                      "logprobs": completion_logprobs(c, k, offsets.get(c.index, 0))}
+                            offsets[c.index] = offsets.get(c.index, 0) + len(c.text)
+                        choice["finish_reason"] = c.finish_reason
+                        yield _sse({**head, "choices": [choice], **extra})
+                if include_usage:
+                    yield _sse({**head, "choices": [], "usage": usage(n_prompt, n_tokens)})
+            except EngineError as e:  # the status line has gone out: the error travels as an event
+                yield _sse(APIError(500, str(e), type="internal_server_error").body())
+            yield "data: [DONE]\n\n"
+
+        return _EventStream(events(), stream)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await parse(request, COMPLETION_FIELDS)
+        stream_mode, include_usage = stream_flags(body)
+        params = sampling_params(body, async_llm.default_sampling_params(), chat=False)
+        stream = submit(completion_prompt(body), params, "prompt")
+        return await run(request, stream, params, False, stream_mode, include_usage)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await parse(request, CHAT_FIELDS)
+        stream_mode, include_usage = stream_flags(body)
+        params = sampling_params(body, async_llm.default_sampling_params(), chat=True)
+        messages = chat_messages(body)
+        if async_llm.tokenizer is None:
+            raise bad_request("this model has no tokenizer, so it cannot chat: use /v1/completions with token ids")
+        try:
+            prompt = async_llm.tokenizer.encode_chat(messages)
+        except ValueError as e:
+            raise bad_request(str(e), param="messages") from None
+        stream = submit(prompt, params, "messages")
+        return await run(request, stream, params, True, stream_mode, include_usage)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        authorize(request)
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "minillm", "max_model_len": async_llm.engine.config.max_model_len}]}
+
+    @app.get("/health")
+    async def health():
+        if async_llm.is_running:
+            return {"status": "ok"}
+        raise APIError(503, "the engine is not running", type="service_unavailable")
+
+    @app.get("/metrics")
+    async def metrics():
+        text = async_llm.metrics.render(running=async_llm.num_running, waiting=async_llm.num_waiting)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.get("/")
+    async def index():
+        page = os.path.join(STATIC, "index.html")
+        if not os.path.isfile(page):
+            raise APIError(404, "no chat page in this installation (minillm/serving/static/index.html)",
+                           type="not_found_error")
+        return FileResponse(page, media_type="text/html")
+
+    return app
+
+
+def serve(async_llm: AsyncLLM, model_name: str, sock, api_key: str | None = None, log_level: str = "info") -> None:
+    """Serve on an already bound socket until Ctrl-C (the caller shuts the AsyncLLM down)."""
+    import uvicorn
+    config = uvicorn.Config(create_app(async_llm, model_name, api_key), log_level=log_level,
+                            timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,68 @@
+"""A real minillm server in a background thread, for tests: `with running_server(...) as base_url:`.
+
+The socket is bound (to a free port) and listening before the server thread starts, so a client may
+connect at once: its connection waits in the backlog until uvicorn accepts it. Leaving the block
+stops uvicorn (bounded), stops the engine thread and frees the engine; the port is closed.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from helpers import small_engine_args
+
+START_TIMEOUT_S = 60
+STOP_TIMEOUT_S = 30
+
+
+@dataclass
+class ServerHandle:
+    base_url: str  # http://127.0.0.1:PORT (no trailing slash; the OpenAI client wants base_url + "/v1")
+    async_llm: object  # the AsyncLLM: its engine, metrics and counters, for white-box checks
+    model: str
+
+
+@contextmanager
+def server_handle(model: str = "qwen3-tiny", api_key: str | None = None, max_waiting: int = 256, **engine_args):
+    """running_server, yielding a ServerHandle (base_url, async_llm) instead of the bare URL."""
+    import uvicorn
+
+    from minillm import LLM
+    from minillm.serving.async_engine import AsyncLLM
+    from minillm.serving.server import create_app
+
+    llm = LLM(model, **small_engine_args(**engine_args))
+    async_llm = AsyncLLM(llm, max_waiting=max_waiting)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(512)
+        server = uvicorn.Server(uvicorn.Config(create_app(async_llm, model, api_key), log_level="warning",
+                                               timeout_graceful_shutdown=5, lifespan="off"))
+        thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), name="uvicorn", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not server.started:  # a flag uvicorn sets, no event: poll it, bounded
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        try:
+            yield ServerHandle(f"http://127.0.0.1:{sock.getsockname()[1]}", async_llm, model)
+        finally:
+            server.should_exit = True
+            thread.join(STOP_TIMEOUT_S)
+            assert not thread.is_alive(), "uvicorn did not stop"
+    finally:
+        sock.close()
+        async_llm.shutdown()
+
+
+@contextmanager
+def running_server(model: str = "qwen3-tiny", **engine_args):
+    """A server for `model` (small CPU engine args, tests/helpers.py, overridden by engine_args; also
+    api_key= and max_waiting=) -> its base URL, e.g. http://127.0.0.1:40123."""
+    with server_handle(model, **engine_args) as handle:
+        yield handle.base_url

@@ -1,0 +1,180 @@
+"""`python -m minillm bench serve` (minillm/bench_serve.py): its statistics on hand-made traces (exact
+values, and numpy's percentile), its Poisson arrivals, its workloads, its command line, and one run
+against a real server on the CPU (qwen3-tiny, a handful of short requests at two rates)."""
+import argparse
+import json
+import math
+
+import numpy as np
+import pytest
+
+from minillm import bench, bench_serve
+from minillm.bench_serve import RequestTrace, itls, latency_percentiles, poisson_arrivals, summarize, tpots, ttfts
+from minillm.cli import main as cli_main
+
+
+# ---- statistics on hand-made traces -----------------------------------------------------------------
+def hand_made() -> list[RequestTrace]:
+    """Five requests: A four chunks of one token; B two; C a single token; D failed; E a chunk of two
+    tokens (four tokens in three chunks). Times in seconds."""
+    return [
+        RequestTrace(start=0.0, chunk_times=[0.1, 0.2, 0.35, 0.5], end=0.51, prompt_tokens=10, output_tokens=4),
+        RequestTrace(start=1.0, chunk_times=[1.3, 1.4], end=1.41, prompt_tokens=20, output_tokens=2),
+        RequestTrace(start=2.0, chunk_times=[2.05], end=2.06, prompt_tokens=5, output_tokens=1),
+        RequestTrace(start=2.1, prompt_tokens=7, error="HTTP 400: bad request"),
+        RequestTrace(start=0.0, chunk_times=[0.2, 0.3, 0.4], end=2.5, prompt_tokens=3, output_tokens=4),
+    ]
+
+
+def test_ttft_tpot_itl_by_their_definitions():
+    tr = hand_made()
+    # TTFT: first chunk - start, completed requests only (D failed)
+    np.testing.assert_allclose(ttfts(tr), [0.1, 0.3, 0.05, 0.2])
+    # TPOT: (latency - ttft) / (output tokens - 1); C (one token) has none; E counts tokens, not chunks
+    np.testing.assert_allclose(tpots(tr), [(0.5 - 0.1) / 3, (1.4 - 1.3) / 1, (0.4 - 0.2) / 3])
+    # ITL: every gap between consecutive chunks, requests pooled in order
+    np.testing.assert_allclose(itls(tr), [0.1, 0.15, 0.15, 0.1, 0.1, 0.1])
+    assert itls([tr[2], tr[3]]).shape == (0,)
+
+
+def test_latency_percentiles_exact_and_as_numpy():
+    # sorted TTFTs 0.05, 0.1, 0.2, 0.3 s; linear interpolation between order statistics
+    s = latency_percentiles(ttfts(hand_made()))
+    assert s == pytest.approx({"mean": 162.5, "median": 150.0, "p90": 270.0, "p99": 297.0})
+    rng = np.random.default_rng(3)
+    v = rng.exponential(0.02, 101)
+    s = latency_percentiles(v, percentiles=(50, 90, 99, 99.9))
+    assert list(s) == ["mean", "median", "p90", "p99", "p99.9"]
+    assert s["mean"] == pytest.approx(v.mean() * 1e3)
+    for key, p in (("median", 50), ("p90", 90), ("p99", 99), ("p99.9", 99.9)):
+        assert s[key] == pytest.approx(np.percentile(v, p) * 1e3)
+    assert all(math.isnan(x) for x in latency_percentiles([]).values())  # nothing measured: NaN, no crash
+
+
+def test_summarize_in_benchmark_serving_shape():
+    res = summarize(hand_made(), duration_s=2.5)
+    assert (res["completed"], res["failed"], res["duration"]) == (4, 1, 2.5)
+    assert (res["total_input_tokens"], res["total_output_tokens"]) == (38, 11)
+    assert res["request_throughput"] == pytest.approx(4 / 2.5)
+    assert res["output_throughput"] == pytest.approx(11 / 2.5)
+    assert res["total_token_throughput"] == pytest.approx((38 + 11) / 2.5)
+    assert res["median_ttft_ms"] == pytest.approx(150.0)
+    assert res["mean_tpot_ms"] == pytest.approx(np.mean([0.4 / 3, 0.1, 0.2 / 3]) * 1e3)
+    assert res["p99_itl_ms"] == pytest.approx(np.percentile([0.1, 0.15, 0.15, 0.1, 0.1, 0.1], 99) * 1e3)
+    assert res["median_e2el_ms"] == pytest.approx(np.median([0.5, 0.4, 0.05, 0.4]) * 1e3)
+    for x in ("ttft", "tpot", "itl", "e2el"):
+        assert {f"{s}_{x}_ms" for s in ("mean", "median", "p90", "p99")} <= set(res)
+    assert res["output_lens"] == [4, 2, 1, 4] and res["errors"] == ["HTTP 400: bad request"]
+    table = bench_serve.format_run({"request_rate": 2.0, **res})
+    assert "Successful requests:" in table and "Median TTFT (ms):" in table and "first error: HTTP 400" in table
+
+
+# ---- arrivals and workloads -------------------------------------------------------------------------
+@pytest.mark.parametrize("rate", [0.5, 4.0, 100.0])
+def test_poisson_arrivals(rate):
+    """20,000 exponential gaps: their mean is 1/rate within 3% (the standard error is 0.7%), and about
+    1/e of them exceed the mean (an exponential's tail; +-0.02 is six standard errors)."""
+    n = 20_001
+    t = poisson_arrivals(n, rate, seed=7)
+    assert t.shape == (n,) and t[0] == 0.0 and np.all(np.diff(t) >= 0)
+    gaps = np.diff(t)
+    assert gaps.mean() == pytest.approx(1 / rate, rel=0.03)
+    assert (gaps > 1 / rate).mean() == pytest.approx(math.exp(-1), abs=0.02)
+    np.testing.assert_array_equal(t, poisson_arrivals(n, rate, seed=7))  # seeded
+    assert not np.array_equal(t, poisson_arrivals(n, rate, seed=8))
+
+
+def test_infinite_rate_sends_everything_at_once():
+    np.testing.assert_array_equal(poisson_arrivals(5, math.inf), np.zeros(5))
+    assert poisson_arrivals(0, 1.0).shape == (0,)
+
+
+def test_workloads():
+    prompts, outs = bench_serve.make_requests("nanovllm", 6, 4, 16, 8, seed=1)
+    assert (prompts, outs) == bench.make_workload(6, 4, 16, 8, seed=1)  # nano-vLLM's draw, exactly
+    p2, o2 = bench_serve.make_requests("sharegpt-like", 500, 4, 1024, 512, seed=1)
+    assert (p2, o2) == bench_serve.make_requests("sharegpt-like", 500, 4, 1024, 512, seed=1)
+    lens = np.array([len(p) for p in p2])
+    assert lens.min() >= 4 and lens.max() <= 1024 and min(o2) >= 4 and max(o2) <= 512
+    assert all(0 <= i <= bench_serve.MAX_TOKEN_ID for p in p2 for i in p)
+    # a long tail: the median near SHAREGPT_LIKE's, the mean well above it
+    assert 80 < np.median(lens) < 180 and lens.mean() > 1.3 * np.median(lens)
+    fresh = bench_serve.fresh_prompts(prompts, 1)
+    assert [len(p) for p in fresh] == [len(p) for p in prompts]
+    assert all(f[0] != p[0] and f[1:] == p[1:] for f, p in zip(fresh, prompts))
+
+
+# ---- the command line -------------------------------------------------------------------------------
+def parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    bench.add_bench_args(p)
+    return p.parse_args(list(argv))
+
+
+def test_serve_is_a_mode_of_bench():
+    a = parse("serve", "--base-url", "http://h:1", "--request-rate", "2", "inf", "--num-prompts", "3",
+              "--workload", "sharegpt-like", "--json-file", "x.json", "--seed", "5")
+    assert a.bench_mode == "serve" and a.base_url == "http://h:1" and a.request_rate == [2.0, math.inf]
+    assert (a.num_prompts, a.workload, a.json_file, a.seed) == (3, "sharegpt-like", "x.json", 5)
+    assert parse("--device", "cpu").bench_mode is None  # plain `bench` is unchanged
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--request-rate", "0"], "request rate must be > 0"),
+    (["--request-rate", "fast"], "not a number"),
+    (["--num-prompts", "0"], "--num-prompts must be at least 1"),
+    (["--min-len", "8", "--max-output-len", "4"], "--min-len"),
+])
+def test_bad_serve_arguments_name_the_fix(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["bench", "serve", "--base-url", "http://127.0.0.1:9", *argv])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_no_server_says_so(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["bench", "serve", "--base-url", "http://127.0.0.1:9", "--num-prompts", "1"])
+    assert e.value.code == 1
+    assert "is `python -m minillm serve` running there?" in capsys.readouterr().err
+
+
+# ---- against a real server --------------------------------------------------------------------------
+def test_end_to_end_on_a_cpu_server(tmp_path, capsys):
+    """Four short requests at two rates (all at once, then 20/s) against qwen3-tiny, then two of the
+    sharegpt-like workload: every request completes with exactly its requested output length (ignore_eos),
+    and the JSON holds benchmark_serving's fields with consistent values."""
+    from serving_helpers import running_server
+
+    out, out2 = tmp_path / "serve.json", tmp_path / "sharegpt.json"
+    lengths = ["--min-len", "4", "--max-input-len", "24", "--max-output-len", "8"]
+    with running_server(model="qwen3-tiny") as base:
+        cli_main(["bench", "serve", "--base-url", base, "--request-rate", "inf", "20", "--num-prompts", "4",
+                  "--seed", "1", "--json-file", str(out), *lengths])
+        cli_main(["bench", "serve", "--base-url", base, "--workload", "sharegpt-like", "--num-prompts", "2",
+                  "--json-file", str(out2), *lengths])
+    printed = capsys.readouterr().out
+    assert printed.count("Serving Benchmark Result") == 3 and "Median TPOT (ms):" in printed
+    res = json.loads(out.read_text())
+    prompts, output_lens = bench.make_workload(4, 4, 24, 8, seed=1)
+    assert res["model"] == "qwen3-tiny" and res["base_url"] == base
+    assert res["workload"]["name"] == "nanovllm" and res["workload"]["output_tokens"] == sum(output_lens)
+    assert [r["request_rate"] for r in res["runs"]] == ["inf", 20.0]
+    for r in res["runs"]:
+        assert (r["completed"], r["failed"], r["errors"]) == (4, 0, [])
+        assert r["output_lens"] == r["requested_output_lens"] == output_lens  # ignore_eos: exactly max_tokens
+        assert r["input_lens"] == [len(p) for p in prompts]
+        assert r["total_output_tokens"] == sum(output_lens)
+        assert r["output_throughput"] == pytest.approx(sum(output_lens) / r["duration"])
+        assert r["request_throughput"] == pytest.approx(4 / r["duration"])
+        assert r["total_token_throughput"] == pytest.approx((sum(output_lens) + r["total_input_tokens"]) / r["duration"])
+        for x in ("ttft", "tpot", "itl", "e2el"):
+            values = [r[f"{s}_{x}_ms"] for s in ("mean", "median", "p90", "p99")]
+            assert all(math.isfinite(v) and v > 0 for v in values), (x, values)
+            assert r[f"median_{x}_ms"] <= r[f"p90_{x}_ms"] <= r[f"p99_{x}_ms"]
+        assert r["p99_ttft_ms"] <= r["p99_e2el_ms"] and max(r["ttfts"]) * 1e3 <= r["duration"] * 1e3
+    res2 = json.loads(out2.read_text())
+    assert res2["workload"]["name"] == "sharegpt-like"
+    run = res2["runs"][0]
+    assert run["completed"] == 2 and run["output_lens"] == run["requested_output_lens"]
+    assert all(4 <= n <= 8 for n in run["output_lens"]) and all(4 <= n <= 24 for n in run["input_lens"])

@@ -1,0 +1,505 @@
+"""The serving layer (issue: async engine + OpenAI-compatible server), against qwen3-tiny on the CPU.
+
+A real uvicorn server runs in a background thread (tests/serving_helpers.py); clients are the
+official `openai` package and httpx. Every wait is bounded; nothing sleeps to synchronize: a test that
+needs requests to be waiting holds the engine's lock (the engine thread then cannot schedule them),
+and a test that needs a state (blocks freed) polls /metrics for it with a deadline.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import ExitStack, contextmanager
+
+import httpx
+import openai
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from helpers import small_engine_args
+from minillm import LLM, SamplingParams
+from serving_helpers import running_server, server_handle
+
+pytestmark = pytest.mark.timeout(180)
+MODEL = "qwen3-tiny"
+ARGS = dict(max_num_seqs=16, max_model_len=512)
+TIMEOUT = httpx.Timeout(60.0)
+PROMPTS = [f"Request {i}: tell me about the number {i * 7}." for i in range(64)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models on a busy 2-core machine: one intra-op thread is far faster (see test_bad_inputs)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with server_handle(MODEL, **ARGS) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def offline():
+    """The same model and engine arguments, run offline: what every served answer must equal."""
+    llm = LLM(MODEL, **small_engine_args(**ARGS))
+    yield llm
+    llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", timeout=60, max_retries=0)
+
+
+def offline_texts(llm, prompts, params_list) -> list[str]:
+    return [o.outputs[0].text for o in llm.generate(prompts, params_list, use_tqdm=False)]
+
+
+def params_for(llm, **changes) -> SamplingParams:
+    import dataclasses
+    return dataclasses.replace(llm.get_default_sampling_params(), **changes)
+
+
+def metrics(base_url: str) -> dict[str, float]:
+    """/metrics parsed as Prometheus text: {sample name with labels: value}."""
+    text = httpx.get(base_url + "/metrics", timeout=TIMEOUT).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+    return out
+
+
+def wait_for(predicate, what: str, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def good_request(base_url: str) -> None:
+    r = httpx.post(base_url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2},
+                   timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def sse_events(response) -> list:
+    """The data of each server-sent event, JSON-decoded ([DONE] kept as the string)."""
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+# ---- the OpenAI client ----------------------------------------------------------------------------
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(server.base_url + "/health", timeout=TIMEOUT).json() == {"status": "ok"}
+
+
+def test_completions_equal_offline_generate(client, offline):
+    prompt = PROMPTS[0]
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    want = offline.generate(prompt, params_for(offline, temperature=0.0, max_tokens=12), use_tqdm=False)[0]
+    assert r.choices[0].text == want.outputs[0].text
+    assert r.choices[0].finish_reason == want.outputs[0].finish_reason
+    assert r.usage.prompt_tokens == len(want.prompt_token_ids)
+    assert r.usage.completion_tokens == len(want.outputs[0].token_ids)
+    ids = offline.tokenizer.encode(prompt)  # a token-id prompt gives the same answer
+    r2 = client.completions.create(model=MODEL, prompt=ids, max_tokens=12, temperature=0)
+    assert r2.choices[0].text == r.choices[0].text
+
+
+def test_streaming_completions_join_to_the_offline_text(client, offline):
+    params = dict(max_tokens=10, temperature=0.8, seed=7, stop=["e"])
+    want = offline.generate(PROMPTS[1], params_for(offline, **params), use_tqdm=False)[0].outputs[0]
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[1], stream=True, **params))
+    assert "".join(c.choices[0].text for c in chunks) == want.text
+    assert chunks[-1].choices[0].finish_reason == want.finish_reason
+
+
+def test_chat_non_streaming_and_streaming(client, offline):
+    messages = [{"role": "user", "content": "Name three colors."}]
+    want = offline.chat(messages, params_for(offline, temperature=0.0, max_tokens=12))[0].outputs[0]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
+                                       logprobs=True, top_logprobs=3)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == want.text
+    assert r.choices[0].finish_reason == want.finish_reason
+    content = r.choices[0].logprobs.content
+    assert len(content) == len(want.token_ids) and all(len(t.top_logprobs) == 3 for t in content)
+    assert content[0].top_logprobs[0].logprob >= content[0].top_logprobs[1].logprob  # most likely first
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == want.finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(want.token_ids)
+
+
+def test_n_samples_and_logprobs(client, offline):
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=6, temperature=1.0, seed=3, n=3,
+                                  logprobs=2)
+    want = offline.generate(PROMPTS[2], params_for(offline, max_tokens=6, temperature=1.0, seed=3, n=3, logprobs=2),
+                            use_tqdm=False)[0]
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [c.text for c in want.outputs]
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(want.outputs[0].token_ids) and all(len(t) <= 2 for t in lp.top_logprobs)
+    assert r.usage.completion_tokens == sum(len(c.token_ids) for c in want.outputs)
+
+
+# ---- many clients at once ------------------------------------------------------------------------
+def test_64_concurrent_streaming_clients_get_their_offline_tokens(server, offline):
+    """Continuous batching across clients: each answer equals LLM.generate's (greedy or seeded)."""
+    def body(i):
+        return dict(model=MODEL, prompt=PROMPTS[i], max_tokens=8, stream=True,
+                    **(dict(temperature=0.0) if i % 2 else dict(temperature=1.0, seed=100 + i)))
+
+    async def one(client, i) -> tuple[str, str | None, bool]:
+        async with client.stream("POST", "/v1/completions", json=body(i)) as r:
+            assert r.status_code == 200
+            text, reason, done = [], None, False
+            async for line in r.aiter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    choice = json.loads(line[6:])["choices"][0]
+                    text.append(choice["text"])
+                    reason = choice["finish_reason"] or reason
+            return "".join(text), reason, done
+
+    async def all_clients():
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=TIMEOUT, limits=limits) as c:
+            return await asyncio.wait_for(asyncio.gather(*(one(c, i) for i in range(64))), 120)
+
+    got = asyncio.run(all_clients())
+    params = [params_for(offline, **{k: v for k, v in body(i).items() if k not in ("model", "prompt", "stream")})
+              for i in range(64)]
+    want = offline.generate(PROMPTS, params, use_tqdm=False)
+    assert all(done for _, _, done in got)
+    assert [t for t, _, _ in got] == [o.outputs[0].text for o in want]
+    assert [r for _, r, _ in got] == [o.outputs[0].finish_reason for o in want]
+    m = wait_for(lambda: (lambda m: m if m["minillm_num_requests_running"] == 0 else None)(metrics(server.base_url)),
+                 "every request to finish")
+    assert m["minillm_kv_cache_usage_perc"] == 0.0
+
+
+# ---- disconnects, backpressure, engine errors ------------------------------------------------------
+def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server):
+    total = metrics(server.base_url)["minillm_kv_cache_total_blocks"]
+    before = metrics(server.base_url)
+    with httpx.Client(base_url=server.base_url, timeout=TIMEOUT) as c:
+        with c.stream("POST", "/v1/completions", json=dict(model=MODEL, prompt=PROMPTS[3], max_tokens=480,
+                                                           ignore_eos=True, stream=True)) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))  # it is running
+            assert metrics(server.base_url)["minillm_kv_cache_free_blocks"] < total
+        # leaving the block closes the connection mid-stream
+    m = wait_for(lambda: (lambda m: m if m["minillm_kv_cache_free_blocks"] == total
+                          and m["minillm_num_requests_running"] == 0 else None)(metrics(server.base_url)),
+                 "the aborted request's blocks to be freed")
+    key = 'minillm_request_success_total{finished_reason="abort"}'
+    assert m[key] == before[key] + 1
+    assert m["minillm_generation_tokens_total"] - before["minillm_generation_tokens_total"] < 480
+    good_request(server.base_url)
+
+
+def test_a_non_streaming_client_that_disconnects_aborts_its_request(server):
+    """The server watches for the disconnect while it waits for the answer; the engine is held meanwhile,
+    so the request cannot finish first."""
+    async_llm = server.async_llm
+    total = metrics(server.base_url)["minillm_kv_cache_total_blocks"]
+    before = metrics(server.base_url)
+    body = json.dumps(dict(model=MODEL, prompt=PROMPTS[6], max_tokens=480, ignore_eos=True)).encode()
+    host, port = server.base_url.rsplit("/", 1)[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        wait_for(lambda: async_llm.num_running == 1, "the request to start")
+        with engine_held(async_llm):
+            sock.close()
+            wait_for(lambda: any(r.aborted for r in list(async_llm._requests.values())), "the server to abort it")
+    m = wait_for(lambda: (lambda m: m if m["minillm_kv_cache_free_blocks"] == total
+                          and m["minillm_num_requests_running"] == 0 else None)(metrics(server.base_url)),
+                 "the aborted request's blocks to be freed")
+    key = 'minillm_request_success_total{finished_reason="abort"}'
+    assert m[key] == before[key] + 1
+    assert m["minillm_generation_tokens_total"] - before["minillm_generation_tokens_total"] < 480
+    good_request(server.base_url)
+
+
+def test_abort_frees_blocks_before_the_next_step(server):
+    """AsyncLLM.abort: at most the step already under way (and the one that reads it back) runs after it."""
+    engine, async_llm = server.async_llm.engine, server.async_llm
+    steps = []
+    real_step = engine.step
+
+    def counting_step():
+        steps.append(1)
+        return real_step()
+
+    async def run():
+        stream = async_llm.add_request(PROMPTS[4], SamplingParams(max_tokens=400, ignore_eos=True))
+        first = await asyncio.wait_for(stream.__anext__(), 30)
+        assert first.outputs and not first.finished
+        at_abort = len(steps)
+        stream.abort()
+        outs = [out async for out in stream]
+        assert outs[-1].finished and outs[-1].outputs[-1].finish_reason == "abort"
+        return len(steps) - at_abort
+
+    engine.step = counting_step
+    try:
+        after = asyncio.run(asyncio.wait_for(run(), 60))
+    finally:
+        del engine.step
+    assert after <= 2
+    bm = engine.scheduler.block_manager
+    assert bm.num_free_blocks == len(bm.blocks)
+
+
+@contextmanager
+def engine_held(async_llm):
+    """The engine thread cannot add or step while the test holds the engine's lock."""
+    assert async_llm.engine.lock.acquire(timeout=30)
+    try:
+        yield
+    finally:
+        async_llm.engine.lock.release()
+
+
+def test_a_full_waiting_queue_answers_503_with_retry_after():
+    with server_handle(MODEL, max_waiting=2, **ARGS) as s, httpx.Client(base_url=s.base_url, timeout=TIMEOUT) as c:
+        req = dict(model=MODEL, prompt="Hello", max_tokens=4, stream=True)
+        with ExitStack() as streams:
+            with engine_held(s.async_llm):
+                accepted = [streams.enter_context(c.stream("POST", "/v1/completions", json=req)) for _ in range(2)]
+                assert [r.status_code for r in accepted] == [200, 200]
+                assert metrics(s.base_url)["minillm_num_requests_waiting"] == 2
+                r = c.post("/v1/completions", json=dict(req, stream=False))
+                assert r.status_code == 503
+                assert r.headers["retry-after"] == "1"
+                assert r.json()["error"]["code"] == "queue_full"
+            for r in accepted:  # the engine goes on: both accepted requests finish
+                events = sse_events(r)
+                assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+        good_request(s.base_url)
+
+
+def test_an_engine_error_fails_every_request_in_flight_and_the_server_goes_on(server):
+    """A step that raises fails both requests in it (a stream: an error event; a plain request: a 500)."""
+    engine, async_llm = server.async_llm.engine, server.async_llm
+    real_launch = engine.model_runner.launch
+    failed = []
+
+    def failing_launch(*args, **kwargs):
+        if len(engine.requests) >= 2 and not failed:  # the first step that runs both requests
+            failed.append(1)
+            raise RuntimeError("boom (a test's injected failure)")
+        return real_launch(*args, **kwargs)
+
+    engine.model_runner.launch = failing_launch
+    before = metrics(server.base_url)["minillm_request_failure_total"]
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=TIMEOUT) as c, ExitStack() as stack:
+            streaming = stack.enter_context(c.stream("POST", "/v1/completions", json=dict(
+                model=MODEL, prompt=PROMPTS[5], max_tokens=480, ignore_eos=True, stream=True)))
+            lines = streaming.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert "error" not in first  # it is running
+            with engine_held(async_llm):  # it cannot finish before the second request is in
+                plain = stack.enter_context(_thread_result(lambda: c.post("/v1/completions", json=dict(
+                    model=MODEL, prompt="Hello", max_tokens=4))))
+                wait_for(lambda: async_llm.num_waiting == 1, "the second request to be accepted")
+            r = plain.result()
+            assert r.status_code == 500, r.text
+            assert r.json()["error"]["type"] == "internal_server_error" and "boom" in r.json()["error"]["message"]
+            events = [json.loads(x[6:]) if x != "data: [DONE]" else x for x in lines if x.startswith("data: ")]
+            assert "boom" in events[-2]["error"]["message"] and events[-1] == "data: [DONE]"
+    finally:
+        del engine.model_runner.launch
+    assert failed
+    assert metrics(server.base_url)["minillm_request_failure_total"] == before + 2
+    good_request(server.base_url)
+
+
+class _Result:
+    def __init__(self, fn):
+        self.value = self.error = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn):
+        try:
+            self.value = fn()
+        except BaseException as e:  # noqa: BLE001 -- re-raised in result()
+            self.error = e
+
+    def result(self, timeout: float = 60):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the request did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+@contextmanager
+def _thread_result(fn):
+    res = _Result(fn)
+    yield res
+    res.thread.join(60)
+
+
+# ---- the bad-input battery ---------------------------------------------------------------------------
+OVER = list(range(1000, 1600))  # 600 token ids: over max_model_len=512
+BAD = [
+    ("completions", b"{not json", 400, "not valid JSON", None),
+    ("completions", b"[1, 2]", 400, "must be a JSON object", None),
+    ("completions", b"\xff\xfe", 400, "not valid JSON", None),
+    ("completions", {"model": "gpt-4", "prompt": "Hi"}, 404, "does not exist", "model"),
+    ("completions", {"prompt": OVER}, 400, "max_model_len", "prompt"),
+    ("completions", {"prompt": "Hi", "temperature": -1}, 400, "SamplingParams.temperature", "temperature"),
+    ("completions", {"prompt": "Hi", "max_tokens": "ten"}, 400, "SamplingParams.max_tokens", "max_tokens"),
+    ("completions", {"prompt": "Hi", "max_tokens": 2.5}, 400, "SamplingParams.max_tokens", "max_tokens"),
+    ("completions", {"prompt": "Hi", "max_tokens": 0}, 400, "SamplingParams.max_tokens", "max_tokens"),
+    ("completions", {"prompt": "Hi", "top_p": 0}, 400, "SamplingParams.top_p", "top_p"),
+    ("completions", {"prompt": "Hi", "n": 0}, 400, "SamplingParams.n", "n"),
+    ("completions", {"prompt": "Hi", "seed": -1}, 400, "SamplingParams.seed", "seed"),
+    ("completions", {"prompt": "Hi", "stop": [""]}, 400, "SamplingParams.stop", "stop"),
+    ("completions", {"prompt": "Hi", "logprobs": 50}, 400, "SamplingParams.logprobs", "logprobs"),
+    ("completions", {"prompt": "Hi", "presence_penalty": 3}, 400, "SamplingParams.presence_penalty",
+     "presence_penalty"),
+    ("completions", {"prompt": "Hi", "logit_bias": {"x": 1}}, 400, "logit_bias", "logit_bias"),
+    ("completions", {"prompt": "Hi", "foo": 1}, 400, "unknown field 'foo'", "foo"),
+    ("completions", {"prompt": "Hi", "stream": "yes"}, 400, "stream must be true or false", "stream"),
+    ("completions", {"prompt": "Hi", "stream_options": {"include_usage": True}}, 400, "only allowed with stream",
+     "stream_options"),
+    ("completions", {"prompt": ""}, 400, "empty", "prompt"),
+    ("completions", {"prompt": ["a", "b"]}, 400, "one prompt per request", "prompt"),
+    ("completions", {"prompt": [1, 999999999]}, 400, "outside the vocabulary", "prompt"),
+    ("completions", {}, 400, "prompt must be", "prompt"),
+    ("chat/completions", {"messages": []}, 400, "messages must be", "messages"),
+    ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, "content must be", "messages"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 2}, 400,
+     "needs logprobs", "top_logprobs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 99},
+     400, "SamplingParams.logprobs", "top_logprobs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "prompt": "x"}, 400,
+     "unknown field 'prompt'", "prompt"),
+    ("completions", b'{"prompt": "' + b"x" * (1 << 20) + b'"}', 413, "larger than", None),
+]
+
+
+@pytest.mark.parametrize("path, body, status, phrase, param", BAD,
+                         ids=[f"{i}-{b[2]}-{b[3][:24]}" for i, b in enumerate(BAD)])
+def test_bad_requests_get_an_openai_error_and_the_server_goes_on(server, path, body, status, phrase, param):
+    kwargs = dict(content=body, headers={"content-type": "application/json"}) if isinstance(body, bytes) else dict(
+        json=body)
+    r = httpx.post(f"{server.base_url}/v1/{path}", timeout=TIMEOUT, **kwargs)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert phrase in error["message"]
+    assert error["param"] == param
+    assert "Traceback" not in r.text
+    good_request(server.base_url)
+
+
+def test_unknown_paths_and_methods(server):
+    r = httpx.get(server.base_url + "/v1/nothing", timeout=TIMEOUT)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = httpx.get(server.base_url + "/v1/completions", timeout=TIMEOUT)
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_the_openai_client_sees_errors_as_its_exceptions(client):
+    with pytest.raises(openai.BadRequestError, match="SamplingParams.temperature"):
+        client.completions.create(model=MODEL, prompt="Hi", temperature=-2)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="Hi")
+
+
+def test_api_key():
+    with running_server(MODEL, api_key="sekret", **ARGS) as url:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+            r = httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=headers,
+                           timeout=TIMEOUT)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert httpx.get(url + "/v1/models", timeout=TIMEOUT).status_code == 401
+        assert httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200  # not under /v1
+        c = openai.OpenAI(base_url=url + "/v1", api_key="sekret", timeout=60, max_retries=0)
+        assert c.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices[0].finish_reason
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="bad", max_retries=0).models.list()
+
+
+# ---- /metrics and / ------------------------------------------------------------------------------
+def test_metrics_parse_and_move(server, client):
+    before = metrics(server.base_url)
+    for name in ("minillm_num_requests_running", "minillm_num_requests_waiting", "minillm_kv_cache_usage_perc",
+                 "minillm_kv_cache_free_blocks", "minillm_generation_tokens_total", "minillm_prompt_tokens_total",
+                 "minillm_time_to_first_token_seconds_count", "minillm_time_per_output_token_seconds_count",
+                 'minillm_time_to_first_token_seconds_bucket{le="+Inf"}'):
+        assert name in before, name
+    assert 0.0 <= before["minillm_kv_cache_usage_perc"] <= 1.0
+    r = client.completions.create(model=MODEL, prompt="Count", max_tokens=5, temperature=0, extra_body={
+        "ignore_eos": True})
+    assert r.usage.completion_tokens == 5
+    after = metrics(server.base_url)
+    assert after["minillm_generation_tokens_total"] == before["minillm_generation_tokens_total"] + 5
+    assert after["minillm_prompt_tokens_total"] == before["minillm_prompt_tokens_total"] + r.usage.prompt_tokens
+    for h in ("minillm_time_to_first_token_seconds", "minillm_time_per_output_token_seconds"):
+        assert after[h + "_count"] == before[h + "_count"] + 1
+        assert after[h + "_sum"] > before[h + "_sum"]
+
+
+def test_the_chat_page_or_a_404(server, monkeypatch, tmp_path):
+    import minillm.serving.server as srv
+    page = tmp_path / "index.html"
+    page.write_text("<!doctype html><title>chat</title>")
+    monkeypatch.setattr(srv, "STATIC", str(tmp_path))
+    r = httpx.get(server.base_url + "/", timeout=TIMEOUT)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html") and "chat" in r.text
+    page.unlink()
+    r = httpx.get(server.base_url + "/", timeout=TIMEOUT)
+    assert r.status_code == 404 and "index.html" in r.json()["error"]["message"]
+
+
+# ---- the command line ------------------------------------------------------------------------------
+def _serve(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minillm", "serve", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_serve_bad_arguments_are_one_line_errors():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        for args, phrase in ((["--port", "70000"], "--port must be in"), (["--max-waiting", "0"], "--max-waiting"),
+                             (["--port", str(taken.getsockname()[1])], "cannot listen on"),
+                             (["--api-key", ""], "--api-key is empty")):
+            p = _serve(*args)
+            assert p.returncode == 2, (args, p.stderr)
+            assert p.stderr.startswith("error: ") and phrase in p.stderr and p.stderr.count("\n") == 1, p.stderr
