@@ -235,11 +235,7 @@ class RequestStream:
     def __init__(self, engine: LLMEngine, seq: Sequence, tokenizer: Tokenizer, prompt: str | None = None):
         self.engine, self.seq, self.prompt = engine, seq, prompt
         self.output: RequestOutput | None = None
-        self._detok = IncrementalDetokenizer(tokenizer)
-        self._num_read = 0  # completion tokens given to the detokenizer
-        self._num_sent = 0  # characters yielded
-        # a stop string may be starting in the newest characters: hold that many back until it is not
-        self._hold = max((len(s) for s in seq.params.stop), default=1) - 1
+        self._text = TextDeltas(seq, tokenizer)
         self._closed = False
 
     def __iter__(self) -> "RequestStream":
@@ -260,20 +256,9 @@ class RequestStream:
 
     def _delta(self) -> str:
         """The text not yet yielded (sets `output` when the request has finished)."""
-        seq = self.seq
-        new = seq.resolved_completion()[self._num_read:]
-        self._num_read += len(new)
-        if new:
-            self._detok.add(new)
-        if seq.is_finished:
-            self.output = self.engine.request_output(seq, self.prompt)
-            text = self.output.outputs[0].text  # exactly generate()'s text
-        else:
-            text = self._detok.text
-            cut = seq.params.cut_at_stop(text)
-            text = cut if cut is not None else text[:max(0, len(text) - self._hold)]
-        delta = text[self._num_sent:]
-        self._num_sent += len(delta)
+        _, delta = self._text.advance(self.engine)
+        if self.seq.is_finished:
+            self.output = self.engine.request_output(self.seq, self.prompt)
         return delta
 
     def close(self) -> None:
@@ -294,3 +279,37 @@ class RequestStream:
             self.close()
         except Exception:  # noqa: BLE001 -- at interpreter exit the engine may be half torn down
             pass
+
+
+class TextDeltas:
+    """One sample's tokens and text as they are generated, for streaming: each advance() returns what
+    is new since the last. Stop strings are held back until ruled out, so the deltas join to exactly
+    the text generate() returns; once the sample is finished the last delta completes that text.
+    (llm.stream and the server's AsyncLLM both stream through it.)"""
+
+    def __init__(self, seq: Sequence, tokenizer: Tokenizer | None):
+        self.seq = seq
+        self.detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+        self.num_read = 0  # completion tokens read (given to the detokenizer)
+        self.num_sent = 0  # characters returned
+        # a stop string may be starting in the newest characters: hold that many back until it is not
+        self.hold = max((len(s) for s in seq.params.stop), default=1) - 1
+
+    def advance(self, engine: LLMEngine) -> tuple[list[int], str]:
+        """-> (the completion token ids read back since the last call, the text not yet returned)."""
+        seq = self.seq
+        new = seq.resolved_completion()[self.num_read:]
+        self.num_read += len(new)
+        if seq.is_finished:
+            text = engine.completion(seq).text  # exactly generate()'s text
+        elif self.detok is None:  # no tokenizer: token ids only
+            text = ""
+        else:
+            if new:
+                self.detok.add(new)
+            text = self.detok.text
+            cut = seq.params.cut_at_stop(text)
+            text = cut if cut is not None else text[:max(0, len(text) - self.hold)]
+        delta = text[self.num_sent:]
+        self.num_sent += len(delta)
+        return new, delta

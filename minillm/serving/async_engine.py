@@ -24,10 +24,11 @@ import uuid
 from dataclasses import dataclass, field
 
 from minillm.engine.sequence import Sequence
+from minillm.llm import TextDeltas
 from minillm.outputs import CompletionOutput, RequestOutput
 from minillm.sampling_params import SamplingParams, describe
 from minillm.serving.metrics import Metrics
-from minillm.tokenizer import IncrementalDetokenizer, check_text
+from minillm.tokenizer import check_text
 
 _END = object()  # the queue's last item after the final output
 
@@ -41,43 +42,25 @@ class EngineError(Exception):
 
 
 class _SampleText:
-    """One sample's new tokens and text since the last look (stop strings held back until ruled out,
-    as llm.RequestStream does): the deltas join to exactly the text generate() returns."""
+    """One sample's new tokens, text and logprobs since the last look, as a CompletionOutput."""
 
     def __init__(self, seq: Sequence, tokenizer):
-        self.seq = seq
-        self.detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
-        self.num_read = self.num_sent = 0
-        self.hold = max((len(s) for s in seq.params.stop), default=1) - 1
+        self.seq, self.text = seq, TextDeltas(seq, tokenizer)
         self.done = False
 
     def delta(self, engine) -> CompletionOutput | None:
-        seq = self.seq
-        new = seq.resolved_completion()[self.num_read:]
+        seq, first = self.seq, self.text.num_read
+        new, delta = self.text.advance(engine)
         logprobs = None
         if seq.params.logprobs is not None:
-            logprobs = [engine._logprob_objects(d) for d in seq.logprobs[self.num_read:self.num_read + len(new)]]
-        self.num_read += len(new)
-        stop_reason = None
-        if seq.is_finished:
-            self.done = True
-            final = engine.completion(seq)
-            text, stop_reason = final.text, final.stop_reason
-        elif self.detok is None:
-            text = ""
-        else:
-            if new:
-                self.detok.add(new)
-            text = self.detok.text
-            cut = seq.params.cut_at_stop(text)
-            text = cut if cut is not None else text[:max(0, len(text) - self.hold)]
-        delta = text[self.num_sent:]
-        self.num_sent += len(delta)
+            logprobs = [engine._logprob_objects(d) for d in seq.logprobs[first:first + len(new)]]
+        self.done = seq.is_finished
         if not (delta or new or self.done):
             return None
         return CompletionOutput(index=seq.index, text=delta, token_ids=new, logprobs=logprobs,
                                 cumulative_logprob=seq.cumulative_logprob if logprobs is not None else None,
-                                finish_reason=seq.finish_reason if self.done else None, stop_reason=stop_reason)
+                                finish_reason=seq.finish_reason if self.done else None,
+                                stop_reason=engine.completion(seq).stop_reason if self.done else None)
 
 
 @dataclass(eq=False)
