@@ -545,9 +545,9 @@ def run_nanovllm(nano, path: str, work: Workload, subset: Workload | None, args)
 
 # ---- HF transformers -------------------------------------------------------------------------------
 def _hf_preflight(device: str) -> None:
-    """Raise ValueError where HF's continuous batching cannot be compared here."""
-    if device != "cuda":
-        raise ValueError("--compare hf runs HF's continuous batching on CUDA; no CUDA device here")
+    """Raise ValueError where HF cannot be compared here (on a CPU it runs generate, run_hf_generate)."""
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"--compare hf runs on CUDA or a CPU, not on {device!r}")
 
 
 def _load_hf_model(path: str, dtype):
@@ -598,6 +598,38 @@ def run_hf(path: str, dtype, work: Workload, args) -> dict:
         if args.batch1_tokens:
             def one(k: int) -> float:
                 return timed(lambda: _hf_generate(manager, [BATCH1_PROMPT], [k])[0])[1]
+            res["batch1_ms_per_token"] = round(batch1_ms_per_token(one, args.batch1_tokens), 4)
+    return res
+
+
+def run_hf_generate(path: str, dtype, work: Workload, args) -> dict:
+    """HF transformers on a CPU, where its continuous batching does not run: `generate` with every
+    request in one left-padded batch (static batching), sampled until the longest output length and
+    each request credited with its own length, timed end to end; batch-1 decode as on CUDA."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    res = {"engine": "HF transformers", "version": transformers.__version__,
+           "settings": "generate, one left-padded batch of every request (static batching), SDPA attention"}
+    width, longest = max(map(len, work.prompts)), max(work.output_lens)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in work.prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in work.prompts])
+
+    def generate(input_ids, attention_mask, k: int):
+        return model.generate(input_ids, attention_mask=attention_mask, do_sample=True, temperature=args.temperature,
+                              top_k=0, top_p=1.0, max_new_tokens=k, min_new_tokens=k, eos_token_id=None,
+                              pad_token_id=0)
+    with torch.no_grad():
+        generate(ids[:1, -8:], mask[:1, -8:], 4)  # warm-up
+        out, wall = timed(lambda: generate(ids, mask, longest))
+        generated = out.shape[1] - width  # (every row runs to the longest: EOS is off)
+        _throughput_entry(res, work, sum(min(n, generated) for n in work.output_lens), wall)
+        if args.batch1_tokens:
+            one_ids = torch.tensor([BATCH1_PROMPT])
+
+            def one(k: int) -> float:
+                return timed(lambda: generate(one_ids, torch.ones_like(one_ids), k))[1]
             res["batch1_ms_per_token"] = round(batch1_ms_per_token(one, args.batch1_tokens), 4)
     return res
 
@@ -707,7 +739,8 @@ def run_bench(args) -> dict:
         nano, info = plan["nano"]
         runs.append(("nanovllm", lambda: {**info, **run_nanovllm(nano, plan["path"], work, subset, args)}))
     if "hf" in args.compare:
-        runs.append(("hf", lambda: run_hf(plan["path"], dtype, subset or work, args)))
+        hf = run_hf if plan["device"] == "cuda" else run_hf_generate
+        runs.append(("hf", lambda: hf(plan["path"], dtype, subset or work, args)))
 
     baseline = release_gpu()
     for name, run in runs:

@@ -304,6 +304,7 @@ def test_bench_run_prints_every_engine_and_like_for_like_json(tmp_path, isolated
     model = StandInHFModel()
     monkeypatch.setattr(bench, "_hf_preflight", lambda device: None)
     monkeypatch.setattr(bench, "_load_hf_model", lambda path, dtype: model)
+    monkeypatch.setattr(bench, "run_hf_generate", bench.run_hf)  # the CUDA adapter, with the stand-in model
     out_file = tmp_path / "bench.json"
     args = parse("--model", "qwen3-tiny", "--device", "cpu", "--num-seqs", "4", "--min-len", "16",
                  "--max-input-len", "40", "--max-output-len", "24", "--max-model-len", "256",
@@ -336,6 +337,21 @@ def test_bench_run_prints_every_engine_and_like_for_like_json(tmp_path, isolated
     assert result["speedup_vs_hf"] == result["speedup_vs_hf_same_subset"] == r["minillm-torch/hf"]["ratio"]
     assert result["speedup_vs_nanovllm"] == r["minillm-torch/nanovllm"]["ratio"]
     assert result["workload"]["num_seqs"] == 4 and result["hf_num_seqs"] == 2 and "floor_tok_s_subset" in result
+
+
+def test_cpu_compare_hf_runs_transformers_generate(isolated_imports, capsys):
+    """On a CPU, --compare hf runs HF's own generate (static batching) on the same requests: every
+    request gets its full length, and batch-1 decode is timed the same way as minillm's."""
+    args = parse("--model", "qwen3-tiny", "--device", "cpu", "--num-seqs", "3", "--min-len", "8",
+                 "--max-input-len", "16", "--max-output-len", "8", "--max-model-len", "256",
+                 "--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--batch1-tokens", "2",
+                 "--compare", "hf", "--json")
+    result = bench.run_bench(args)
+    hf = result["engines"]["hf"]
+    assert hf["engine"] == "HF transformers" and "static batching" in hf["settings"]
+    assert hf["complete"] and hf["output_tokens"] == sum(bench.make_workload(3, 8, 16, 8)[1])
+    assert hf["batch1_ms_per_token"] > 0 and result["ratios"]["minillm-torch/hf"]["num_seqs"] == 3
+    assert "x hf" in capsys.readouterr().err
 
 
 def test_bench_skips_what_cannot_run_and_says_why(tmp_path, isolated_imports, monkeypatch, capsys):
