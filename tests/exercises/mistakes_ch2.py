@@ -140,7 +140,7 @@ def sigmoid_instead_of_silu(x):
 
 # ---- 2.6 the decoder layer -----------------------------------------------------------------------
 def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, restart_residual=False,
-           post_norm_without_residual=False):
+           post_norm_without_residual=False, skip_qk_norm=False):
     """The right decoder_layer, with one of its steps changed."""
     if residual is None or restart_residual:
         h, residual = apply_rms_norm(hidden_states, p.input_norm, p.eps), hidden_states
@@ -149,7 +149,7 @@ def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, rest
     n, H, Hkv, D = h.shape[0], p.num_heads, p.num_kv_heads, p.head_dim
     q, k, v = p.qkv_proj(h).split([H * D, Hkv * D, Hkv * D], dim=-1)
     q, k, v = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, D)
-    if p.q_norm is not None and not qk_norm_after_rope:
+    if p.q_norm is not None and not (qk_norm_after_rope or skip_qk_norm):
         q, k = apply_rms_norm(q, p.q_norm, p.eps), apply_rms_norm(k, p.k_norm, p.eps)
     q, k = apply_rotary(q, positions, p.cos_sin), apply_rotary(k, positions, p.cos_sin)
     if p.q_norm is not None and qk_norm_after_rope:
@@ -165,6 +165,11 @@ def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, rest
 def layer_qk_norm_after_rope(positions, hidden_states, residual, p):
     """Applies QK-norm to the rotated q and k."""
     return _layer(positions, hidden_states, residual, p, qk_norm_after_rope=True)
+
+
+def layer_without_qk_norm(positions, hidden_states, residual, p):
+    """Never applies QK-norm (the Llama/Qwen2 layer run on Qwen3's weights)."""
+    return _layer(positions, hidden_states, residual, p, skip_qk_norm=True)
 
 
 def layer_residual_not_carried(positions, hidden_states, residual, p):
@@ -567,6 +572,10 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_layer_qk_norm_after_rope", "2.6", {"decoder_layer": layer_qk_norm_after_rope},
             "q and k are normalized after RoPE: apply QK-norm per head (q_norm, k_norm) BEFORE rotating them", LAYER,
             {"first": True}),
+    Mistake("ch2_layer_without_qk_norm", "2.6", {"decoder_layer": layer_without_qk_norm},
+            "q and k are never normalized: Qwen3 applies RMSNorm to each head of q and of k (p.q_norm, p.k_norm, "
+            "over head_dim) after the split and before RoPE; skip it only when p.q_norm is None (Llama, Qwen2)",
+            LAYER, {"first": True}),
     Mistake("ch2_layer_residual_not_carried", "2.6", {"decoder_layer": layer_residual_not_carried},
             "the incoming residual is dropped: only the first layer (residual=None) starts the stream; later "
             "layers call apply_rms_norm(hidden_states, weight, eps, residual), which adds it", LAYER,
