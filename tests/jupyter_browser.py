@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 CHROMIUM_ENV = "MINILLM_CHROMIUM"  # path of a Chromium/Chrome executable, overriding the search
@@ -28,6 +29,7 @@ HOW_TO_GET_ONE = (
 )
 # Headless on a machine without a display or a network: no sandbox (CI runs as root), no GPU,
 # and none of Chromium's background connections (a closed network refuses them noisily).
+BROWSER_EXIT_S = 30  # a closed Chromium's processes are gone within this
 CHROMIUM_ARGS = (
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync",
@@ -190,3 +192,40 @@ if __name__ == "__main__":
     except BrowserNotFound as e:
         print(e, file=sys.stderr)
         sys.exit(1)
+
+
+@contextmanager
+def chromium_page(tmp_path: Path):
+    """A page of a headless Chromium (the one find_chromium names) whose profile, cache and crash
+    reports live under tmp_path; fails saying how to get a Chromium when there is none. On leaving, the
+    browser is closed and none of its processes may outlive it."""
+    try:
+        chromium, missing = find_chromium(), ""
+    except BrowserNotFound as e:
+        chromium, missing = "", str(e)
+    import pytest
+    if missing:  # failed outside the except block, where pytest would print the message twice
+        pytest.fail(missing, pytrace=False)
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
+
+    chromium_home = tmp_path / "chromium"
+    # Chromium keeps its crash-report database and cache under the XDG folders: keep them here too
+    browser_env = dict(os.environ, XDG_CONFIG_HOME=str(chromium_home / "config"),
+                       XDG_CACHE_HOME=str(chromium_home / "cache"))
+    with sync_playwright() as pw:
+        try:
+            browser, launch_error = pw.chromium.launch_persistent_context(
+                str(chromium_home / "profile"), executable_path=chromium, headless=True,
+                args=list(CHROMIUM_ARGS), env=browser_env), ""
+        except PlaywrightError as e:
+            browser, launch_error = None, e.message
+        if launch_error:
+            pytest.fail(f"Chromium {chromium} did not start: {launch_error[:2000]}\n{HOW_TO_GET_ONE}",
+                        pytrace=False)
+        try:
+            yield browser.pages[0] if browser.pages else browser.new_page()
+        finally:
+            browser.close()
+    leaked = wait_until_gone(str(chromium_home), BROWSER_EXIT_S)
+    assert not leaked, f"browser processes still run after the test closed the browser: {leaked}"

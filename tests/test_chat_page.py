@@ -11,22 +11,18 @@ Every wait is on a condition, with a bounded timeout; nothing sleeps to synchron
 """
 from __future__ import annotations
 
-import os
 import time
-from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import pytest
 
-from jupyter_browser import CHROMIUM_ARGS, HOW_TO_GET_ONE, BrowserNotFound, find_chromium, wait_until_gone
+from jupyter_browser import chromium_page
 from serving_helpers import running_server
 
 TEST_TIMEOUT_S = 300        # pytest-timeout: the whole test, whatever hangs
 UI_TIMEOUT_MS = 30_000      # page load, a click, an element's state
 ANSWER_TIMEOUT_MS = 90_000  # one short answer, start to finish, on a busy 2-core CPU
 METRICS_TIMEOUT_S = 30      # from Stop to the server showing the request gone and its blocks free
-BROWSER_EXIT_S = 30
 SHORT_ANSWER_TOKENS = 24    # enough chunks to see the text grow
 LONG_ANSWER_TOKENS = 3000   # still running when Stop is pressed (the test stops it after 3 updates)
 MIN_UPDATES = 3             # DOM updates of a reply while it streams
@@ -168,40 +164,6 @@ def _drive_with_key(page, base: str, key: str) -> None:
                                                                          timeout=ANSWER_TIMEOUT_MS)
 
 
-@contextmanager
-def chromium_page(tmp_path: Path):
-    """A page of a headless Chromium (the one find_chromium names) whose profile, cache and crash
-    reports live under tmp_path; fails saying how to get a Chromium when there is none. On leaving, the
-    browser is closed and none of its processes may outlive it."""
-    try:
-        chromium, missing = find_chromium(), ""
-    except BrowserNotFound as e:
-        chromium, missing = "", str(e)
-    if missing:  # failed outside the except block, where pytest would print the message twice
-        pytest.fail(missing, pytrace=False)
-    from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
-
-    chromium_home = tmp_path / "chromium"
-    # Chromium keeps its crash-report database and cache under the XDG folders: keep them here too
-    browser_env = dict(os.environ, XDG_CONFIG_HOME=str(chromium_home / "config"),
-                       XDG_CACHE_HOME=str(chromium_home / "cache"))
-    with sync_playwright() as pw:
-        try:
-            browser, launch_error = pw.chromium.launch_persistent_context(
-                str(chromium_home / "profile"), executable_path=chromium, headless=True,
-                args=list(CHROMIUM_ARGS), env=browser_env), ""
-        except PlaywrightError as e:
-            browser, launch_error = None, e.message
-        if launch_error:
-            pytest.fail(f"Chromium {chromium} did not start: {launch_error[:2000]}\n{HOW_TO_GET_ONE}",
-                        pytrace=False)
-        try:
-            yield browser.pages[0] if browser.pages else browser.new_page()
-        finally:
-            browser.close()
-    leaked = wait_until_gone(str(chromium_home), BROWSER_EXIT_S)
-    assert not leaked, f"browser processes still run after the test closed the browser: {leaked}"
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)

@@ -8,7 +8,6 @@ fails and says how to get one; `make test` installs Debian's package first.
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import sys
@@ -18,8 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from jupyter_browser import (CHROMIUM_ARGS, HOW_TO_GET_ONE, BrowserNotFound, JupyterLab, find_chromium,
-                             wait_until_gone)
+from jupyter_browser import BROWSER_EXIT_S, JupyterLab, chromium_page, wait_until_gone
 
 REPO = Path(__file__).resolve().parent.parent
 TOUR = "00_tour.ipynb"
@@ -41,7 +39,6 @@ UI_TIMEOUT_MS = 120_000       # page load, kernel start, a click
 CELL_START_TIMEOUT_MS = 30_000   # from Shift+Enter to the cell's "[*]" prompt
 CELL_TIMEOUT_MS = 420_000     # one cell, start to finish (model conversion on a busy CPU)
 SAVE_TIMEOUT_S = 30
-BROWSER_EXIT_S = 30
 
 # The notebook's kernel is started and idle: the toolbar names a kernel and the execution
 # indicator reads idle (it reads idle before any kernel exists, too, so both are needed).
@@ -132,34 +129,9 @@ def _drive_tour(page, lab: JupyterLab, notebooks: Path) -> tuple[dict[str, str],
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_tour_runs_in_jupyterlab(tmp_path):
-    try:
-        chromium, missing = find_chromium(), ""
-    except BrowserNotFound as e:
-        chromium, missing = "", str(e)
-    if missing:  # failed outside the except block, where pytest would print the message twice
-        pytest.fail(missing, pytrace=False)
-    from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
-
     notebooks = _scratch_notebooks(tmp_path / "notebooks")
-    chromium_home = tmp_path / "chromium"
-    # Chromium keeps its crash-report database and cache under the XDG folders: keep them here too
-    browser_env = dict(os.environ, XDG_CONFIG_HOME=str(chromium_home / "config"),
-                       XDG_CACHE_HOME=str(chromium_home / "cache"))
-    with JupyterLab(notebooks, tmp_path / "jupyter") as lab, sync_playwright() as pw:
-        try:
-            browser, launch_error = pw.chromium.launch_persistent_context(
-                str(chromium_home / "profile"), executable_path=chromium, headless=True,
-                args=list(CHROMIUM_ARGS), env=browser_env), ""
-        except PlaywrightError as e:
-            browser, launch_error = None, e.message
-        if launch_error:
-            pytest.fail(f"Chromium {chromium} did not start: {launch_error[:2000]}\n{HOW_TO_GET_ONE}",
-                        pytrace=False)
-        try:
-            shown, saved = _drive_tour(browser.pages[0] if browser.pages else browser.new_page(), lab, notebooks)
-        finally:
-            browser.close()
+    with JupyterLab(notebooks, tmp_path / "jupyter") as lab, chromium_page(tmp_path) as page:
+        shown, saved = _drive_tour(page, lab, notebooks)
     leaked = wait_until_gone(str(tmp_path), BROWSER_EXIT_S)
     assert not leaked, f"processes the test started still run after it stopped them: {leaked}"
 
