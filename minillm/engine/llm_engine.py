@@ -290,12 +290,12 @@ class LLMEngine:
             prev = self.pending if self.async_scheduling else None
             copies, self.scheduler.block_manager.copies = self.scheduler.block_manager.copies, []
             launched = self.model_runner.launch(seqs, is_prefill, prev, copies)
-            now = time.time()
-            for seq in seqs:
-                seq.fork_of = None  # forked: from now on it computes its own tokens
-                if seq.first_scheduled_time is None:
-                    seq.first_scheduled_time, seq.num_prefix_cache_hits = now, seq.num_cached_tokens
-            if is_prefill:
+            if is_prefill:  # a sequence is first scheduled (or forked) in a prefill step: decode steps skip this
+                now = time.time()
+                for seq in seqs:
+                    seq.fork_of = None  # forked: from now on it computes its own tokens
+                    if seq.first_scheduled_time is None:
+                        seq.first_scheduled_time, seq.num_prefix_cache_hits = now, seq.num_cached_tokens
                 self.num_prefill_tokens += sum(s.num_new_tokens for s in seqs)
             else:
                 self.num_decode_tokens += len(seqs)
@@ -362,7 +362,6 @@ class LLMEngine:
         # its prompt's end (no position) sampled one nobody keeps
         rows = [(seq, pos, tok) for seq, pos, tok in zip(pending.seqs, pending.positions, token_ids)
                 if pos is not None and not seq.is_finished]
-        row_of = {seq.seq_id: row for row, seq in enumerate(pending.seqs)}
         seqs = [seq for seq, _, _ in rows]
         outcomes = fill_placeholders([s.token_ids for s in seqs], [pos for _, pos, _ in rows],
                                      [tok for _, _, tok in rows], [s.finish_reason == "length" for s in seqs],
@@ -374,8 +373,9 @@ class LLMEngine:
             if seq.first_token_time is None:
                 seq.first_token_time = now
             if seq.params.logprobs is not None:
-                seq.logprobs.append(position_logprobs(pending.logprobs, row_of[seq.seq_id], seq.params.logprobs, tok))
-                seq.cumulative_logprob += float(pending.logprobs.chosen[row_of[seq.seq_id]])
+                row = pending.rows[seq.seq_id]
+                seq.logprobs.append(position_logprobs(pending.logprobs, row, seq.params.logprobs, tok))
+                seq.cumulative_logprob += float(pending.logprobs.chosen[row])
             detok = self.detokenizers.get(seq.seq_id)
             if detok is not None and outcome != "stop":
                 detok.add([tok])
