@@ -280,6 +280,30 @@ def test_abort_frees_blocks_before_the_next_step(server):
     assert bm.num_free_blocks == len(bm.blocks)
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["continuous", "static"])
+def test_static_batching_admits_a_request_only_after_the_batch_has_finished(static):
+    """Continuous batching: a short request that arrives while a long one runs joins it and finishes
+    first. Static batching (serve --batching static): it waits until the long one has finished."""
+    from minillm.serving.async_engine import AsyncLLM
+    async_llm = AsyncLLM(LLM(MODEL, **small_engine_args(**ARGS)), static_batching=static)
+
+    async def run():
+        long = async_llm.add_request(PROMPTS[0], SamplingParams(max_tokens=60, ignore_eos=True))
+        assert (await asyncio.wait_for(long.__anext__(), 30)).outputs  # the long request is running
+        short = async_llm.add_request(PROMPTS[1], SamplingParams(max_tokens=4, ignore_eos=True))
+        long_outs, short_outs = [o async for o in long], [o async for o in short]
+        return long_outs[-1].metrics, short_outs[-1].metrics
+
+    try:
+        long_m, short_m = asyncio.run(asyncio.wait_for(run(), 60))
+    finally:
+        async_llm.shutdown()
+    if static:
+        assert short_m.first_scheduled_time >= long_m.finished_time
+    else:
+        assert short_m.first_scheduled_time < long_m.finished_time and short_m.finished_time < long_m.finished_time
+
+
 @contextmanager
 def engine_held(async_llm):
     """The engine thread cannot add or step while the test holds the engine's lock."""
@@ -499,7 +523,8 @@ def test_serve_bad_arguments_are_one_line_errors():
         taken.listen(1)
         for args, phrase in ((["--port", "70000"], "--port must be in"), (["--max-waiting", "0"], "--max-waiting"),
                              (["--port", str(taken.getsockname()[1])], "cannot listen on"),
-                             (["--api-key", ""], "--api-key is empty")):
+                             (["--api-key", ""], "--api-key is empty"),
+                             (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be at least 1")):
             p = _serve(*args)
             assert p.returncode == 2, (args, p.stderr)
             assert p.stderr.startswith("error: ") and phrase in p.stderr and p.stderr.count("\n") == 1, p.stderr

@@ -10,6 +10,10 @@ step (continuous batching). With nothing to do the thread sleeps on the Conditio
     async for out in stream:            # RequestOutputs holding only what is new (vLLM's DELTA kind)
         print(out.outputs[0].text, out.outputs[0].token_ids, out.outputs[0].finish_reason)
 
+Static batching (static_batching=True, `serve --batching static`), for comparison only: new requests
+join only when every running one has finished, at most max_num_seqs at a time: the batch runs to
+its longest request's end while the others' slots sit idle (what continuous batching removes).
+
 Backpressure: at most max_waiting requests may wait to be scheduled (accepted, no step run yet);
 one more raises QueueFullError (the server's 503). abort() (a client that went away) ends a request
 before the engine's next step, which frees its KV blocks. An error inside a step fails every request
@@ -117,11 +121,12 @@ class AsyncStream:
 class AsyncLLM:
     """An LLM (minillm.LLM) served to asyncio callers; see the module docstring."""
 
-    def __init__(self, llm, max_waiting: int = 256):
+    def __init__(self, llm, max_waiting: int = 256, static_batching: bool = False):
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
             raise ValueError(f"max_waiting must be an integer >= 1, got {describe(max_waiting)}")
         self.llm, self.engine, self.tokenizer = llm, llm.engine, llm.tokenizer
         self.max_waiting = max_waiting
+        self.static_batching = bool(static_batching)
         self.metrics = Metrics(len(self.engine.scheduler.block_manager.blocks))
         self._cond = threading.Condition()
         self._inbox: list[_Request] = []  # accepted, not yet given to the engine
@@ -218,7 +223,7 @@ class AsyncLLM:
                         self._cond.wait()
                     if self._stopping:
                         return
-                    inbox, self._inbox = self._inbox, []
+                    inbox, self._inbox = self._next_batch(self._inbox)
                     aborts, self._aborts = self._aborts, []
                 self._admit([r for r in inbox if not r.aborted])
                 for req in aborts:
@@ -241,6 +246,15 @@ class AsyncLLM:
                 left = list(self._requests.values())
             for req in left:
                 self._end(req, EngineError(f"the engine stopped before this request finished ({reason})"))
+
+    def _next_batch(self, inbox: list[_Request]) -> tuple[list[_Request], list[_Request]]:
+        """-> (requests to give the engine now, requests that stay in the inbox)."""
+        if not self.static_batching:
+            return inbox, []  # continuous batching: everyone joins the next step
+        if not self.engine.is_finished():
+            return [], inbox  # static: the running batch finishes first
+        size = self.engine.config.max_num_seqs
+        return inbox[:size], inbox[size:]
 
     def _admit(self, reqs: list[_Request]) -> None:
         for req in reqs:
