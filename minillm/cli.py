@@ -144,6 +144,8 @@ def cmd_serve(args) -> None:
         raise ValueError(f"--max-waiting must be at least 1, got {args.max_waiting}")
     if args.max_num_seqs < 1:
         raise ValueError(f"--max-num-seqs must be at least 1, got {args.max_num_seqs}")
+    if args.stream_interval < 1:
+        raise ValueError(f"--stream-interval must be at least 1, got {args.stream_interval}")
     if args.max_num_batched_tokens < 1:
         raise ValueError(f"--max-num-batched-tokens must be at least 1, got {args.max_num_batched_tokens}")
     if args.api_key is not None and not args.api_key.strip():
@@ -157,7 +159,8 @@ def cmd_serve(args) -> None:
                   max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
                   enforce_eager=args.enforce_eager, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens)
-        async_llm = AsyncLLM(llm, max_waiting=args.max_waiting, static_batching=args.batching == "static")
+        async_llm = AsyncLLM(llm, max_waiting=args.max_waiting, static_batching=args.batching == "static",
+                             stream_interval=args.stream_interval)
         try:
             name = args.served_model_name or args.model
             host, port = sock.getsockname()[:2]
@@ -205,6 +208,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-num-seqs", type=int, default=256, help="sequences the engine runs at once")
     s.add_argument("--max-num-batched-tokens", type=int, default=16384,
                    help="tokens one step computes at most; a longer prompt prefills in chunks of this size")
+    s.add_argument("--stream-interval", type=int, default=1,
+                   help="send a request's tokens once this many have gathered (first and last at once); "
+                        "larger: fewer, bigger chunks and less host work per token at high load")
     s.add_argument("--batching", choices=["continuous", "static"], default="continuous",
                    help="static: new requests wait until the whole running batch has finished (to compare)")
     s.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")

@@ -298,7 +298,7 @@ class TextDeltas:
     def advance(self, engine: LLMEngine) -> tuple[list[int], str]:
         """-> (the completion token ids read back since the last call, the text not yet returned)."""
         seq = self.seq
-        new = seq.resolved_completion()[self.num_read:]
+        new = seq.resolved_completion(self.num_read)  # only the new tokens: no copy of the whole completion
         self.num_read += len(new)
         if seq.is_finished:
             text = engine.completion(seq).text  # exactly generate()'s text

@@ -304,6 +304,53 @@ def test_static_batching_admits_a_request_only_after_the_batch_has_finished(stat
         assert short_m.first_scheduled_time < long_m.finished_time and short_m.finished_time < long_m.finished_time
 
 
+def test_a_reader_that_falls_behind_reads_one_merged_delta(offline):
+    """Outputs the reader has not taken yet merge into one delta (no backlog of per-step chunks); the
+    merged delta holds exactly the tokens and text of offline generate."""
+    from minillm.serving.async_engine import _END, AsyncLLM
+    async_llm = AsyncLLM(LLM(MODEL, **small_engine_args(**ARGS)))
+    params = params_for(offline, max_tokens=24, temperature=0.0, ignore_eos=True)
+
+    async def run():
+        stream = async_llm.add_request(PROMPTS[2], params)
+        for _ in range(3000):  # read nothing until the request has ended (bounded: 30 s)
+            if _END in stream._req.outputs.items:
+                break
+            await asyncio.sleep(0.01)
+        unread = len(stream._req.outputs.items)
+        return unread, [out async for out in stream]
+
+    try:
+        unread, outs = asyncio.run(run())
+    finally:
+        async_llm.shutdown()
+    assert unread == 2 and len(outs) == 1 and outs[0].finished, (unread, outs)
+    want = offline.generate([PROMPTS[2]], params, use_tqdm=False)[0].outputs[0]
+    got = outs[0].outputs[0]
+    assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, "length")
+
+
+def test_stream_interval_sends_the_first_token_at_once_then_groups_of_that_many(offline):
+    from minillm.serving.async_engine import AsyncLLM
+    interval = 4
+    async_llm = AsyncLLM(LLM(MODEL, **small_engine_args(**ARGS)), stream_interval=interval)
+    params = params_for(offline, max_tokens=23, temperature=0.0, ignore_eos=True)
+
+    async def run():
+        return [out async for out in async_llm.add_request(PROMPTS[3], params)]
+
+    try:
+        outs = asyncio.run(asyncio.wait_for(run(), 60))
+    finally:
+        async_llm.shutdown()
+    sizes = [len(o.outputs[0].token_ids) for o in outs if o.outputs]
+    assert sizes[0] == 1 and all(n > 0 and n % interval == 0 for n in sizes[1:-1]) and 0 < sizes[-1], sizes
+    assert len(sizes) >= 3, sizes  # 23 tokens: 1, then groups of 4, then the rest
+    want = offline.generate([PROMPTS[3]], params, use_tqdm=False)[0].outputs[0]
+    assert [t for o in outs for c in o.outputs for t in c.token_ids] == want.token_ids
+    assert "".join(c.text for o in outs for c in o.outputs) == want.text
+
+
 @contextmanager
 def engine_held(async_llm):
     """The engine thread cannot add or step while the test holds the engine's lock."""
@@ -524,7 +571,8 @@ def test_serve_bad_arguments_are_one_line_errors():
         for args, phrase in ((["--port", "70000"], "--port must be in"), (["--max-waiting", "0"], "--max-waiting"),
                              (["--port", str(taken.getsockname()[1])], "cannot listen on"),
                              (["--api-key", ""], "--api-key is empty"),
-                             (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be at least 1")):
+                             (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be at least 1"),
+                             (["--stream-interval", "0"], "--stream-interval must be at least 1")):
             p = _serve(*args)
             assert p.returncode == 2, (args, p.stderr)
             assert p.stderr.startswith("error: ") and phrase in p.stderr and p.stderr.count("\n") == 1, p.stderr

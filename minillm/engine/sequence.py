@@ -105,9 +105,10 @@ class Sequence:
             n += 1
         return n
 
-    def resolved_completion(self) -> list[int]:
-        """Completion tokens read back so far (a launched step's token is PLACEHOLDER_TOKEN until it is)."""
-        return self.token_ids[self.num_prompt_tokens:self.num_tokens - self.num_placeholders]
+    def resolved_completion(self, start: int = 0) -> list[int]:
+        """Completion tokens read back so far, from the start-th on (a launched step's token is
+        PLACEHOLDER_TOKEN until it is read back)."""
+        return self.token_ids[self.num_prompt_tokens + start:self.num_tokens - self.num_placeholders]
 
     def drop_placeholders(self) -> None:
         """Forget the tokens still on the device (the request ended before they were read back)."""

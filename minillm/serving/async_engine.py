@@ -2,9 +2,12 @@
 
 Threads: the engine thread is the only one that touches the LLMEngine (add, step, abort, read
 outputs). Callers on an asyncio event loop (the server) hand it requests and aborts through two
-lists under one Condition and read each request's outputs from its own asyncio.Queue, which the
-engine thread fills with loop.call_soon_threadsafe. New requests join the running batch at the next
-step (continuous batching). With nothing to do the thread sleeps on the Condition (no busy loop).
+lists under one Condition and read each request's outputs from its own _Outputs. After each step
+the engine thread hands the event loop all of the step's outputs in one loop.call_soon_threadsafe
+(one wake-up per step, not one per request); a reader that has fallen behind finds its unread
+deltas merged into one (vLLM's RequestOutputCollector), so a busy server sends fewer, larger chunks
+instead of building a backlog. New requests join the running batch at the next step (continuous
+batching). With nothing to do the thread sleeps on the Condition (no busy loop).
 
     stream = async_llm.add_request("Hello", SamplingParams(max_tokens=8))   # checked now: ValueError
     async for out in stream:            # RequestOutputs holding only what is new (vLLM's DELTA kind)
@@ -13,6 +16,11 @@ step (continuous batching). With nothing to do the thread sleeps on the Conditio
 Static batching (static_batching=True, `serve --batching static`), for comparison only: new requests
 join only when every running one has finished, at most max_num_seqs at a time: the batch runs to
 its longest request's end while the others' slots sit idle (what continuous batching removes).
+
+Stream interval (vLLM's --stream-interval): a request's tokens go out once stream_interval of them
+have gathered (its first token and its last at once). Every delta costs Python work on both threads,
+which share one GIL with the engine's own step: at high load, fewer larger deltas leave the engine
+thread more of it. 1 (the default) sends every token as soon as it is read back.
 
 Backpressure: at most max_waiting requests may wait to be scheduled (accepted, no step run yet);
 one more raises QueueFullError (the server's 503). abort() (a client that went away) ends a request
@@ -23,8 +31,10 @@ the engine.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 
 from minillm.engine.sequence import Sequence
@@ -32,6 +42,7 @@ from minillm.llm import TextDeltas
 from minillm.outputs import CompletionOutput, RequestOutput
 from minillm.sampling_params import SamplingParams, describe
 from minillm.serving.metrics import Metrics
+from minillm.serving.protocol import merge
 from minillm.tokenizer import check_text
 
 _END = object()  # the queue's last item after the final output
@@ -52,6 +63,11 @@ class _SampleText:
         self.seq, self.text = seq, TextDeltas(seq, tokenizer)
         self.done = False
 
+    @property
+    def num_unsent(self) -> int:
+        """Completion tokens read back from the device and not yet in a delta."""
+        return self.seq.num_completion_tokens - self.seq.num_placeholders - self.text.num_read
+
     def delta(self, engine) -> CompletionOutput | None:
         seq, first = self.seq, self.text.num_read
         new, delta = self.text.advance(engine)
@@ -67,6 +83,51 @@ class _SampleText:
                                 stop_reason=engine.completion(seq).stop_reason if self.done else None)
 
 
+def merged(first: RequestOutput, then: RequestOutput) -> RequestOutput:
+    """Two consecutive deltas of one request as one delta (samples merged by index, in order)."""
+    outs: dict[int, CompletionOutput] = {}
+    merge(outs, first.outputs)
+    merge(outs, then.outputs)
+    return dataclasses.replace(then, outputs=list(outs.values()))
+
+
+class _Outputs:
+    """One request's outputs on the event loop's side, not yet read: RequestOutput deltas (an unread
+    one absorbs the next), then an exception and/or _END. Used on the loop's thread only."""
+
+    def __init__(self):
+        self.items: deque = deque()
+        self.waiter: asyncio.Future | None = None
+        # set by the engine thread when it sends a delta, cleared here once the reader has taken
+        # everything: while it is set the engine thread leaves new tokens in the sequence and sends
+        # them in one later delta (a reader that is behind costs no per-step work). A stale value
+        # either way only moves tokens to the next delta.
+        self.unread = False
+
+    def put(self, item) -> None:
+        last = self.items[-1] if self.items else None
+        if isinstance(item, RequestOutput) and isinstance(last, RequestOutput):
+            self.items[-1] = merged(last, item)  # the reader is behind: one larger chunk, no backlog
+        else:
+            self.items.append(item)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def get(self):
+        while not self.items:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+        item = self.items.popleft()
+        self.unread = bool(self.items)
+        return item
+
+
+def _deliver(sent: list) -> None:
+    """On an event loop's thread: one step's (request, item) pairs into their requests' _Outputs."""
+    for req, item in sent:
+        req.outputs.put(item)
+
+
 @dataclass(eq=False)
 class _Request:
     request_id: str
@@ -74,17 +135,16 @@ class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    outbox: list  # the AsyncLLM's (request, item) pairs not yet handed to their event loops
+    outputs: _Outputs = field(default_factory=_Outputs)
     seq: Sequence | None = None
     samples: list[_SampleText] = field(default_factory=list)
     waiting: bool = True  # counted against max_waiting until its first step
     aborted: bool = False
 
     def put(self, item) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the caller's event loop is closed: nobody is listening
-            pass
+        """On the engine thread: send an item (sent with the step's others by AsyncLLM._flush)."""
+        self.outbox.append((self, item))
 
 
 class AsyncStream:
@@ -101,7 +161,7 @@ class AsyncStream:
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
-        item = await self._req.queue.get()
+        item = await self._req.outputs.get()
         if item is _END:
             self.finished = True
             raise StopAsyncIteration
@@ -121,9 +181,11 @@ class AsyncStream:
 class AsyncLLM:
     """An LLM (minillm.LLM) served to asyncio callers; see the module docstring."""
 
-    def __init__(self, llm, max_waiting: int = 256, static_batching: bool = False):
-        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
-            raise ValueError(f"max_waiting must be an integer >= 1, got {describe(max_waiting)}")
+    def __init__(self, llm, max_waiting: int = 256, static_batching: bool = False, stream_interval: int = 1):
+        for name, value in (("max_waiting", max_waiting), ("stream_interval", stream_interval)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {describe(value)}")
+        self.stream_interval = stream_interval
         self.llm, self.engine, self.tokenizer = llm, llm.engine, llm.tokenizer
         self.max_waiting = max_waiting
         self.static_batching = bool(static_batching)
@@ -136,6 +198,7 @@ class AsyncLLM:
         self._stopping = False
         self._dead: str | None = None  # why the engine thread ended
         self._live: list[_Request] = []  # the engine thread's own: requests in the engine
+        self._outbox: list = []  # the engine thread's own: (request, item) pairs to send after this step
         self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
         self._thread.start()
 
@@ -157,7 +220,7 @@ class AsyncLLM:
         ids = self.engine.check_prompt(ids)  # pure checks: safe outside the engine thread
         params = self.engine.check_params(params)
         req = _Request(request_id or uuid.uuid4().hex, prompt if isinstance(prompt, str) else None, ids, params,
-                       asyncio.get_running_loop())
+                       asyncio.get_running_loop(), self._outbox)
         with self._cond:
             if self._stopping or self._dead:
                 raise EngineError(f"the engine is not running ({self._dead or 'shutting down'})")
@@ -237,6 +300,7 @@ class AsyncLLM:
                     except Exception as e:  # noqa: BLE001 -- fail the requests, keep serving
                         self._fail_live(e)
                 self._publish()
+                self._flush()
         except BaseException as e:  # noqa: BLE001 -- the thread dies: nobody may wait forever
             reason = f"the engine thread died: {type(e).__name__}: {e}"
             raise
@@ -246,6 +310,21 @@ class AsyncLLM:
                 left = list(self._requests.values())
             for req in left:
                 self._end(req, EngineError(f"the engine stopped before this request finished ({reason})"))
+            self._flush()
+
+    def _flush(self) -> None:
+        """Hand every event loop its share of the outbox in one call (one wake-up per loop and step)."""
+        if not self._outbox:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for pair in self._outbox:
+            by_loop.setdefault(pair[0].loop, []).append(pair)
+        self._outbox.clear()
+        for loop, sent in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, sent)
+            except RuntimeError:  # that event loop is closed: nobody is listening
+                pass
 
     def _next_batch(self, inbox: list[_Request]) -> tuple[list[_Request], list[_Request]]:
         """-> (requests to give the engine now, requests that stay in the inbox)."""
@@ -272,11 +351,15 @@ class AsyncLLM:
         for req in self._live:
             if req.waiting and req.seq.first_scheduled_time is not None:
                 self._scheduled(req)
+            if self._held(req):
+                still.append(req)  # its new tokens go out with a later delta
+                continue
             deltas = [d for d in (s.delta(self.engine) for s in req.samples if not s.done) if d is not None]
             self.metrics.count_generation_tokens(sum(len(d.token_ids) for d in deltas))
             finished = all(s.done for s in req.samples)
             if deltas or finished:
                 full = self.engine.request_output(req.seq, req.prompt) if finished else None
+                req.outputs.unread = True
                 req.put(RequestOutput(request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_ids,
                                       prompt_logprobs=None, outputs=deltas, finished=finished,
                                       metrics=full.metrics if full else None))
@@ -287,6 +370,17 @@ class AsyncLLM:
                 still.append(req)
         self._live = still
         self.metrics.set_free_blocks(self.engine.scheduler.block_manager.num_free_blocks)
+
+    def _held(self, req: _Request) -> bool:
+        """Whether req's new tokens wait for a later step: never once a sample has finished; else while
+        its reader has not taken the last delta, or (after each sample's first token, which goes at
+        once) while every sample has fewer than stream_interval new tokens."""
+        active = [s for s in req.samples if not s.done]
+        if any(s.seq.is_finished for s in active):
+            return False
+        if req.outputs.unread:
+            return True
+        return all(s.text.num_read > 0 and s.num_unsent < self.stream_interval for s in active)
 
     def _scheduled(self, req: _Request) -> None:
         self.metrics.count_prompt_tokens(len(req.prompt_ids))

@@ -17,6 +17,7 @@ import hmac
 import json
 import logging
 import os
+import sys
 import time
 import uuid
 
@@ -31,6 +32,11 @@ from minillm.serving.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_BODY_B
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 RETRY_AFTER_S = 1  # what a 503 asks the client to wait
+# The engine thread and the event loop share one GIL; a thread that wants it back waits up to the
+# interpreter's switch interval (5 ms by default, about one decode step) while the other runs Python.
+# A shorter one lets the engine thread launch the next step sooner: on one H200, qwen3-0.6b-random,
+# 256 streaming requests at once, 13.1k -> 14.6k output tok/s.
+SWITCH_INTERVAL_S = 0.0005
 log = logging.getLogger("minillm.serving")
 
 
@@ -257,6 +263,7 @@ def create_app(async_llm: AsyncLLM, model_name: str, api_key: str | None = None)
 def serve(async_llm: AsyncLLM, model_name: str, sock, api_key: str | None = None, log_level: str = "info") -> None:
     """Serve on an already bound socket until Ctrl-C (the caller shuts the AsyncLLM down)."""
     import uvicorn
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # process-wide: this process exists to serve
     config = uvicorn.Config(create_app(async_llm, model_name, api_key), log_level=log_level,
                             timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])
