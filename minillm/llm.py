@@ -307,6 +307,10 @@ class TextDeltas:
         else:
             if new:
                 self.detok.add(new)
+            if not seq.params.stop:  # nothing to hold back: only the new characters are sliced
+                delta = self.detok.text[self.num_sent:]
+                self.num_sent += len(delta)
+                return new, delta
             text = self.detok.text
             cut = seq.params.cut_at_stop(text)
             text = cut if cut is not None else text[:max(0, len(text) - self.hold)]

@@ -347,7 +347,7 @@ class AsyncLLM:
 
     def _publish(self) -> None:
         """Send every request what is new since the last step; finish those that are done."""
-        still = []
+        still, new_tokens = [], 0
         for req in self._live:
             if req.waiting and req.seq.first_scheduled_time is not None:
                 self._scheduled(req)
@@ -355,7 +355,7 @@ class AsyncLLM:
                 still.append(req)  # its new tokens go out with a later delta
                 continue
             deltas = [d for d in (s.delta(self.engine) for s in req.samples if not s.done) if d is not None]
-            self.metrics.count_generation_tokens(sum(len(d.token_ids) for d in deltas))
+            new_tokens += sum(len(d.token_ids) for d in deltas)
             finished = all(s.done for s in req.samples)
             if deltas or finished:
                 full = self.engine.request_output(req.seq, req.prompt) if finished else None
@@ -369,18 +369,22 @@ class AsyncLLM:
             else:
                 still.append(req)
         self._live = still
+        self.metrics.count_generation_tokens(new_tokens)
         self.metrics.set_free_blocks(self.engine.scheduler.block_manager.num_free_blocks)
 
     def _held(self, req: _Request) -> bool:
         """Whether req's new tokens wait for a later step: never once a sample has finished; else while
         its reader has not taken the last delta, or (after each sample's first token, which goes at
         once) while every sample has fewer than stream_interval new tokens."""
-        active = [s for s in req.samples if not s.done]
-        if any(s.seq.is_finished for s in active):
-            return False
-        if req.outputs.unread:
-            return True
-        return all(s.text.num_read > 0 and s.num_unsent < self.stream_interval for s in active)
+        held = True  # one pass, no lists: this runs for every request at every step
+        for s in req.samples:
+            if s.done:
+                continue
+            if s.seq.is_finished:
+                return False
+            if held and not req.outputs.unread and (s.text.num_read == 0 or s.num_unsent >= self.stream_interval):
+                held = False
+        return held
 
     def _scheduled(self, req: _Request) -> None:
         self.metrics.count_prompt_tokens(len(req.prompt_ids))
