@@ -1,0 +1,97 @@
+"""Chapter 6's known wrong versions (see mistakes.py): serving.
+
+Each function below is an exercise function written the way students get it wrong: an event that
+never ends or a newline that breaks it, a parser that loses spaces, events or the field name (6.1);
+a detokenizer that emits half a character, loses or repeats text, or decodes everything every step
+(6.2); admission bookkeeping that leaks a waiting slot or counts one twice (6.3); latency figures
+with the wrong divisor, gap, percentile or unit (6.4).
+"""
+from __future__ import annotations
+
+from mistakes import Mistake
+
+
+# ---- 6.1 server-sent events ---------------------------------------------------------------------------
+def sse_event_no_blank_line(data):
+    return "".join(f"data: {line}\n" for line in data.split("\n"))  # the bug: no empty line ends the event
+
+
+def sse_event_raw_newlines(data):
+    return f"data: {data}\n\n"  # the bug: a newline in data ends the data line early
+
+
+def _read(line, lines, value_of):
+    """sse_data with the value of a data line taken by value_of(line) (None: not a data line)."""
+    if not line:
+        if not lines:
+            return None
+        data = "\n".join(lines)
+        lines.clear()
+        return data
+    value = value_of(line)
+    if value is not None:
+        lines.append(value)
+    return None
+
+
+def _data_value(line):
+    if line.startswith(":"):
+        return None
+    name, _, value = line.partition(":")
+    return (value[1:] if value.startswith(" ") else value) if name == "data" else None
+
+
+def sse_data_strips_whitespace(line, lines):
+    # the bug: every space around the value goes, not only the one after the colon
+    return _read(line, lines, lambda s: None if _data_value(s) is None else s.partition(":")[2].strip())
+
+
+def sse_data_fixed_prefix(line, lines):
+    # the bug: the value is taken after a fixed "data: ", so "data:x" loses its first character
+    return _read(line, lines, lambda s: s[len("data: "):] if _data_value(s) is not None else None)
+
+
+def sse_data_every_colon_line(line, lines):
+    # the bug: the field name is not checked: comments, event:, id: and retry: lines are read as data
+    def value(s):
+        if ":" not in s:
+            return _data_value(s)
+        v = s.partition(":")[2]
+        return v[1:] if v.startswith(" ") else v
+    return _read(line, lines, value)
+
+
+def sse_data_line_per_event(line, lines):
+    return _data_value(line) if line else None  # the bug: each data line is returned as an event of its own
+
+
+MISTAKES = [
+    # 6.1
+    Mistake("ch6_sse_event_no_blank_line", "6.1", {"sse_event": sse_event_no_blank_line},
+            "the event has no empty line after its data: a reader dispatches an event at an empty line only, so it "
+            "gets nothing, or every chunk glued into one event. End the event with one more '\\n' (it ends in "
+            "'\\n\\n')",
+            "test_ch6.py::test_sse_event_frames_decode_with_openai"),
+    Mistake("ch6_sse_event_raw_newlines", "6.1", {"sse_event": sse_event_raw_newlines},
+            "data holding a newline is written as one `data: ` line: the newline ends that line, and the reader "
+            "takes the rest for a field of its own (dropped). Write each line of data.split('\\n') as its own "
+            "`data: ` line",
+            "test_ch6.py::test_sse_event_frames_decode_with_openai"),
+    Mistake("ch6_sse_data_strips_whitespace", "6.1", {"sse_data": sse_data_strips_whitespace},
+            "the value is stripped of all whitespace: only the one space right after the colon is dropped "
+            "('data:  x ' carries ' x '); the others are the data's own (a token ' the' starts with one)",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_fixed_prefix", "6.1", {"sse_data": sse_data_fixed_prefix},
+            "the value is cut after a fixed 'data: ', so 'data:x' (no space, which is allowed) loses its first "
+            "character. Split at the first colon, then drop one space if there is one",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_every_colon_line", "6.1", {"sse_data": sse_data_every_colon_line},
+            "comment lines (': ping') and other fields (event:, id:, retry:) are read as data: only a field whose "
+            "name, the text before the first colon, is exactly 'data' carries data; a line starting with ':' is "
+            "a comment",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_line_per_event", "6.1", {"sse_data": sse_data_line_per_event},
+            "each data line is returned as an event of its own: an event ends at the empty line only, and its "
+            "data is all its data lines joined with '\\n'. Append each value to `lines`; return at the empty line",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+]

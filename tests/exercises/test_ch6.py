@@ -1,0 +1,229 @@
+"""Chapter 6 graded tests: serving.
+
+References nobody here wrote: the `openai` package's own server-sent-events decoder
+(openai._streaming.SSEDecoder, and its _SSELineDecoder to cut a byte stream into lines) and the
+official openai client against the real server; the `tokenizers` library's own streaming decoder
+(tokenizers.decoders.DecodeStream) and its Tokenizer.decode, on the tokenizer.json of qwen3-tiny (the
+real Qwen vocabulary: byte-level BPE, which splits an emoji's UTF-8 bytes across tokens); plain
+Python models of the rules (admission: each request waiting, running or ended, the counts taken
+from the operation log); vLLM's benchmark_serving definitions of TTFT, TPOT, ITL and E2EL restated,
+with percentiles from statistics.quantiles (method="inclusive": linear interpolation, as numpy's
+default). Each exercise also runs alone in the engine (CPU, qwen3-tiny): the server streaming to
+the openai client and to `bench serve`'s client (6.1), llm.generate / llm.stream / the server on a
+completion full of split characters (6.2), an AsyncLLM under aborts and a full queue (6.3), and a
+real `bench serve` run (6.4).
+
+Some tests draw their inputs with hypothesis (properties.for_all: seeded, bounded); a failure
+shrinks to a minimal input, which the message names.
+
+    pytest tests/exercises/test_ch6.py --impl=exercises -m ex6_1
+"""
+import asyncio
+import time
+
+import httpx
+import openai
+import pytest
+import torch
+from hypothesis import strategies as st
+from openai._streaming import SSEDecoder, _SSELineDecoder
+
+from minillm import bench_serve
+from minillm.bench_serve import RequestTrace
+from minillm.course.exercises import use_impl
+from minillm.course.grading import check_equal, require_written
+from mistakes import suspects, suspects_of
+from properties import for_all, outcome
+from serving_helpers import server_handle
+
+MODEL = "qwen3-tiny"
+PROMPT = "Tell me a story about a robot."
+TIMEOUT_S = 60  # the longest any wait on the engine or the server may take (a CPU under load)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models on a busy 2-core machine: one intra-op thread is far faster (see tests/test_serving.py)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """One qwen3-tiny server for the in-engine tests (each swaps its exercise in while it runs)."""
+    with server_handle(MODEL) as handle:
+        yield handle
+
+
+def openai_client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", timeout=TIMEOUT_S, max_retries=0)
+
+
+# ---- 6.1 server-sent events ---------------------------------------------------------------------------
+def decoded_by_openai(stream: str) -> list[str]:
+    """The data of every event the openai package's decoder reads in `stream`."""
+    return [event.data for event in SSEDecoder().iter_bytes([stream.encode("utf-8")])]
+
+
+PAYLOADS = ['{"a": 1}', "[DONE]", "", "two\nlines", "\nnewlines first and last\n", "  spaces kept  ",
+            "unicode: naïve café 🤖 数字", "a: colon", "data: a field inside", ": a comment inside", "\n\n",
+            '{"choices": [{"text": " the"}]}']
+
+
+@pytest.mark.ex6_1
+def test_sse_event_frames_decode_with_openai(impl):
+    data = '{"a": 1}'
+    check_equal(outcome(lambda: impl.sse_event(data)), 'data: {"a": 1}\n\n', "6.1",
+                f"sse_event({data!r}) (the docstring's example: one data line, then an empty line)",
+                suspects=suspects("sse_event", data))
+    for data in PAYLOADS:
+        check_equal(outcome(lambda: decoded_by_openai(impl.sse_event(data))), [data], "6.1",
+                    f"the events the openai package's SSE decoder reads in sse_event({data!r}) (vs the data itself)",
+                    suspects=suspects_of("sse_event", lambda fn, data=data: outcome(
+                        lambda: decoded_by_openai(fn(data)))))
+    stream = "".join(impl.sse_event(d) for d in PAYLOADS)
+    check_equal(decoded_by_openai(stream), PAYLOADS, "6.1",
+                f"the events the openai package's SSE decoder reads in the events of {PAYLOADS} written one after "
+                f"the other", suspects=suspects_of("sse_event", lambda fn: outcome(
+                    lambda: decoded_by_openai("".join(fn(d) for d in PAYLOADS)))))
+
+
+@pytest.mark.ex6_1
+def test_sse_event_any_data(impl):
+    """Any text without a carriage return (hypothesis: a failure shrinks to the shortest)."""
+    def check(data):
+        check_equal(outcome(lambda: decoded_by_openai(impl.sse_event(data))), [data], "6.1",
+                    f"the events the openai package's SSE decoder reads in sse_event({data!r})",
+                    suspects=suspects_of("sse_event", lambda fn: outcome(lambda: decoded_by_openai(fn(data)))))
+    for_all(st.text(st.characters(codec="utf-8", exclude_characters="\r"), max_size=40), check)
+
+
+def reads(fn, lines: list[str]) -> list:
+    """fn(line, lines so far) for each line of a stream, in order: what it returns at each."""
+    buffer: list[str] = []
+    return [outcome(lambda line=line: fn(line, buffer)) for line in lines]
+
+
+def read_by_openai(groups: list[tuple[list[str], bool]]) -> list[str | None]:
+    """Per line, the data the openai package's decoder dispatches there. groups: (lines, whether they hold a
+    data line), each ended by its empty line. (openai's decoder also dispatches an event without data, at
+    an empty line after an event: or id: field; the spec, and sse_data, dispatch nothing there.)"""
+    decoder, out = SSEDecoder(), []
+    for lines, has_data in groups:
+        for line in lines:
+            event = decoder.decode(line)
+            out.append(event.data if event is not None and has_data else None)
+        assert has_data == (out[-1] is not None), f"the test's groups are mislabelled: {lines}"
+    return out
+
+
+STREAM = [  # (lines of one event, does it hold a data line); each group ends with its empty line
+    ([": a comment first", ""], False),
+    (["data: hello", ""], True),
+    (["data:no space", ""], True),
+    (["data:  two spaces, one dropped", "data: trailing spaces  ", ""], True),
+    (["event: message", "id: 7", "data: first", "data", "data: third", ""], True),  # a bare "data": empty value
+    (["retry: 100", "event: ping", ": keep-alive", ""], False),
+    (['data: {"a": 1}', ": keep-alive inside an event", "data: : not a comment", ""], True),
+    (["data:", ""], True),  # empty data
+    (["Data: not data", "datum: nor this", "event:data", ""], False),
+    (["data: [DONE]", ""], True),
+]
+
+
+@pytest.mark.ex6_1
+def test_sse_data_reads_a_stream(impl):
+    lines = [line for group, _ in STREAM for line in group]
+    want = read_by_openai(STREAM)
+    check_equal(reads(impl.sse_data, lines), want, "6.1",
+                f"what sse_data returns at each line of the stream {lines} (vs the openai package's SSE decoder)",
+                suspects=suspects_of("sse_data", lambda fn: reads(fn, lines)))
+
+
+FIELD_VALUE = st.text(st.characters(codec="utf-8", exclude_characters="\r\n"), max_size=12)
+
+
+@st.composite
+def sse_line(draw) -> tuple[str, bool]:
+    """One non-empty line of an event: (the line, is it a data line)."""
+    kind = draw(st.sampled_from(["data", "data", "bare data", "comment", "field", "no colon"]))
+    sep = draw(st.sampled_from(["", " ", "  "]))
+    if kind == "data":
+        return f"data:{sep}{draw(FIELD_VALUE)}", True
+    if kind == "bare data":
+        return "data", True
+    if kind == "comment":
+        return ":" + draw(FIELD_VALUE), False
+    name = draw(st.sampled_from(["event", "id", "retry", "Data", "datum"]))
+    return (f"{name}:{sep}{draw(FIELD_VALUE)}" if kind == "field" else name), False
+
+
+@st.composite
+def sse_streams(draw):
+    """Events (groups of lines, each ended by an empty line) written with one line ending; -> (the stream's
+    text, the groups)."""
+    groups = []
+    for _ in range(draw(st.integers(1, 5))):
+        body = draw(st.lists(sse_line(), max_size=4))
+        groups.append(([line for line, _ in body] + [""], any(is_data for _, is_data in body)))
+    ending = draw(st.sampled_from(["\n", "\r\n", "\r"]))
+    return "".join(line + ending for lines, _ in groups for line in lines), groups
+
+
+@pytest.mark.ex6_1
+def test_sse_data_agrees_with_openai_on_any_stream(impl):
+    """Generated streams: comments, data with and without the space, multi-line data, event:/id:/retry:
+    fields, lines without a colon, empty data, ending in \\n, \\r\\n or \\r; the lines are cut by openai's own
+    line decoder (hypothesis: a failure shrinks to the fewest, shortest lines)."""
+    def check(case):
+        text, groups = case
+        splitter = _SSELineDecoder()
+        lines = [raw.decode("utf-8") for raw in [*splitter.feed(text.encode("utf-8")), *splitter.finish()]]
+        assert lines == [line for group, _ in groups for line in group], "openai's line decoder cut other lines"
+        check_equal(reads(impl.sse_data, lines), read_by_openai(groups), "6.1",
+                    f"what sse_data returns at each line of the stream {text!r} (vs the openai package's decoder)",
+                    suspects=suspects_of("sse_data", lambda fn: reads(fn, lines)))
+    for_all(sse_streams(), check)
+
+
+async def bench_client_trace(base_url: str, prompt: list[int], max_tokens: int) -> RequestTrace:
+    """One streamed request sent by `bench serve`'s client (minillm.bench_serve.send_request)."""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(TIMEOUT_S)) as client:
+        payload = bench_serve._payload(MODEL, prompt, max_tokens, 0.0)
+        return await bench_serve.send_request(client, base_url + "/v1/completions", payload, time.perf_counter(),
+                                              max_tokens)
+
+
+@pytest.mark.ex6_1
+def test_sse_in_the_server(impl_name, server):
+    """Your 6.1 alone in the server and in `bench serve`'s client (qwen3-tiny, CPU): the official openai
+    client's streamed completion and chat join to the server's non-streamed text; bench serve's client
+    reads every chunk and the usage."""
+    require_written(impl_name, "6.1")
+    client, max_tokens = openai_client(server), 12
+    ids = server.async_llm.tokenizer.encode(PROMPT)
+    messages = [{"role": "user", "content": PROMPT}]
+    with use_impl(impl_name, exercises={"6.1"}):
+        plain = client.completions.create(model=MODEL, prompt=ids, max_tokens=max_tokens, temperature=0)
+        chunks = list(client.completions.create(model=MODEL, prompt=ids, max_tokens=max_tokens, temperature=0,
+                                                stream=True))
+        chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0)
+        chat_chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens,
+                                                          temperature=0, stream=True,
+                                                          stream_options={"include_usage": True}))
+        trace = asyncio.run(bench_client_trace(server.base_url, ids, max_tokens))
+    want = plain.choices[0]
+    check_equal(("".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason if chunks else None),
+                (want.text, want.finish_reason), "6.1", "(text, finish_reason) of a completion streamed to the openai "
+                "client through your 6.1 (vs the same request not streamed)")
+    check_equal(("".join(c.choices[0].delta.content or "" for c in chat_chunks if c.choices),
+                 chat_chunks[-1].usage.completion_tokens if chat_chunks and chat_chunks[-1].usage else None),
+                (chat.choices[0].message.content, chat.usage.completion_tokens), "6.1",
+                "(text, usage.completion_tokens) of a chat completion streamed to the openai client through your "
+                "6.1 (vs the same request not streamed)")
+    check_equal((trace.error, trace.output_tokens, len(trace.chunk_times)),
+                ("", plain.usage.completion_tokens, sum(1 for c in chunks if c.choices)), "6.1",
+                "(error, output tokens, chunks) of the same completion read by bench serve's client with your "
+                "sse_data (vs the openai client's chunks and the server's usage)")
