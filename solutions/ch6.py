@@ -2,9 +2,11 @@
 do not edit by hand.
 
 Exercise 6.1: sse_event, sse_data  (notebooks/06_serving.ipynb, section '1. A request's life: server-sent events')
+Exercise 6.2: detokenize_incrementally  (notebooks/06_serving.ipynb, section '2. Streaming text: incremental detokenization')
 """
 from __future__ import annotations
 
+from minillm.tokenizer import Tokenizer
 
 
 # ---- Exercise 6.1 (notebooks/06_serving.ipynb, section '1. A request's life: server-sent events'), from minillm.serving.sse ----
@@ -53,3 +55,32 @@ def sse_data(line: str, lines: list[str]) -> str | None:
     if name == "data":
         lines.append(value)
     return None
+
+
+# ---- Exercise 6.2 (notebooks/06_serving.ipynb, section '2. Streaming text: incremental detokenization'), from minillm.tokenizer ----
+def detokenize_incrementally(tokenizer: Tokenizer, ids: list[int], prefix_offset: int, read_offset: int,
+                             skip_special_tokens: bool = True) -> tuple[str, int, int]:
+    """The text that the newest tokens complete (vLLM's detokenize_incrementally).
+
+    ids: every token of the completion so far (the newest at the end); text before read_offset has
+    been emitted; prefix_offset <= read_offset starts the decode window. Decode only the window
+    ids[prefix_offset:] (with tokenizer.decode(ids, skip_special_tokens)), so that a step costs the
+    window, not the whole text; the window's first read_offset - prefix_offset tokens are context
+    whose text was emitted already.
+    -> (new text, new prefix_offset, new read_offset):
+      - while the window's text ends in U+FFFD ("\ufffd", what decoding gives for a character whose
+        UTF-8 bytes are split across tokens and not all there yet), or has not grown past the text
+        of ids[prefix_offset:read_offset]: nothing new, ("", prefix_offset, read_offset) unchanged;
+      - else the window's text past that prefix's text, and the window slides: the new
+        prefix_offset is the old read_offset, the new read_offset is len(ids) (all of it emitted).
+
+    Hints: decode the prefix ids[prefix_offset:read_offset] and the whole window; compare lengths.
+    Byte-level BPE (Qwen, Llama 3, GPT-2) splits an emoji into up to 4 tokens.
+    """
+    prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens)
+    window = tokenizer.decode(ids[prefix_offset:], skip_special_tokens)
+    # a trailing U+FFFD is half a character: its other bytes are still to come, so nothing is emitted
+    # (the window's text is not comparable with the prefix's while it ends in one)
+    if len(window) > len(prefix) and not window.endswith("\ufffd"):
+        return window[len(prefix):], read_offset, len(ids)
+    return "", prefix_offset, read_offset

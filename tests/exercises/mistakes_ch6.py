@@ -65,6 +65,38 @@ def sse_data_line_per_event(line, lines):
     return _data_value(line) if line else None  # the bug: each data line is returned as an event of its own
 
 
+# ---- 6.2 incremental detokenization -------------------------------------------------------------------
+def _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, *, hold_back=True, drop_prefix=True,
+           read_while_holding=False, slide=True):
+    """detokenize_incrementally with one rule switched off."""
+    prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens)
+    window = tokenizer.decode(ids[prefix_offset:], skip_special_tokens)
+    if len(window) > len(prefix) and (not hold_back or not window.endswith("\ufffd")):
+        return (window[len(prefix):] if drop_prefix else window), (read_offset if slide else 0), len(ids)
+    return "", prefix_offset, (len(ids) if read_while_holding else read_offset)
+
+
+def detokenize_no_hold_back(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    return _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, hold_back=False)
+
+
+def detokenize_token_alone(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    # the bug: the new tokens are decoded without the tokens before them
+    return tokenizer.decode(ids[read_offset:], skip_special_tokens), read_offset, len(ids)
+
+
+def detokenize_reads_while_holding(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    return _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, read_while_holding=True)
+
+
+def detokenize_keeps_prefix_text(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    return _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, drop_prefix=False)
+
+
+def detokenize_window_never_slides(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    return _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, slide=False)
+
+
 MISTAKES = [
     # 6.1
     Mistake("ch6_sse_event_no_blank_line", "6.1", {"sse_event": sse_event_no_blank_line},
@@ -94,4 +126,28 @@ MISTAKES = [
             "each data line is returned as an event of its own: an event ends at the empty line only, and its "
             "data is all its data lines joined with '\\n'. Append each value to `lines`; return at the empty line",
             "test_ch6.py::test_sse_data_reads_a_stream"),
+    # 6.2
+    Mistake("ch6_detok_no_hold_back", "6.2", {"detokenize_incrementally": detokenize_no_hold_back},
+            "text ending in U+FFFD is emitted: those are the first bytes of a character whose last bytes are in the "
+            "next token, and the client shows '\ufffd' for good. Emit nothing (and keep both offsets) while the "
+            "window's text ends in '\\ufffd'",
+            "test_ch6.py::test_detokenize_matches_decode_stream"),
+    Mistake("ch6_detok_token_alone", "6.2", {"detokenize_incrementally": detokenize_token_alone},
+            "the new tokens are decoded on their own: a token holding only part of a character's UTF-8 bytes "
+            "decodes to U+FFFD. Decode the window ids[prefix_offset:], emit its text past the prefix's "
+            "(ids[prefix_offset:read_offset]), and hold it back while it ends in '\\ufffd'",
+            "test_ch6.py::test_detokenize_matches_decode_stream"),
+    Mistake("ch6_detok_reads_while_holding", "6.2", {"detokenize_incrementally": detokenize_reads_while_holding},
+            "read_offset moves on while the text is held back: the held tokens then count as emitted, the prefix "
+            "ends in U+FFFD, and the character they start is lost. Return the offsets unchanged when nothing is "
+            "emitted",
+            "test_ch6.py::test_detokenize_matches_decode_stream"),
+    Mistake("ch6_detok_keeps_prefix_text", "6.2", {"detokenize_incrementally": detokenize_keeps_prefix_text},
+            "the whole window's text is emitted, so the prefix's text (ids[prefix_offset:read_offset], emitted "
+            "last time) comes again. Emit window[len(prefix):]",
+            "test_ch6.py::test_detokenize_matches_decode_stream"),
+    Mistake("ch6_detok_window_never_slides", "6.2", {"detokenize_incrementally": detokenize_window_never_slides},
+            "prefix_offset never moves on, so every step decodes the whole completion (quadratic in its length). "
+            "After an emission the new prefix_offset is the old read_offset",
+            "test_ch6.py::test_detokenize_window_stays_short"),
 ]

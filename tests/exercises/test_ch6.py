@@ -19,7 +19,11 @@ shrinks to a minimal input, which the message names.
     pytest tests/exercises/test_ch6.py --impl=exercises -m ex6_1
 """
 import asyncio
+import dataclasses
+import functools
+import os
 import time
+from contextlib import contextmanager
 
 import httpx
 import openai
@@ -27,11 +31,17 @@ import pytest
 import torch
 from hypothesis import strategies as st
 from openai._streaming import SSEDecoder, _SSELineDecoder
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.decoders import DecodeStream
 
+from helpers import small_engine_args
+from minillm import LLM, SamplingParams
 from minillm import bench_serve
 from minillm.bench_serve import RequestTrace
 from minillm.course.exercises import use_impl
 from minillm.course.grading import check_equal, require_written
+from minillm.model_zoo import resolve_model
+from minillm.tokenizer import Tokenizer
 from mistakes import suspects, suspects_of
 from properties import for_all, outcome
 from serving_helpers import server_handle
@@ -227,3 +237,188 @@ def test_sse_in_the_server(impl_name, server):
                 ("", plain.usage.completion_tokens, sum(1 for c in chunks if c.choices)), "6.1",
                 "(error, output tokens, chunks) of the same completion read by bench serve's client with your "
                 "sse_data (vs the openai client's chunks and the server's usage)")
+
+
+# ---- 6.2 incremental detokenization -------------------------------------------------------------------
+@functools.cache
+def qwen_tokenizers() -> tuple[Tokenizer, HFTokenizer]:
+    """minillm's Tokenizer and the tokenizers library's, both from qwen3-tiny's tokenizer.json."""
+    path = resolve_model(MODEL)
+    return Tokenizer(path), HFTokenizer.from_file(os.path.join(path, "tokenizer.json"))
+
+
+DETOK_TEXTS = ["naïve café 🤖🚀 数字 👩‍👩‍👧 ✨", "Ünïcödé: ½ ÷ ∞ — “quotes” … ©®", "日本語のテキストと한국어 텍스트",
+               "🧑🏽‍🚀 flags 🇫🇷🇯🇵 keycap 1️⃣ end 🎉", "<|im_start|>assistant\nOK 👍🏿<|im_end|>"]
+
+
+class DecodeLog:
+    """minillm's Tokenizer, recording how many ids each decode call is given."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer, self.sizes = tokenizer, []
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        self.sizes.append(len(ids))
+        return self.tokenizer.decode(ids, skip_special_tokens)
+
+
+def deltas_by(fn, tokenizer, ids: list[int], skip: bool, chunks: list[int] | None = None) -> list[str]:
+    """fn's text deltas as the tokens arrive one at a time (or `chunks` at a time, cycling), each call given
+    every token so far and the offsets the previous call returned."""
+    out, prefix_offset, read_offset, n, k = [], 0, 0, 0, 0
+    while n < len(ids):
+        n = min(len(ids), n + (chunks[k % len(chunks)] if chunks else 1))
+        k += 1
+        text, prefix_offset, read_offset = fn(tokenizer, ids[:n], prefix_offset, read_offset, skip)
+        out.append(text)
+    return out
+
+
+def decode_stream_deltas(ids: list[int], skip: bool) -> list[str]:
+    """The tokenizers library's own streaming decoder, one token at a time ("" where it emits nothing)."""
+    _, hf = qwen_tokenizers()
+    stream = DecodeStream(skip_special_tokens=skip)
+    return [stream.step(hf, i) or "" for i in ids]
+
+
+def check_detokenizer(impl, text: str, skip: bool) -> None:
+    tok, hf = qwen_tokenizers()
+    ids = hf.encode(text, add_special_tokens=False).ids
+    run = lambda fn: outcome(lambda: deltas_by(fn, tok, ids, skip))  # noqa: E731
+    got = run(impl.detokenize_incrementally)
+    check_equal(got, decode_stream_deltas(ids, skip), "6.2",
+                f"the text each token of {text!r} (ids {ids}) adds, the tokens arriving one at a time, "
+                f"skip_special_tokens={skip} (vs the tokenizers library's DecodeStream: each piece as soon as its "
+                f"characters are complete)", suspects=suspects_of("detokenize_incrementally", run))
+    check_equal("".join(got), hf.decode(ids, skip_special_tokens=skip), "6.2",
+                f"the deltas of {text!r} joined (vs decoding every token at once)")
+
+
+@pytest.mark.ex6_2
+def test_detokenize_matches_decode_stream(impl):
+    for text in DETOK_TEXTS:
+        for skip in (True, False):
+            check_detokenizer(impl, text, skip)
+
+
+# characters whose UTF-8 bytes byte-level BPE splits across tokens, beside ASCII ones
+DETOK_ALPHABET = list("ab ,.\n7") + ["é", "ï", "ß", "Ω", "½", "—", "“", "…", "数", "字", "日", "本", "한", "🤖", "🚀",
+                                     "👩", "\u200d", "🏽", "🇫", "🇷", "✨", "\ufe0f"]
+
+
+@pytest.mark.ex6_2
+def test_detokenize_any_text(impl):
+    """Random texts (hypothesis: a failure shrinks to the shortest): one token at a time as DecodeStream; and
+    tokens arriving several at a time (as after a step that read back more than one): the deltas never hold
+    U+FFFD and join to the full decode."""
+    tok, hf = qwen_tokenizers()
+
+    def check(case):
+        text, chunks = case
+        check_detokenizer(impl, text, True)
+        ids = hf.encode(text, add_special_tokens=False).ids
+        run = lambda fn: outcome(lambda: deltas_by(fn, tok, ids, True, chunks))  # noqa: E731
+        got = run(impl.detokenize_incrementally)
+        check_equal(("".join(got), [d for d in got if "\ufffd" in d]), (hf.decode(ids), []), "6.2",
+                    f"(the deltas joined, the deltas holding U+FFFD) of {text!r} (ids {ids}), the tokens arriving "
+                    f"{chunks} at a time (vs decoding every token at once, and none)",
+                    suspects=suspects_of("detokenize_incrementally", lambda fn: (lambda d: d if isinstance(d, str)
+                                         else ("".join(d), [x for x in d if "\ufffd" in x]))(run(fn))))
+    texts = st.lists(st.sampled_from(DETOK_ALPHABET), min_size=1, max_size=24).map("".join)
+    for_all(st.tuples(texts, st.lists(st.integers(1, 3), min_size=1, max_size=4)), check)
+
+
+def decode_stream_largest_window(ids: list[int]) -> int:
+    """The most ids DecodeStream decodes at once on these tokens. Its bookkeeping (tokenizers'
+    step_decode_stream): it keeps ids from the start of the piece it emitted last; at an emission it drops
+    the ids before that start, and the new piece's start is where the dropped window ended."""
+    _, hf = qwen_tokenizers()
+    stream = DecodeStream(skip_special_tokens=True)
+    window, prefix_index, largest = 0, 0, 0
+    for i in ids:
+        window += 1
+        largest = max(largest, window)
+        if stream.step(hf, i) is not None:
+            window, prefix_index = window - prefix_index, window - prefix_index
+    return largest
+
+
+@pytest.mark.ex6_2
+def test_detokenize_window_stays_short(impl):
+    """A long completion (every text of DETOK_TEXTS, 6 times): no decode call is given more ids than
+    DecodeStream's window (the last piece emitted and the tokens after it), however long the text."""
+    tok, hf = qwen_tokenizers()
+    ids = hf.encode(" ".join(DETOK_TEXTS * 6), add_special_tokens=False).ids
+    limit = decode_stream_largest_window(ids)
+
+    def largest(fn):
+        log = DecodeLog(tok)
+        outcome(lambda: deltas_by(fn, log, ids, True))
+        return max(log.sizes, default=0)
+
+    got = largest(impl.detokenize_incrementally)
+    if got > limit:
+        check_equal(got, limit, "6.2", f"the most ids one tokenizer.decode call was given over a completion of "
+                    f"{len(ids)} tokens (DecodeStream's largest window: {limit}; at most that)",
+                    suspects=suspects_of("detokenize_incrementally", largest))
+
+
+class ScriptedSampler:
+    """Stands in for the engine's sampler: whatever the logits, the completion's k-th token is script[k]
+    (the model still runs every step; only the choice of token is fixed), for a batch of one request."""
+
+    def __init__(self, script: list[int]):
+        self.script, self.calls = script, 0
+
+    def __call__(self, logits: torch.Tensor, temperatures: torch.Tensor, *args, num_logprobs=None, **kwargs):
+        token = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        return torch.full((logits.shape[0],), token, dtype=torch.long, device=logits.device)
+
+
+SPLIT_TEXT = "Streaming 🤖🚀 naïve café 数字 👩‍👩‍👧 ✨ done 🎉"  # 24 tokens; 8 end inside a character
+SPLIT_STOP = "✨"  # a stop string whose bytes are split across two tokens
+
+
+@contextmanager
+def scripted(runner, script: list[int]):
+    before = runner.sampler
+    runner.sampler = ScriptedSampler(script)
+    try:
+        yield
+    finally:
+        runner.sampler = before
+
+
+@pytest.mark.ex6_2
+def test_detokenizer_in_the_engine(impl_name, server):
+    """Your 6.2 alone in the engine (qwen3-tiny, CPU) on a completion forced to SPLIT_TEXT's tokens: llm.stream
+    and the server's stream (the official openai client) join to the full decode and never show U+FFFD; a stop
+    string made of split bytes stops generation at the token that completes it."""
+    require_written(impl_name, "6.2")
+    _, hf = qwen_tokenizers()
+    script = hf.encode(SPLIT_TEXT, add_special_tokens=False).ids
+    full = hf.decode(script)
+    stop_at = next(k for k in range(1, len(script) + 1) if SPLIT_STOP in hf.decode(script[:k]))
+    params = SamplingParams(temperature=0.0, max_tokens=len(script), ignore_eos=True)
+    with use_impl(impl_name, exercises={"6.2"}):
+        llm = LLM(MODEL, **small_engine_args())
+        try:
+            with scripted(llm.engine.model_runner, script):
+                streamed = list(llm.stream(PROMPT, params))
+            with scripted(llm.engine.model_runner, script):
+                stopped = llm.generate(PROMPT, dataclasses.replace(params, stop=[SPLIT_STOP]), use_tqdm=False)
+        finally:
+            llm.shutdown()
+        with scripted(server.async_llm.engine.model_runner, script):
+            served = [c.choices[0].text for c in openai_client(server).completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=len(script), temperature=0, stream=True,
+                extra_body={"ignore_eos": True}) if c.choices]
+    for deltas, where in ((streamed, "llm.stream"), (served, "the server's stream")):
+        check_equal(("".join(deltas), [d for d in deltas if "\ufffd" in d]), (full, []), "6.2",
+                    f"(the text deltas of {where} joined, the deltas holding U+FFFD) using your 6.2, the completion "
+                    f"forced to the tokens of {SPLIT_TEXT!r} (vs decoding them all at once, and none)")
+    out = stopped[0].outputs[0]
+    check_equal((out.token_ids, out.text, out.finish_reason), (script[:stop_at], full[:full.index(SPLIT_STOP)], "stop"),
+                "6.2", f"(tokens, text, finish_reason) of the same completion with stop={[SPLIT_STOP]!r}, using your "
+                "6.2 (vs stopping at the first token whose decoded text holds the stop string)")
