@@ -4,9 +4,13 @@ do not edit by hand; students: fill in the bodies here, then grade one exercise 
 
 Exercise 6.1: sse_event, sse_data  (notebooks/06_serving.ipynb, section '1. A request's life: server-sent events')
 Exercise 6.2: detokenize_incrementally  (notebooks/06_serving.ipynb, section '2. Streaming text: incremental detokenization')
+Exercise 6.3: admit, start, abort_request, finish  (notebooks/06_serving.ipynb, section '3. The async engine loop: admission, backpressure, abort')
 """
 from __future__ import annotations
 
+from minillm.serving.async_engine import Admission
+from minillm.serving.async_engine import QueueFullError
+from minillm.serving.async_engine import _Request
 from minillm.tokenizer import Tokenizer
 
 
@@ -65,3 +69,39 @@ def detokenize_incrementally(tokenizer: Tokenizer, ids: list[int], prefix_offset
     Byte-level BPE (Qwen, Llama 3, GPT-2) splits an emoji into up to 4 tokens.
     """
     raise NotImplementedError("Exercise 6.2: implement detokenize_incrementally in exercises/ch6.py (see notebooks/06_serving.ipynb, section '2. Streaming text: incremental detokenization')")
+
+
+# ---- Exercise 6.3 (notebooks/06_serving.ipynb, section '3. The async engine loop: admission, backpressure, abort'), from minillm.serving.async_engine ----
+def admit(book: Admission, req: _Request) -> None:
+    """Accept a new request (the caller's add_request), or refuse it.
+
+    Raise QueueFullError when book.max_waiting requests already wait (the server answers 503: try
+    later), ValueError when book.requests already holds a request with req.request_id. Else register
+    it in book.requests under its id and count it waiting (req.waiting is True for a new request).
+
+    Hints: check the queue first, then the id; a request whose id was used by one that has
+    finished is a new request (a finished request is no longer in book.requests).
+    """
+    raise NotImplementedError("Exercise 6.3: implement admit in exercises/ch6.py (see notebooks/06_serving.ipynb, section '3. The async engine loop: admission, backpressure, abort')")
+
+
+def start(book: Admission, req: _Request) -> None:
+    """The engine ran req's first step: it waits no more (req.waiting becomes False and it stops
+    counting in book.num_waiting); it is running. Idempotent; a no-op for a request that has ended."""
+    raise NotImplementedError("Exercise 6.3: implement start in exercises/ch6.py (see notebooks/06_serving.ipynb, section '3. The async engine loop: admission, backpressure, abort')")
+
+
+def abort_request(book: Admission, request_id: str) -> _Request | None:
+    """A caller's abort (a client went away). -> the live request with this id, now marked
+    req.aborted = True, for the engine thread to end; None when there is nothing to abort: no such
+    request, it has finished (it is no longer in book.requests), or it was aborted already (so two
+    aborts end it once). Counts do not change here: the request is still in until finish()."""
+    raise NotImplementedError("Exercise 6.3: implement abort_request in exercises/ch6.py (see notebooks/06_serving.ipynb, section '3. The async engine loop: admission, backpressure, abort')")
+
+
+def finish(book: Admission, req: _Request) -> bool:
+    """The request has ended (finished, aborted or failed): unregister it; if it was still waiting
+    (aborted before its first step) it stops counting in book.num_waiting and req.waiting becomes
+    False. -> True, or False when req had already ended (then nothing changes: a later request that
+    reuses its id is not touched)."""
+    raise NotImplementedError("Exercise 6.3: implement finish in exercises/ch6.py (see notebooks/06_serving.ipynb, section '3. The async engine loop: admission, backpressure, abort')")

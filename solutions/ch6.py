@@ -3,9 +3,13 @@ do not edit by hand.
 
 Exercise 6.1: sse_event, sse_data  (notebooks/06_serving.ipynb, section '1. A request's life: server-sent events')
 Exercise 6.2: detokenize_incrementally  (notebooks/06_serving.ipynb, section '2. Streaming text: incremental detokenization')
+Exercise 6.3: admit, start, abort_request, finish  (notebooks/06_serving.ipynb, section '3. The async engine loop: admission, backpressure, abort')
 """
 from __future__ import annotations
 
+from minillm.serving.async_engine import Admission
+from minillm.serving.async_engine import QueueFullError
+from minillm.serving.async_engine import _Request
 from minillm.tokenizer import Tokenizer
 
 
@@ -84,3 +88,56 @@ def detokenize_incrementally(tokenizer: Tokenizer, ids: list[int], prefix_offset
     if len(window) > len(prefix) and not window.endswith("\ufffd"):
         return window[len(prefix):], read_offset, len(ids)
     return "", prefix_offset, read_offset
+
+
+# ---- Exercise 6.3 (notebooks/06_serving.ipynb, section '3. The async engine loop: admission, backpressure, abort'), from minillm.serving.async_engine ----
+def admit(book: Admission, req: _Request) -> None:
+    """Accept a new request (the caller's add_request), or refuse it.
+
+    Raise QueueFullError when book.max_waiting requests already wait (the server answers 503: try
+    later), ValueError when book.requests already holds a request with req.request_id. Else register
+    it in book.requests under its id and count it waiting (req.waiting is True for a new request).
+
+    Hints: check the queue first, then the id; a request whose id was used by one that has
+    finished is a new request (a finished request is no longer in book.requests).
+    """
+    if book.num_waiting >= book.max_waiting:  # >=: max_waiting may wait, one more may not
+        raise QueueFullError(f"{book.num_waiting} requests are waiting (max_waiting={book.max_waiting})")
+    if req.request_id in book.requests:
+        raise ValueError(f"request id {req.request_id!r} is already in use")
+    book.num_waiting += 1
+    book.requests[req.request_id] = req
+
+
+def start(book: Admission, req: _Request) -> None:
+    """The engine ran req's first step: it waits no more (req.waiting becomes False and it stops
+    counting in book.num_waiting); it is running. Idempotent; a no-op for a request that has ended."""
+    if req.waiting:  # finish clears it too: an ended request is not counted twice
+        req.waiting = False
+        book.num_waiting -= 1
+
+
+def abort_request(book: Admission, request_id: str) -> _Request | None:
+    """A caller's abort (a client went away). -> the live request with this id, now marked
+    req.aborted = True, for the engine thread to end; None when there is nothing to abort: no such
+    request, it has finished (it is no longer in book.requests), or it was aborted already (so two
+    aborts end it once). Counts do not change here: the request is still in until finish()."""
+    req = book.requests.get(request_id)
+    if req is None or req.aborted:
+        return None
+    req.aborted = True
+    return req
+
+
+def finish(book: Admission, req: _Request) -> bool:
+    """The request has ended (finished, aborted or failed): unregister it; if it was still waiting
+    (aborted before its first step) it stops counting in book.num_waiting and req.waiting becomes
+    False. -> True, or False when req had already ended (then nothing changes: a later request that
+    reuses its id is not touched)."""
+    if book.requests.get(req.request_id) is not req:
+        return False
+    del book.requests[req.request_id]
+    if req.waiting:  # an abort before its first step: start() never ran for it
+        req.waiting = False
+        book.num_waiting -= 1
+    return True

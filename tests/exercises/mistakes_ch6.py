@@ -8,6 +8,7 @@ with the wrong divisor, gap, percentile or unit (6.4).
 """
 from __future__ import annotations
 
+from minillm.serving.async_engine import QueueFullError
 from mistakes import Mistake
 
 
@@ -97,6 +98,40 @@ def detokenize_window_never_slides(tokenizer, ids, prefix_offset, read_offset, s
     return _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, slide=False)
 
 
+# ---- 6.3 admission and abort --------------------------------------------------------------------------
+def admit_one_too_many(book, req):
+    if book.num_waiting > book.max_waiting:  # the bug: > lets a request in when max_waiting already wait
+        raise QueueFullError(f"{book.num_waiting} requests are waiting (max_waiting={book.max_waiting})")
+    if req.request_id in book.requests:
+        raise ValueError(f"request id {req.request_id!r} is already in use")
+    book.num_waiting += 1
+    book.requests[req.request_id] = req
+
+
+def finish_keeps_the_waiting_slot(book, req):
+    if book.requests.get(req.request_id) is not req:
+        return False
+    del book.requests[req.request_id]  # the bug: a request that ends while waiting still counts as waiting
+    return True
+
+
+def finish_counts_down_every_request(book, req):
+    if book.requests.get(req.request_id) is not req:
+        return False
+    del book.requests[req.request_id]
+    req.waiting = False
+    book.num_waiting -= 1  # the bug: a running request was counted down already, by start()
+    return True
+
+
+def abort_request_twice(book, request_id):
+    req = book.requests.get(request_id)
+    if req is None:  # the bug: a request aborted already is returned again
+        return None
+    req.aborted = True
+    return req
+
+
 MISTAKES = [
     # 6.1
     Mistake("ch6_sse_event_no_blank_line", "6.1", {"sse_event": sse_event_no_blank_line},
@@ -150,4 +185,23 @@ MISTAKES = [
             "prefix_offset never moves on, so every step decodes the whole completion (quadratic in its length). "
             "After an emission the new prefix_offset is the old read_offset",
             "test_ch6.py::test_detokenize_window_stays_short"),
+    # 6.3
+    Mistake("ch6_admit_one_too_many", "6.3", {"admit": admit_one_too_many},
+            "a request is accepted when max_waiting requests already wait (num_waiting > max_waiting is checked): "
+            "max_waiting + 1 then wait. Refuse when num_waiting >= max_waiting",
+            "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_finish_keeps_the_waiting_slot", "6.3", {"finish": finish_keeps_the_waiting_slot},
+            "a request that ends while still waiting (aborted before its first step) keeps counting in num_waiting: "
+            "every such abort leaks a slot, and once max_waiting have leaked the server answers 503 forever. In "
+            "finish, count it down when req.waiting (and set req.waiting = False)",
+            "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_finish_counts_down_every_request", "6.3", {"finish": finish_counts_down_every_request},
+            "finish counts every request down in num_waiting, also one that start() counted down already: "
+            "num_waiting drifts below the truth (negative), num_running above it, and more than max_waiting "
+            "get in. Count down only a request that is still waiting (req.waiting)",
+            "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_abort_request_twice", "6.3", {"abort_request": abort_request_twice},
+            "a second abort of the same request returns it again (a client that disconnects while the server "
+            "aborts it too): return None when req.aborted is already True, so it is ended once",
+            "test_ch6.py::test_admission_scenario"),
 ]

@@ -41,6 +41,8 @@ from minillm.bench_serve import RequestTrace
 from minillm.course.exercises import use_impl
 from minillm.course.grading import check_equal, require_written
 from minillm.model_zoo import resolve_model
+from minillm.serving import async_engine
+from minillm.serving.async_engine import Admission, AsyncLLM, EngineError, QueueFullError, _Request
 from minillm.tokenizer import Tokenizer
 from mistakes import suspects, suspects_of
 from properties import for_all, outcome
@@ -422,3 +424,246 @@ def test_detokenizer_in_the_engine(impl_name, server):
     check_equal((out.token_ids, out.text, out.finish_reason), (script[:stop_at], full[:full.index(SPLIT_STOP)], "stop"),
                 "6.2", f"(tokens, text, finish_reason) of the same completion with stop={[SPLIT_STOP]!r}, using your "
                 "6.2 (vs stopping at the first token whose decoded text holds the stop string)")
+
+
+# ---- 6.3 admission and abort --------------------------------------------------------------------------
+ADMISSION_FUNCTIONS = ("admit", "start", "abort_request", "finish")
+
+
+def new_request(request_id: str) -> _Request:
+    return _Request(request_id, None, [1, 2, 3], SamplingParams(max_tokens=1), loop=None)
+
+
+def run_admission(fns: dict, max_waiting: int, ops: list[tuple[str, object]]) -> list[tuple]:
+    """Apply ops to a fresh Admission through fns (admit, start, abort_request, finish). An op is
+    ("admit", id), ("abort", id), ("start", k) or ("finish", k), k naming the k-th request admitted so far
+    (modulo their number). -> per op (its outcome, num_waiting, the ids in book.requests, and (waiting,
+    aborted) of every request admitted so far)."""
+    book, admitted, out = Admission(max_waiting), [], []
+    for op, arg in ops:
+        if op == "admit":
+            req = new_request(arg)
+
+            def call():
+                try:
+                    fns["admit"](book, req)
+                except (ValueError, QueueFullError) as e:
+                    return type(e).__name__
+                admitted.append(req)
+                return "admitted"
+            result = outcome(call)
+        elif op == "abort":
+            got = outcome(lambda: fns["abort_request"](book, arg))
+            result = next((f"request #{i}" for i, r in enumerate(admitted) if r is got), got)
+        elif not admitted:
+            result = "no request yet"
+        else:
+            req = admitted[arg % len(admitted)]
+            result = outcome(lambda: fns["start" if op == "start" else "finish"](book, req))
+        out.append((result, book.num_waiting, sorted(book.requests), [(r.waiting, r.aborted) for r in admitted]))
+    return out
+
+
+def admission_by_the_rules(max_waiting: int, ops: list[tuple[str, object]]) -> list[tuple]:
+    """The same observations from a plain model: each admitted request is waiting, running or ended, and
+    aborted or not; a request is admitted when fewer than max_waiting wait and no live one has its id."""
+    state: list[list] = []  # per admitted request: [id, "waiting" | "running" | "ended", aborted]
+    out = []
+    for op, arg in ops:
+        live = {s[0]: i for i, s in enumerate(state) if s[1] != "ended"}
+        if op == "admit":
+            if sum(s[1] == "waiting" for s in state) >= max_waiting:
+                result = "QueueFullError"
+            elif arg in live:
+                result = "ValueError"
+            else:
+                state.append([arg, "waiting", False])
+                result = "admitted"
+        elif op == "abort":
+            i = live.get(arg)
+            result = None if i is None or state[i][2] else f"request #{i}"
+            if result is not None:
+                state[i][2] = True
+        elif not state:
+            result = "no request yet"
+        else:
+            s = state[arg % len(state)]
+            if op == "start":
+                result, s[1] = None, "running" if s[1] == "waiting" else s[1]
+            else:
+                result, s[1] = s[1] != "ended", "ended"
+        out.append((result, sum(s[1] == "waiting" for s in state), sorted(s[0] for s in state if s[1] != "ended"),
+                    [(s[1] == "waiting", s[2]) for s in state]))
+    return out
+
+
+def check_admission(impl, max_waiting: int, ops: list[tuple[str, object]]) -> None:
+    fns = {name: getattr(impl, name) for name in ADMISSION_FUNCTIONS}
+    got, want = run_admission(fns, max_waiting, ops), admission_by_the_rules(max_waiting, ops)
+    first = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), None)
+    if first is None:
+        return
+    right = {name: getattr(async_engine, name) for name in ADMISSION_FUNCTIONS}  # minillm's: one bug at a time
+    suspected = {}
+    for name in ADMISSION_FUNCTIONS:
+        suspected.update(suspects_of(name, lambda fn, name=name: run_admission({**right, name: fn}, max_waiting,
+                                                                                ops)[first]))
+    check_equal(got[first], want[first], "6.3",
+                f"(outcome, num_waiting, ids in book.requests, (waiting, aborted) of each admitted request) after "
+                f"the operations {ops[:first + 1]} with max_waiting={max_waiting} (the last one is where it first "
+                f"differs; ('start', k) and ('finish', k) take the k-th request admitted)", suspects=suspected)
+
+
+SCENARIO = [("admit", "a"), ("admit", "b"), ("admit", "c"),  # max_waiting 2: c is refused
+            ("abort", "b"), ("abort", "b"),  # b aborted while waiting; a second abort finds nothing
+            ("finish", 1),  # ... and the engine ends it: its waiting slot is free again
+            ("start", 0), ("start", 0),  # a runs its first step (twice told)
+            ("admit", "a"),  # a is live: its id is in use
+            ("admit", "c"), ("admit", "d"), ("admit", "e"),  # two wait again: e is refused
+            ("finish", 0), ("finish", 0),  # a (running) finishes; finishing it again changes nothing
+            ("abort", "a"),  # a has finished: nothing to abort
+            ("start", 2), ("admit", "a"),  # c runs: a's id may be used again
+            ("finish", 2), ("finish", 3), ("finish", 4)]
+
+
+@pytest.mark.ex6_3
+def test_admission_scenario(impl):
+    check_admission(impl, 2, SCENARIO)
+
+
+@st.composite
+def admission_cases(draw):
+    op = st.one_of(st.tuples(st.sampled_from(["admit", "abort"]), st.sampled_from("abc")),
+                   st.tuples(st.sampled_from(["start", "finish"]), st.integers(0, 7)))
+    return draw(st.integers(1, 3)), draw(st.lists(op, min_size=1, max_size=30))
+
+
+@pytest.mark.ex6_3
+def test_admission_any_operations(impl):
+    """Random sequences of admit / start / abort / finish against the plain model (hypothesis: a failure
+    shrinks to the fewest operations)."""
+    for_all(admission_cases(), lambda case: check_admission(impl, *case))
+
+
+@contextmanager
+def engine_held(async_llm: AsyncLLM):
+    """The engine thread cannot add or step while the test holds the engine's lock: accepted requests wait."""
+    assert async_llm.engine.lock.acquire(timeout=TIMEOUT_S), "the engine's lock was not free"
+    try:
+        yield
+    finally:
+        async_llm.engine.lock.release()
+
+
+_ENDED = object()
+
+
+async def next_output(stream, async_llm: AsyncLLM):
+    """The stream's next output, _ENDED at its end, or a string saying why none came: the engine thread
+    stopped (a function of yours raised in it), the request failed, or TIMEOUT_S passed."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        try:
+            return await asyncio.wait_for(stream.__anext__(), 0.5)
+        except StopAsyncIteration:
+            return _ENDED
+        except EngineError as e:
+            return f"failed: {e}"
+        except asyncio.TimeoutError:
+            if not async_llm.is_running:
+                return "no end: the engine thread has stopped"
+            if time.monotonic() > deadline:
+                return f"no end within {TIMEOUT_S} s"
+
+
+async def drained(stream, async_llm: AsyncLLM) -> list | str:
+    """Every output of a stream, to its end; or a string saying why it did not end (see next_output)."""
+    outs = []
+    while True:
+        out = await next_output(stream, async_llm)
+        if out is _ENDED:
+            return outs
+        if isinstance(out, str):
+            return out
+        outs.append(out)
+
+
+def ending(outs: list | str) -> str | None:
+    """How a drained stream ended: its last finish_reason, "nothing sent", or why it did not end."""
+    if isinstance(outs, str):
+        return outs
+    return outs[-1].outputs[0].finish_reason if outs and outs[-1].outputs else "nothing sent"
+
+
+def admit_outcome(async_llm: AsyncLLM, params: SamplingParams, streams: list) -> str:
+    try:
+        streams.append(async_llm.add_request(PROMPT, params))
+        return "accepted"
+    except Exception as e:  # noqa: BLE001 -- what add_request raised is the outcome
+        return type(e).__name__
+
+
+ABORT_MAX_WAITING = 3
+
+
+async def abort_scenario(async_llm: AsyncLLM) -> None:
+    """Requests aborted while waiting, while running, after finishing; then the queue again."""
+    long = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    short = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    waiting: list = []
+    with engine_held(async_llm):  # nothing runs: every accepted request waits
+        accepted = [admit_outcome(async_llm, long, waiting) for _ in range(ABORT_MAX_WAITING + 1)]
+        check_equal(accepted, ["accepted"] * ABORT_MAX_WAITING + ["QueueFullError"], "6.3",
+                    f"add_request x {ABORT_MAX_WAITING + 1} while the engine is held (max_waiting="
+                    f"{ABORT_MAX_WAITING}) using your 6.3")
+        for stream in waiting[1:]:  # aborted while waiting; twice, as a client and the server both may
+            async_llm.abort(stream.request_id)
+            async_llm.abort(stream.request_id)
+    # a request aborted before the engine took it ends with nothing sent; one the engine had taken ends "abort"
+    ended = [ending(await drained(s, async_llm)) for s in waiting[1:]]
+    check_equal(ended, ["nothing sent" if e == "nothing sent" else "abort" for e in ended],
+                "6.3", "how the streams of the requests aborted while waiting end (nothing sent, or 'abort')")
+    running = waiting[0]
+    first = await next_output(running, async_llm)  # it runs: its first output came
+    got = first if isinstance(first, str) else "ended before any output" if first is _ENDED else "an output"
+    check_equal(got, "an output", "6.3", "what the request that was not aborted sends first")
+    async_llm.abort(running.request_id)
+    check_equal(ending(await drained(running, async_llm)), "abort", "6.3",
+                "how the stream of a request aborted while running ends")
+    done: list = []
+    admit_outcome(async_llm, short, done)
+    finished = ending(await drained(done[0], async_llm)) if done else "refused"
+    if done:
+        async_llm.abort(done[0].request_id)  # after it finished: nothing happens
+    # every stream has ended, so every request's finish() has run; the engine frees blocks before it says so
+    bm = async_llm.engine.scheduler.block_manager
+    deadline = time.monotonic() + TIMEOUT_S
+    while bm.num_free_blocks < len(bm.blocks) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    check_equal((finished, async_llm.num_waiting,
+                 async_llm.num_running, bm.num_free_blocks), ("length", 0, 0, len(bm.blocks)), "6.3",
+                "(finish_reason of a short request, num_waiting, num_running, free KV blocks) after aborts while "
+                "waiting, while running and after finishing, using your 6.3 (vs nothing left over: every block "
+                "free)")
+    again: list = []
+    with engine_held(async_llm):
+        accepted = [admit_outcome(async_llm, short, again) for _ in range(ABORT_MAX_WAITING + 1)]
+    check_equal(accepted, ["accepted"] * ABORT_MAX_WAITING + ["QueueFullError"], "6.3",
+                f"add_request x {ABORT_MAX_WAITING + 1} after the aborts (max_waiting={ABORT_MAX_WAITING}: no "
+                f"waiting slot may have leaked) using your 6.3")
+    outs = [ending(await drained(s, async_llm)) for s in again]
+    check_equal(outs, ["length"] * ABORT_MAX_WAITING, "6.3", "how the requests accepted after the aborts end")
+
+
+@pytest.mark.ex6_3
+def test_admission_in_the_engine(impl_name):
+    """Your 6.3 alone in an AsyncLLM (qwen3-tiny, CPU, max_waiting 3): a full queue refuses one more; requests
+    aborted while waiting, while running and after finishing all end, and afterwards nothing waits, every
+    KV block is free and the queue takes max_waiting requests again."""
+    require_written(impl_name, "6.3")
+    with use_impl(impl_name, exercises={"6.3"}):
+        async_llm = AsyncLLM(LLM(MODEL, **small_engine_args()), max_waiting=ABORT_MAX_WAITING)
+        try:
+            asyncio.run(abort_scenario(async_llm))
+        finally:
+            async_llm.shutdown()
