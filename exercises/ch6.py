@@ -5,9 +5,14 @@ do not edit by hand; students: fill in the bodies here, then grade one exercise 
 Exercise 6.1: sse_event, sse_data  (notebooks/06_serving.ipynb, section '1. A request's life: server-sent events')
 Exercise 6.2: detokenize_incrementally  (notebooks/06_serving.ipynb, section '2. Streaming text: incremental detokenization')
 Exercise 6.3: admit, start, abort_request, finish  (notebooks/06_serving.ipynb, section '3. The async engine loop: admission, backpressure, abort')
+Exercise 6.4: ttfts, e2e_latencies, tpots, itls, latency_percentiles  (notebooks/06_serving.ipynb, section '4. Latency under load: TTFT, TPOT, ITL')
 """
 from __future__ import annotations
 
+import math
+import numpy as np
+from minillm.bench_serve import PERCENTILES
+from minillm.bench_serve import RequestTrace
 from minillm.serving.async_engine import Admission
 from minillm.serving.async_engine import QueueFullError
 from minillm.serving.async_engine import _Request
@@ -105,3 +110,34 @@ def finish(book: Admission, req: _Request) -> bool:
     False. -> True, or False when req had already ended (then nothing changes: a later request that
     reuses its id is not touched)."""
     raise NotImplementedError("Exercise 6.3: implement finish in exercises/ch6.py (see notebooks/06_serving.ipynb, section '3. The async engine loop: admission, backpressure, abort')")
+
+
+# ---- Exercise 6.4 (notebooks/06_serving.ipynb, section '4. Latency under load: TTFT, TPOT, ITL'), from minillm.bench_serve ----
+def ttfts(traces: list[RequestTrace]) -> np.ndarray:
+    """TTFT of every completed request, seconds: shape (completed,)."""
+    raise NotImplementedError("Exercise 6.4: implement ttfts in exercises/ch6.py (see notebooks/06_serving.ipynb, section '4. Latency under load: TTFT, TPOT, ITL')")
+
+
+def e2e_latencies(traces: list[RequestTrace]) -> np.ndarray:
+    """End-to-end latency (send to last chunk) of every completed request, seconds: shape (completed,)."""
+    raise NotImplementedError("Exercise 6.4: implement e2e_latencies in exercises/ch6.py (see notebooks/06_serving.ipynb, section '4. Latency under load: TTFT, TPOT, ITL')")
+
+
+def tpots(traces: list[RequestTrace]) -> np.ndarray:
+    """TPOT of every completed request with more than one output token, seconds per token:
+    (latency - ttft) / (output_tokens - 1), i.e. the time after the first token spread over the tokens
+    that followed it. Shape (completed requests with output_tokens > 1,)."""
+    raise NotImplementedError("Exercise 6.4: implement tpots in exercises/ch6.py (see notebooks/06_serving.ipynb, section '4. Latency under load: TTFT, TPOT, ITL')")
+
+
+def itls(traces: list[RequestTrace]) -> np.ndarray:
+    """Every gap between consecutive chunks of a completed request, all requests pooled, seconds:
+    shape (sum over completed requests of (chunks - 1),). A chunk carrying several tokens counts once."""
+    raise NotImplementedError("Exercise 6.4: implement itls in exercises/ch6.py (see notebooks/06_serving.ipynb, section '4. Latency under load: TTFT, TPOT, ITL')")
+
+
+def latency_percentiles(values_s, percentiles=PERCENTILES) -> dict[str, float]:
+    """Summary of latencies given in seconds, in milliseconds: {"mean": ..., "median": ..., "p90": ...,
+    "p99": ...} (one "pN" per percentile; 50 is named "median"), percentiles by numpy's default linear
+    interpolation. Values are shape (n,); n = 0 gives NaN everywhere (nothing was measured)."""
+    raise NotImplementedError("Exercise 6.4: implement latency_percentiles in exercises/ch6.py (see notebooks/06_serving.ipynb, section '4. Latency under load: TTFT, TPOT, ITL')")

@@ -86,6 +86,7 @@ class RequestTrace:
         return self.chunk_times[-1] - self.start
 
 
+# >>> exercise 6.4 | notebooks/06_serving.ipynb | 4. Latency under load: TTFT, TPOT, ITL
 def ttfts(traces: list[RequestTrace]) -> np.ndarray:
     """TTFT of every completed request, seconds: shape (completed,)."""
     return np.array([t.ttft for t in traces if t.ok], dtype=np.float64)
@@ -120,6 +121,7 @@ def latency_percentiles(values_s, percentiles=PERCENTILES) -> dict[str, float]:
     for p in percentiles:
         out["median" if p == 50 else f"p{p:g}"] = float(np.percentile(v, p)) if v.size else math.nan
     return out
+# <<< exercise 6.4
 
 
 def summarize(traces: list[RequestTrace], duration_s: float) -> dict:

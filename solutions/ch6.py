@@ -4,9 +4,14 @@ do not edit by hand.
 Exercise 6.1: sse_event, sse_data  (notebooks/06_serving.ipynb, section '1. A request's life: server-sent events')
 Exercise 6.2: detokenize_incrementally  (notebooks/06_serving.ipynb, section '2. Streaming text: incremental detokenization')
 Exercise 6.3: admit, start, abort_request, finish  (notebooks/06_serving.ipynb, section '3. The async engine loop: admission, backpressure, abort')
+Exercise 6.4: ttfts, e2e_latencies, tpots, itls, latency_percentiles  (notebooks/06_serving.ipynb, section '4. Latency under load: TTFT, TPOT, ITL')
 """
 from __future__ import annotations
 
+import math
+import numpy as np
+from minillm.bench_serve import PERCENTILES
+from minillm.bench_serve import RequestTrace
 from minillm.serving.async_engine import Admission
 from minillm.serving.async_engine import QueueFullError
 from minillm.serving.async_engine import _Request
@@ -141,3 +146,40 @@ def finish(book: Admission, req: _Request) -> bool:
         req.waiting = False
         book.num_waiting -= 1
     return True
+
+
+# ---- Exercise 6.4 (notebooks/06_serving.ipynb, section '4. Latency under load: TTFT, TPOT, ITL'), from minillm.bench_serve ----
+def ttfts(traces: list[RequestTrace]) -> np.ndarray:
+    """TTFT of every completed request, seconds: shape (completed,)."""
+    return np.array([t.ttft for t in traces if t.ok], dtype=np.float64)
+
+
+def e2e_latencies(traces: list[RequestTrace]) -> np.ndarray:
+    """End-to-end latency (send to last chunk) of every completed request, seconds: shape (completed,)."""
+    return np.array([t.latency for t in traces if t.ok], dtype=np.float64)
+
+
+def tpots(traces: list[RequestTrace]) -> np.ndarray:
+    """TPOT of every completed request with more than one output token, seconds per token:
+    (latency - ttft) / (output_tokens - 1), i.e. the time after the first token spread over the tokens
+    that followed it. Shape (completed requests with output_tokens > 1,)."""
+    return np.array([(t.latency - t.ttft) / (t.output_tokens - 1) for t in traces if t.ok and t.output_tokens > 1],
+                    dtype=np.float64)
+
+
+def itls(traces: list[RequestTrace]) -> np.ndarray:
+    """Every gap between consecutive chunks of a completed request, all requests pooled, seconds:
+    shape (sum over completed requests of (chunks - 1),). A chunk carrying several tokens counts once."""
+    gaps = [np.diff(np.asarray(t.chunk_times, dtype=np.float64)) for t in traces if t.ok]
+    return np.concatenate(gaps) if gaps else np.zeros(0)
+
+
+def latency_percentiles(values_s, percentiles=PERCENTILES) -> dict[str, float]:
+    """Summary of latencies given in seconds, in milliseconds: {"mean": ..., "median": ..., "p90": ...,
+    "p99": ...} (one "pN" per percentile; 50 is named "median"), percentiles by numpy's default linear
+    interpolation. Values are shape (n,); n = 0 gives NaN everywhere (nothing was measured)."""
+    v = np.asarray(values_s, dtype=np.float64) * 1e3
+    out = {"mean": float(v.mean()) if v.size else math.nan}
+    for p in percentiles:
+        out["median" if p == 50 else f"p{p:g}"] = float(np.percentile(v, p)) if v.size else math.nan
+    return out

@@ -8,6 +8,13 @@ with the wrong divisor, gap, percentile or unit (6.4).
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
+from minillm.bench_serve import PERCENTILES
+from minillm.bench_serve import itls as right_itls
+from minillm.bench_serve import latency_percentiles as right_latency_percentiles
 from minillm.serving.async_engine import QueueFullError
 from mistakes import Mistake
 
@@ -132,6 +139,54 @@ def abort_request_twice(book, request_id):
     return req
 
 
+# ---- 6.4 latency figures ------------------------------------------------------------------------------
+def tpots_over_all_tokens(traces):
+    # the bug: divided by every output token, the first one (which TTFT covers) included
+    return np.array([(t.latency - t.ttft) / t.output_tokens for t in traces if t.ok and t.output_tokens > 1],
+                    dtype=np.float64)
+
+
+def itls_from_the_send(traces):
+    # the bug: the first "gap" is the TTFT (send to first chunk)
+    gaps = [np.diff(np.asarray([t.start] + t.chunk_times, dtype=np.float64)) for t in traces if t.ok]
+    return np.concatenate(gaps) if gaps else np.zeros(0)
+
+
+def latency_percentiles_nearest_rank(values_s, percentiles=PERCENTILES):
+    v = np.sort(np.asarray(values_s, dtype=np.float64) * 1e3)
+    out = {"mean": float(v.mean()) if v.size else math.nan}
+    for p in percentiles:  # the bug: the nearest-rank value, no interpolation between the two around it
+        out["median" if p == 50 else f"p{p:g}"] = float(v[max(0, math.ceil(p / 100 * v.size) - 1)]) if v.size \
+            else math.nan
+    return out
+
+
+def latency_percentiles_in_seconds(values_s, percentiles=PERCENTILES):
+    return {k: v / 1e3 for k, v in right_latency_percentiles(values_s, percentiles).items()}  # the bug: no * 1000
+
+
+def _with_failed(traces):
+    """Every trace that got a chunk, failed or not, as if completed."""
+    return [type(t)(**{**vars(t), "error": ""}) if t.chunk_times else t for t in traces]
+
+
+def ttfts_with_failed(traces):
+    return np.array([t.ttft for t in _with_failed(traces) if t.ok], dtype=np.float64)
+
+
+def e2e_latencies_with_failed(traces):
+    return np.array([t.latency for t in _with_failed(traces) if t.ok], dtype=np.float64)
+
+
+def tpots_with_failed(traces):
+    return np.array([(t.latency - t.ttft) / (t.output_tokens - 1) for t in _with_failed(traces)
+                     if t.ok and t.output_tokens > 1], dtype=np.float64)
+
+
+def itls_with_failed(traces):
+    return right_itls(_with_failed(traces))
+
+
 MISTAKES = [
     # 6.1
     Mistake("ch6_sse_event_no_blank_line", "6.1", {"sse_event": sse_event_no_blank_line},
@@ -204,4 +259,26 @@ MISTAKES = [
             "a second abort of the same request returns it again (a client that disconnects while the server "
             "aborts it too): return None when req.aborted is already True, so it is ended once",
             "test_ch6.py::test_admission_scenario"),
+    # 6.4
+    Mistake("ch6_tpot_over_all_tokens", "6.4", {"tpots": tpots_over_all_tokens},
+            "TPOT is divided by output_tokens: the time after the first token is spent on the output_tokens - 1 "
+            "tokens that follow it (the first one's time is the TTFT)",
+            "test_ch6.py::test_latencies_by_their_definitions"),
+    Mistake("ch6_itl_from_the_send", "6.4", {"itls": itls_from_the_send},
+            "ITL counts the time from sending to the first chunk as a gap: that is the TTFT. The gaps are between "
+            "consecutive chunks only (chunks - 1 per request)",
+            "test_ch6.py::test_latencies_by_their_definitions"),
+    Mistake("ch6_percentiles_nearest_rank", "6.4", {"latency_percentiles": latency_percentiles_nearest_rank},
+            "percentiles by nearest rank: benchmark_serving's (numpy's default) interpolate linearly between the "
+            "two values around rank (n - 1) x p / 100: np.percentile(v, p)",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
+    Mistake("ch6_percentiles_in_seconds", "6.4", {"latency_percentiles": latency_percentiles_in_seconds},
+            "the summary is in seconds: the values come in seconds and the summary is in milliseconds (x 1000)",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
+    Mistake("ch6_failed_requests_included", "6.4",
+            {"ttfts": ttfts_with_failed, "e2e_latencies": e2e_latencies_with_failed, "tpots": tpots_with_failed,
+             "itls": itls_with_failed},
+            "a failed request (trace.error set) is counted because it got chunks before it failed: only completed "
+            "requests count (trace.ok)",
+            "test_ch6.py::test_latencies_by_their_definitions"),
 ]

@@ -18,14 +18,18 @@ shrinks to a minimal input, which the message names.
 
     pytest tests/exercises/test_ch6.py --impl=exercises -m ex6_1
 """
+import argparse
 import asyncio
 import dataclasses
 import functools
+import math
 import os
+import statistics
 import time
 from contextlib import contextmanager
 
 import httpx
+import numpy as np
 import openai
 import pytest
 import torch
@@ -39,7 +43,7 @@ from minillm import LLM, SamplingParams
 from minillm import bench_serve
 from minillm.bench_serve import RequestTrace
 from minillm.course.exercises import use_impl
-from minillm.course.grading import check_equal, require_written
+from minillm.course.grading import check_close, check_equal, require_written
 from minillm.model_zoo import resolve_model
 from minillm.serving import async_engine
 from minillm.serving.async_engine import Admission, AsyncLLM, EngineError, QueueFullError, _Request
@@ -667,3 +671,149 @@ def test_admission_in_the_engine(impl_name):
             asyncio.run(abort_scenario(async_llm))
         finally:
             async_llm.shutdown()
+
+
+# ---- 6.4 latency figures ------------------------------------------------------------------------------
+SAME_SUMS = dict(atol=1e-12, rtol=1e-9)  # the same float64 arithmetic in another order (seconds and ms)
+
+TRACES = [  # hand-made: times in seconds
+    RequestTrace(start=0.0, chunk_times=[0.25, 0.30, 0.45, 0.50], end=0.51, prompt_tokens=10, output_tokens=4),
+    RequestTrace(start=1.0, chunk_times=[1.5, 1.6, 1.9], end=1.9, prompt_tokens=3, output_tokens=5),  # a chunk of 3
+    RequestTrace(start=2.0, chunk_times=[2.125], end=2.2, prompt_tokens=7, output_tokens=1),  # one token: no TPOT/ITL
+    RequestTrace(start=3.0, chunk_times=[3.2, 3.4], end=3.5, prompt_tokens=5, output_tokens=2,
+                 error="error event: the engine failed"),  # failed after two chunks: excluded
+    RequestTrace(start=4.0, prompt_tokens=5, error="HTTP 503: the server is busy"),  # failed before any chunk
+    RequestTrace(start=5.0, chunk_times=[5.05, 5.10, 5.30, 5.31, 5.60, 5.625], end=5.7, prompt_tokens=9,
+                 output_tokens=6),
+]
+
+
+def by_definition(traces: list[RequestTrace]) -> dict[str, list[float]]:
+    """vLLM's benchmark_serving definitions, restated, over the completed requests (no error, a chunk):
+    TTFT = first chunk - send; E2EL = last chunk - send; TPOT = (E2EL - TTFT) / (output tokens - 1) for a
+    request of more than one token; ITL = each gap between two consecutive chunks, all requests pooled."""
+    done = [t for t in traces if not t.error and t.chunk_times]
+    return {"ttfts": [t.chunk_times[0] - t.start for t in done],
+            "e2e_latencies": [t.chunk_times[-1] - t.start for t in done],
+            "tpots": [(t.chunk_times[-1] - t.chunk_times[0]) / (t.output_tokens - 1)
+                      for t in done if t.output_tokens > 1],
+            "itls": sorted(b - a for t in done for a, b in zip(t.chunk_times, t.chunk_times[1:]))}
+
+
+def as_values(got, sort: bool = False) -> torch.Tensor:
+    """A function's array as a float64 tensor (sorted: for pooled gaps, whose order is not specified)."""
+    values = np.asarray(got, dtype=np.float64)
+    return torch.from_numpy(np.sort(values) if sort else values)
+
+
+def check_latencies(impl, traces: list[RequestTrace], what: str) -> None:
+    want = by_definition(traces)
+    for name in ("ttfts", "e2e_latencies", "tpots", "itls"):
+        values = lambda fn: outcome(lambda: as_values(fn(traces), sort=name == "itls"))  # noqa: E731
+        check_close(values(getattr(impl, name)), torch.tensor(want[name], dtype=torch.float64), "6.4",
+                    f"{name}({what}) in seconds{' (sorted)' if name == 'itls' else ''} (vs benchmark_serving's "
+                    f"definition)", **SAME_SUMS, suspects=suspects_of(name, values))
+
+
+@pytest.mark.ex6_4
+def test_latencies_by_their_definitions(impl):
+    shown = [(t.start, t.chunk_times, t.output_tokens, t.error) for t in TRACES]
+    check_latencies(impl, TRACES, f"traces of (start, chunk_times, output_tokens, error) {shown}")
+
+
+@st.composite
+def trace_lists(draw):
+    traces = []
+    for _ in range(draw(st.integers(0, 6))):
+        start = draw(st.integers(0, 100)) / 8
+        gaps = draw(st.lists(st.integers(1, 40), max_size=6))
+        chunks = [start + sum(gaps[:i + 1]) / 16 for i in range(len(gaps))]
+        traces.append(RequestTrace(start=start, chunk_times=chunks, end=chunks[-1] if chunks else 0.0,
+                                   output_tokens=len(chunks) + draw(st.integers(0, 3)),
+                                   error=draw(st.sampled_from(["", "", "", "HTTP 500"]))))
+    return traces
+
+
+@pytest.mark.ex6_4
+def test_latencies_on_any_traces(impl):
+    """Random traces: completed, failed, with one chunk or none (hypothesis: a failure shrinks to the fewest)."""
+    for_all(trace_lists(), lambda traces: check_latencies(
+        impl, traces, f"traces of (start, chunk_times, output_tokens, error) "
+                      f"{[(t.start, t.chunk_times, t.output_tokens, t.error) for t in traces]}"))
+
+
+def summary_by_statistics(values_s: list[float], percentiles: tuple[int, ...]) -> dict[str, float]:
+    """The summary in ms from the standard library: statistics.fmean, statistics.quantiles(n=100,
+    method="inclusive") (numpy's default linear interpolation); one value is every percentile; none is NaN."""
+    ms = [v * 1e3 for v in values_s]
+    out = {"mean": statistics.fmean(ms) if ms else math.nan}
+    for p in percentiles:
+        key = "median" if p == 50 else f"p{p}"
+        out[key] = (math.nan if not ms else ms[0] if len(ms) == 1
+                    else statistics.quantiles(ms, n=100, method="inclusive")[p - 1])
+    return out
+
+
+def check_summary(impl, values: list[float], percentiles: tuple[int, ...] | None) -> None:
+    args = (values,) if percentiles is None else (values, percentiles)
+    want = summary_by_statistics(values, percentiles or (50, 90, 99))
+    what = f"latency_percentiles({values}{'' if percentiles is None else f', {percentiles}'})"
+    keys = lambda fn: outcome(lambda: sorted(fn(*args)))  # noqa: E731
+    check_equal(keys(impl.latency_percentiles), sorted(want), "6.4", f"the keys of {what}",
+                suspects=suspects_of("latency_percentiles", keys))
+    def figures(fn):
+        return outcome(lambda: torch.tensor([float(fn(*args)[k]) for k in want], dtype=torch.float64))
+    check_close(figures(impl.latency_percentiles), torch.tensor(list(want.values()), dtype=torch.float64), "6.4",
+                f"{list(want)} of {what}, in ms (vs statistics.fmean and statistics.quantiles(..., "
+                f"method='inclusive'))", **SAME_SUMS, suspects=suspects_of("latency_percentiles", figures))
+
+
+SUMMARY_CASES = [([], None), ([0.25], None), ([0.1, 0.3], None), ([0.5, 0.5, 0.5, 0.5, 1.0], None),
+                 (np.random.default_rng(6).lognormal(-3, 1, 7).round(6).tolist(), None),
+                 (np.random.default_rng(7).exponential(0.05, 100).round(6).tolist(), None),
+                 ([0.012, 0.02, 0.031, 0.04, 0.5], (25, 50, 75, 95))]
+
+
+@pytest.mark.ex6_4
+def test_latency_percentiles_match_statistics(impl):
+    for values, percentiles in SUMMARY_CASES:
+        check_summary(impl, values, percentiles)
+
+
+@pytest.mark.ex6_4
+def test_latency_percentiles_any_values(impl):
+    """Random latencies (hypothesis: a failure shrinks to the fewest)."""
+    values = st.lists(st.integers(1, 10_000).map(lambda x: x / 1000), max_size=30)
+    for_all(values, lambda v: check_summary(impl, v, None))
+
+
+def bench_serve_args(base_url: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench_serve.add_serve_args(parser)
+    return parser.parse_args(["--base-url", base_url, "--num-prompts", "4", "--min-len", "4", "--max-input-len", "16",
+                              "--max-output-len", "6", "--temperature", "0", "--seed", "3"])
+
+
+@pytest.mark.ex6_4
+def test_bench_serve_figures_in_the_engine(impl_name, server, monkeypatch):
+    """Your 6.4 alone in a real `bench serve` run (4 requests at once against the qwen3-tiny server): each
+    figure it reports equals the definitions' over the traces that run recorded."""
+    require_written(impl_name, "6.4")
+    recorded = []
+    real_summarize = bench_serve.summarize
+
+    def recording(traces, duration_s):
+        recorded.append(traces)
+        return real_summarize(traces, duration_s)
+
+    monkeypatch.setattr(bench_serve, "summarize", recording)
+    with use_impl(impl_name, exercises={"6.4"}):
+        result = bench_serve.run_bench_serve(bench_serve_args(server.base_url))
+    (traces,), (run,) = recorded, result["runs"]
+    check_equal((run["completed"], run["failed"]), (4, 0), "6.4", "(completed, failed) requests of the bench run")
+    for name, key in (("ttfts", "ttft"), ("tpots", "tpot"), ("itls", "itl"), ("e2e_latencies", "e2el")):
+        want = summary_by_statistics(by_definition(traces)[name], (50, 90, 99))
+        check_close(torch.tensor([float(run[f"{stat}_{key}_ms"]) for stat in want], dtype=torch.float64),
+                    torch.tensor(list(want.values()), dtype=torch.float64), "6.4",
+                    f"the bench's {[f'{stat}_{key}_ms' for stat in want]} using your 6.4 (vs the definitions over the "
+                    f"run's traces)", **SAME_SUMS)
