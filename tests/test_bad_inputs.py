@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import ref_path, small_engine_args
+from helpers import one_torch_thread, ref_path, small_engine_args  # noqa: F401 (one_torch_thread: an autouse fixture)
 from minillm import LLM, SamplingParams
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.sequence import PLACEHOLDER_TOKEN
@@ -48,14 +48,6 @@ DELETE = _Delete()  # a config edit that removes the key
 
 
 # ---- shared engines and the health check -----------------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The battery's models are tiny: one intra-op thread runs them faster, and on a busy 2-core machine
-    far faster (a tiny matmul split across OpenMP threads waits for whichever thread lacks a core)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def greedy_tokens(llm, prompts) -> list[list[int]]:

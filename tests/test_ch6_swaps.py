@@ -15,6 +15,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "exercises"))
 
 import test_ch6 as graded  # noqa: E402
+from helpers import one_torch_thread  # noqa: E402, F401 (an autouse fixture)
 from minillm.course import exercises  # noqa: E402
 from mistakes import all_mistakes, with_mistake  # noqa: E402
 from serving_helpers import server_handle  # noqa: E402
@@ -36,12 +37,6 @@ WRONG = {  # case -> (the in-engine graded test, the wrong functions swapped in)
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import small_engine_args
+from helpers import one_torch_thread, small_engine_args  # noqa: F401 (one_torch_thread: an autouse fixture)
 from minillm import LLM, SamplingParams
 from serving_helpers import running_server, server_handle
 
@@ -33,13 +33,6 @@ TIMEOUT = httpx.Timeout(60.0)
 PROMPTS = [f"Request {i}: tell me about the number {i * 7}." for i in range(64)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models on a busy 2-core machine: one intra-op thread is far faster (see test_bad_inputs)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ from openai._streaming import SSEDecoder, _SSELineDecoder
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.decoders import DecodeStream
 
-from helpers import small_engine_args
+from helpers import one_torch_thread, small_engine_args  # noqa: F401 (one_torch_thread: an autouse fixture)
 from minillm import LLM, SamplingParams
 from minillm import bench_serve
 from minillm.bench_serve import RequestTrace
@@ -57,13 +57,6 @@ PROMPT = "Tell me a story about a robot."
 TIMEOUT_S = 60  # the longest any wait on the engine or the server may take (a CPU under load)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models on a busy 2-core machine: one intra-op thread is far faster (see tests/test_serving.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
