@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from minillm.serving.sse import sse_data
+
 WORKLOADS = ("nanovllm", "sharegpt-like")
 PERCENTILES = (50, 90, 99)  # reported beside the mean; 50 is reported as "median"
 MAX_TOKEN_ID = 10000  # the nanovllm workload's prompts are random ids in [0, 10000]
@@ -84,6 +86,7 @@ class RequestTrace:
         return self.chunk_times[-1] - self.start
 
 
+# >>> exercise 6.4 | notebooks/06_serving.ipynb | 4. Latency under load: TTFT, TPOT, ITL
 def ttfts(traces: list[RequestTrace]) -> np.ndarray:
     """TTFT of every completed request, seconds: shape (completed,)."""
     return np.array([t.ttft for t in traces if t.ok], dtype=np.float64)
@@ -118,6 +121,7 @@ def latency_percentiles(values_s, percentiles=PERCENTILES) -> dict[str, float]:
     for p in percentiles:
         out["median" if p == 50 else f"p{p:g}"] = float(np.percentile(v, p)) if v.size else math.nan
     return out
+# <<< exercise 6.4
 
 
 def summarize(traces: list[RequestTrace], duration_s: float) -> dict:
@@ -211,10 +215,11 @@ async def send_request(client, url: str, payload: dict, start: float, requested:
             if resp.status_code != 200:
                 trace.error = _error_text(resp.status_code, await resp.aread())
                 return trace
+            lines: list[str] = []  # the data lines of the event being read
             async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue  # blank separators, comments
-                data = line[5:].strip()
+                data = sse_data(line, lines)
+                if data is None:
+                    continue  # inside an event, a comment, a blank line after no data
                 if data == "[DONE]":
                     break
                 event = json.loads(data)

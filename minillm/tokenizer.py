@@ -194,11 +194,41 @@ def _token_str(tok, key: str, source: str) -> str | None:
     return text
 
 
-class IncrementalDetokenizer:
-    """Turn a growing list of token ids into text deltas, never emitting half a UTF-8 character.
+# >>> exercise 6.2 | notebooks/06_serving.ipynb | 2. Streaming text: incremental detokenization
+def detokenize_incrementally(tokenizer: Tokenizer, ids: list[int], prefix_offset: int, read_offset: int,
+                             skip_special_tokens: bool = True) -> tuple[str, int, int]:
+    """The text that the newest tokens complete (vLLM's detokenize_incrementally).
 
-    Byte-level BPE tokens can split a character (an emoji is often 2-4 tokens), so the text of the
-    newest tokens is held back while it ends in U+FFFD, the replacement character. Decoding only a
+    ids: every token of the completion so far (the newest at the end); text before read_offset has
+    been emitted; prefix_offset <= read_offset starts the decode window. Decode only the window
+    ids[prefix_offset:] (with tokenizer.decode(ids, skip_special_tokens)), so that a step costs the
+    window, not the whole text; the window's first read_offset - prefix_offset tokens are context
+    whose text was emitted already.
+    -> (new text, new prefix_offset, new read_offset):
+      - while the window's text ends in U+FFFD ("\ufffd", what decoding gives for a character whose
+        UTF-8 bytes are split across tokens and not all there yet), or has not grown past the text
+        of ids[prefix_offset:read_offset]: nothing new, ("", prefix_offset, read_offset) unchanged;
+      - else the window's text past that prefix's text, and the window slides: the new
+        prefix_offset is the old read_offset, the new read_offset is len(ids) (all of it emitted).
+
+    Hints: decode the prefix ids[prefix_offset:read_offset] and the whole window; compare lengths.
+    Byte-level BPE (Qwen, Llama 3, GPT-2) splits an emoji into up to 4 tokens.
+    """
+    prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens)
+    window = tokenizer.decode(ids[prefix_offset:], skip_special_tokens)
+    # a trailing U+FFFD is half a character: its other bytes are still to come, so nothing is emitted
+    # (the window's text is not comparable with the prefix's while it ends in one)
+    if len(window) > len(prefix) and not window.endswith("\ufffd"):
+        return window[len(prefix):], read_offset, len(ids)
+    return "", prefix_offset, read_offset
+# <<< exercise 6.2
+
+
+class IncrementalDetokenizer:
+    """Turn a growing list of token ids into text deltas, never emitting half a UTF-8 character
+    (detokenize_incrementally holds the newest tokens' text back while it ends in U+FFFD).
+
+    Byte-level BPE tokens can split a character (an emoji is often 2-4 tokens). Decoding only a
     short window (prefix_offset..) keeps each step O(window), not O(length).
     """
 
@@ -212,14 +242,11 @@ class IncrementalDetokenizer:
     def add(self, token_ids: list[int]) -> str:
         """Append tokens; return the newly completed text (possibly "")."""
         self.ids.extend(token_ids)
-        prefix = self.tok.decode(self.ids[self.prefix_offset:self.read_offset], self.skip)
-        full = self.tok.decode(self.ids[self.prefix_offset:], self.skip)
-        if len(full) > len(prefix) and not full.endswith("\ufffd"):
-            delta = full[len(prefix):]
-            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            self.text += delta
-            return delta
-        return ""
+        # a module-level call, so a student's version swapped into this module (use_my_code) runs here
+        delta, self.prefix_offset, self.read_offset = detokenize_incrementally(
+            self.tok, self.ids, self.prefix_offset, self.read_offset, self.skip)
+        self.text += delta
+        return delta
 
     def flush(self) -> str:
         """At the end of a request: whatever is still held back (a truncated character shows as U+FFFD)."""

@@ -16,7 +16,9 @@ its longest request's end while the others' slots sit idle (what continuous batc
 
 Backpressure: at most max_waiting requests may wait to be scheduled (accepted, no step run yet);
 one more raises QueueFullError (the server's 503). abort() (a client that went away) ends a request
-before the engine's next step, which frees its KV blocks. An error inside a step fails every request
+before the engine's next step, which frees its KV blocks. Who is in and how many wait is an
+Admission, changed under the lock by four small functions: admit (add_request), start (its first
+step ran), abort_request (abort) and finish (it ended, however). An error inside a step fails every request
 in flight with EngineError, and the engine goes on serving; shutdown() fails what is left and frees
 the engine.
 """
@@ -87,6 +89,70 @@ class _Request:
             pass
 
 
+@dataclass
+class Admission:
+    """Who is in: AsyncLLM's bookkeeping of accepted requests, changed only under its lock (by admit,
+    start, abort_request and finish below), read by num_waiting / num_running and the server's 503."""
+
+    max_waiting: int  # at most this many requests may wait (accepted, no step run yet)
+    requests: dict[str, _Request] = field(default_factory=dict)  # every accepted, unfinished request
+    num_waiting: int = 0  # accepted, not yet run a step (counted against max_waiting)
+
+
+# >>> exercise 6.3 | notebooks/06_serving.ipynb | 3. The async engine loop: admission, backpressure, abort
+def admit(book: Admission, req: _Request) -> None:
+    """Accept a new request (the caller's add_request), or refuse it.
+
+    Raise QueueFullError when book.max_waiting requests already wait (the server answers 503: try
+    later), ValueError when book.requests already holds a request with req.request_id. Else register
+    it in book.requests under its id and count it waiting (req.waiting is True for a new request).
+
+    Hints: check the queue first, then the id; a request whose id was used by one that has
+    finished is a new request (a finished request is no longer in book.requests).
+    """
+    if book.num_waiting >= book.max_waiting:  # >=: max_waiting may wait, one more may not
+        raise QueueFullError(f"{book.num_waiting} requests are waiting (max_waiting={book.max_waiting})")
+    if req.request_id in book.requests:
+        raise ValueError(f"request id {req.request_id!r} is already in use")
+    book.num_waiting += 1
+    book.requests[req.request_id] = req
+
+
+def start(book: Admission, req: _Request) -> None:
+    """The engine ran req's first step: it waits no more (req.waiting becomes False and it stops
+    counting in book.num_waiting); it is running. Idempotent; a no-op for a request that has ended."""
+    if req.waiting:  # finish clears it too: an ended request is not counted twice
+        req.waiting = False
+        book.num_waiting -= 1
+
+
+def abort_request(book: Admission, request_id: str) -> _Request | None:
+    """A caller's abort (a client went away). -> the live request with this id, now marked
+    req.aborted = True, for the engine thread to end; None when there is nothing to abort: no such
+    request, it has finished (it is no longer in book.requests), or it was aborted already (so two
+    aborts end it once). Counts do not change here: the request is still in until finish()."""
+    req = book.requests.get(request_id)
+    if req is None or req.aborted:
+        return None
+    req.aborted = True
+    return req
+
+
+def finish(book: Admission, req: _Request) -> bool:
+    """The request has ended (finished, aborted or failed): unregister it; if it was still waiting
+    (aborted before its first step) it stops counting in book.num_waiting and req.waiting becomes
+    False. -> True, or False when req had already ended (then nothing changes: a later request that
+    reuses its id is not touched)."""
+    if book.requests.get(req.request_id) is not req:
+        return False
+    del book.requests[req.request_id]
+    if req.waiting:  # an abort before its first step: start() never ran for it
+        req.waiting = False
+        book.num_waiting -= 1
+    return True
+# <<< exercise 6.3
+
+
 class AsyncStream:
     """The outputs of one request: `async for out in stream`; close() (or abort()) ends the request."""
 
@@ -125,14 +191,12 @@ class AsyncLLM:
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
             raise ValueError(f"max_waiting must be an integer >= 1, got {describe(max_waiting)}")
         self.llm, self.engine, self.tokenizer = llm, llm.engine, llm.tokenizer
-        self.max_waiting = max_waiting
         self.static_batching = bool(static_batching)
         self.metrics = Metrics(len(self.engine.scheduler.block_manager.blocks))
         self._cond = threading.Condition()
         self._inbox: list[_Request] = []  # accepted, not yet given to the engine
         self._aborts: list[_Request] = []
-        self._requests: dict[str, _Request] = {}  # every accepted, unfinished request
-        self._num_waiting = 0
+        self._book = Admission(max_waiting)  # accepted requests and how many wait (under _cond)
         self._stopping = False
         self._dead: str | None = None  # why the engine thread ended
         self._live: list[_Request] = []  # the engine thread's own: requests in the engine
@@ -161,12 +225,7 @@ class AsyncLLM:
         with self._cond:
             if self._stopping or self._dead:
                 raise EngineError(f"the engine is not running ({self._dead or 'shutting down'})")
-            if self._num_waiting >= self.max_waiting:
-                raise QueueFullError(f"{self._num_waiting} requests are waiting (max_waiting={self.max_waiting})")
-            if req.request_id in self._requests:
-                raise ValueError(f"request id {req.request_id!r} is already in use")
-            self._num_waiting += 1
-            self._requests[req.request_id] = req
+            admit(self._book, req)  # QueueFullError, ValueError
             self._inbox.append(req)
             self._cond.notify()
         return AsyncStream(self, req)
@@ -183,10 +242,9 @@ class AsyncLLM:
     def abort(self, request_id: str) -> None:
         """End a request before the next step (a no-op for one that has finished)."""
         with self._cond:
-            req = self._requests.get(request_id)
-            if req is None or req.aborted:
+            req = abort_request(self._book, request_id)
+            if req is None:
                 return
-            req.aborted = True
             self._aborts.append(req)
             self._cond.notify()
 
@@ -195,14 +253,24 @@ class AsyncLLM:
         return not self._stopping and self._dead is None and self._thread.is_alive()
 
     @property
+    def max_waiting(self) -> int:
+        return self._book.max_waiting
+
+    @property
     def num_waiting(self) -> int:
-        return self._num_waiting
+        """Requests accepted that have not run a step yet."""
+        return self._book.num_waiting
 
     @property
     def num_running(self) -> int:
         """Requests the engine has started (run at least one step) and not finished."""
         with self._cond:
-            return len(self._requests) - self._num_waiting
+            return len(self._book.requests) - self._book.num_waiting
+
+    @property
+    def _requests(self) -> dict[str, _Request]:
+        """Every accepted, unfinished request by id (read under _cond)."""
+        return self._book.requests
 
     def shutdown(self, timeout: float = 60.0) -> None:
         """Stop the engine thread (requests still in flight fail with EngineError), then free the engine."""
@@ -291,8 +359,7 @@ class AsyncLLM:
     def _scheduled(self, req: _Request) -> None:
         self.metrics.count_prompt_tokens(len(req.prompt_ids))
         with self._cond:
-            req.waiting = False
-            self._num_waiting -= 1
+            start(self._book, req)
 
     def _fail_live(self, error: Exception) -> None:
         self.engine.abort_all()  # a step half done: end every request (the engine stays usable)
@@ -303,11 +370,8 @@ class AsyncLLM:
 
     def _end(self, req: _Request, error: Exception | None) -> None:
         with self._cond:
-            if self._requests.pop(req.request_id, None) is None:
+            if not finish(self._book, req):  # ended already (an abort racing its finish)
                 return
-            if req.waiting:
-                req.waiting = False
-                self._num_waiting -= 1
         if error is not None:
             self.metrics.count_failed()
             req.put(error)

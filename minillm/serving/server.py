@@ -28,6 +28,7 @@ from minillm.serving.async_engine import AsyncLLM, AsyncStream, EngineError, Que
 from minillm.serving.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_BODY_BYTES, APIError, bad_request,
                                       chat_logprobs, chat_messages, check_fields, completion_logprobs,
                                       completion_prompt, merge, sampling_params, stream_flags, usage)
+from minillm.serving.sse import sse_event
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 RETRY_AFTER_S = 1  # what a 503 asks the client to wait
@@ -35,7 +36,8 @@ log = logging.getLogger("minillm.serving")
 
 
 def _sse(obj) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    """One JSON object as a server-sent event (OpenAI's streaming chunks)."""
+    return sse_event(json.dumps(obj, ensure_ascii=False))
 
 
 class _EventStream(StreamingResponse):
@@ -199,7 +201,7 @@ def create_app(async_llm: AsyncLLM, model_name: str, api_key: str | None = None)
                     yield _sse({**head, "choices": [], "usage": usage(n_prompt, n_tokens)})
             except EngineError as e:  # the status line has gone out: the error travels as an event
                 yield _sse(APIError(500, str(e), type="internal_server_error").body())
-            yield "data: [DONE]\n\n"
+            yield sse_event("[DONE]")
 
         return _EventStream(events(), stream)
 

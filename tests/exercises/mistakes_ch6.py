@@ -1,0 +1,284 @@
+"""Chapter 6's known wrong versions (see mistakes.py): serving.
+
+Each function below is an exercise function written the way students get it wrong: an event that
+never ends or a newline that breaks it, a parser that loses spaces, events or the field name (6.1);
+a detokenizer that emits half a character, loses or repeats text, or decodes everything every step
+(6.2); admission bookkeeping that leaks a waiting slot or counts one twice (6.3); latency figures
+with the wrong divisor, gap, percentile or unit (6.4).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from minillm.bench_serve import PERCENTILES
+from minillm.bench_serve import itls as right_itls
+from minillm.bench_serve import latency_percentiles as right_latency_percentiles
+from minillm.serving.async_engine import QueueFullError
+from mistakes import Mistake
+
+
+# ---- 6.1 server-sent events ---------------------------------------------------------------------------
+def sse_event_no_blank_line(data):
+    return "".join(f"data: {line}\n" for line in data.split("\n"))  # the bug: no empty line ends the event
+
+
+def sse_event_raw_newlines(data):
+    return f"data: {data}\n\n"  # the bug: a newline in data ends the data line early
+
+
+def _read(line, lines, value_of):
+    """sse_data with the value of a data line taken by value_of(line) (None: not a data line)."""
+    if not line:
+        if not lines:
+            return None
+        data = "\n".join(lines)
+        lines.clear()
+        return data
+    value = value_of(line)
+    if value is not None:
+        lines.append(value)
+    return None
+
+
+def _data_value(line):
+    if line.startswith(":"):
+        return None
+    name, _, value = line.partition(":")
+    return (value[1:] if value.startswith(" ") else value) if name == "data" else None
+
+
+def sse_data_strips_whitespace(line, lines):
+    # the bug: every space around the value goes, not only the one after the colon
+    return _read(line, lines, lambda s: None if _data_value(s) is None else s.partition(":")[2].strip())
+
+
+def sse_data_fixed_prefix(line, lines):
+    # the bug: the value is taken after a fixed "data: ", so "data:x" loses its first character
+    return _read(line, lines, lambda s: s[len("data: "):] if _data_value(s) is not None else None)
+
+
+def sse_data_every_colon_line(line, lines):
+    # the bug: the field name is not checked: comments, event:, id: and retry: lines are read as data
+    def value(s):
+        if ":" not in s:
+            return _data_value(s)
+        v = s.partition(":")[2]
+        return v[1:] if v.startswith(" ") else v
+    return _read(line, lines, value)
+
+
+def sse_data_line_per_event(line, lines):
+    return _data_value(line) if line else None  # the bug: each data line is returned as an event of its own
+
+
+# ---- 6.2 incremental detokenization -------------------------------------------------------------------
+def _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, *, hold_back=True, drop_prefix=True,
+           read_while_holding=False, slide=True):
+    """detokenize_incrementally with one rule switched off."""
+    prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens)
+    window = tokenizer.decode(ids[prefix_offset:], skip_special_tokens)
+    if len(window) > len(prefix) and (not hold_back or not window.endswith("\ufffd")):
+        return (window[len(prefix):] if drop_prefix else window), (read_offset if slide else 0), len(ids)
+    return "", prefix_offset, (len(ids) if read_while_holding else read_offset)
+
+
+def detokenize_no_hold_back(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    return _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, hold_back=False)
+
+
+def detokenize_token_alone(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    # the bug: the new tokens are decoded without the tokens before them
+    return tokenizer.decode(ids[read_offset:], skip_special_tokens), read_offset, len(ids)
+
+
+def detokenize_reads_while_holding(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    return _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, read_while_holding=True)
+
+
+def detokenize_keeps_prefix_text(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    return _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, drop_prefix=False)
+
+
+def detokenize_window_never_slides(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    return _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, slide=False)
+
+
+# ---- 6.3 admission and abort --------------------------------------------------------------------------
+def admit_one_too_many(book, req):
+    if book.num_waiting > book.max_waiting:  # the bug: > lets a request in when max_waiting already wait
+        raise QueueFullError(f"{book.num_waiting} requests are waiting (max_waiting={book.max_waiting})")
+    if req.request_id in book.requests:
+        raise ValueError(f"request id {req.request_id!r} is already in use")
+    book.num_waiting += 1
+    book.requests[req.request_id] = req
+
+
+def finish_keeps_the_waiting_slot(book, req):
+    if book.requests.get(req.request_id) is not req:
+        return False
+    del book.requests[req.request_id]  # the bug: a request that ends while waiting still counts as waiting
+    return True
+
+
+def finish_counts_down_every_request(book, req):
+    if book.requests.get(req.request_id) is not req:
+        return False
+    del book.requests[req.request_id]
+    req.waiting = False
+    book.num_waiting -= 1  # the bug: a running request was counted down already, by start()
+    return True
+
+
+def abort_request_twice(book, request_id):
+    req = book.requests.get(request_id)
+    if req is None:  # the bug: a request aborted already is returned again
+        return None
+    req.aborted = True
+    return req
+
+
+# ---- 6.4 latency figures ------------------------------------------------------------------------------
+def tpots_over_all_tokens(traces):
+    # the bug: divided by every output token, the first one (which TTFT covers) included
+    return np.array([(t.latency - t.ttft) / t.output_tokens for t in traces if t.ok and t.output_tokens > 1],
+                    dtype=np.float64)
+
+
+def itls_from_the_send(traces):
+    # the bug: the first "gap" is the TTFT (send to first chunk)
+    gaps = [np.diff(np.asarray([t.start] + t.chunk_times, dtype=np.float64)) for t in traces if t.ok]
+    return np.concatenate(gaps) if gaps else np.zeros(0)
+
+
+def latency_percentiles_nearest_rank(values_s, percentiles=PERCENTILES):
+    v = np.sort(np.asarray(values_s, dtype=np.float64) * 1e3)
+    out = {"mean": float(v.mean()) if v.size else math.nan}
+    for p in percentiles:  # the bug: the nearest-rank value, no interpolation between the two around it
+        out["median" if p == 50 else f"p{p:g}"] = float(v[max(0, math.ceil(p / 100 * v.size) - 1)]) if v.size \
+            else math.nan
+    return out
+
+
+def latency_percentiles_in_seconds(values_s, percentiles=PERCENTILES):
+    return {k: v / 1e3 for k, v in right_latency_percentiles(values_s, percentiles).items()}  # the bug: no * 1000
+
+
+def _with_failed(traces):
+    """Every trace that got a chunk, failed or not, as if completed."""
+    return [type(t)(**{**vars(t), "error": ""}) if t.chunk_times else t for t in traces]
+
+
+def ttfts_with_failed(traces):
+    return np.array([t.ttft for t in _with_failed(traces) if t.ok], dtype=np.float64)
+
+
+def e2e_latencies_with_failed(traces):
+    return np.array([t.latency for t in _with_failed(traces) if t.ok], dtype=np.float64)
+
+
+def tpots_with_failed(traces):
+    return np.array([(t.latency - t.ttft) / (t.output_tokens - 1) for t in _with_failed(traces)
+                     if t.ok and t.output_tokens > 1], dtype=np.float64)
+
+
+def itls_with_failed(traces):
+    return right_itls(_with_failed(traces))
+
+
+MISTAKES = [
+    # 6.1
+    Mistake("ch6_sse_event_no_blank_line", "6.1", {"sse_event": sse_event_no_blank_line},
+            "the event has no empty line after its data: a reader dispatches an event at an empty line only, so it "
+            "gets nothing, or every chunk glued into one event. End the event with one more '\\n' (it ends in "
+            "'\\n\\n')",
+            "test_ch6.py::test_sse_event_frames_decode_with_openai"),
+    Mistake("ch6_sse_event_raw_newlines", "6.1", {"sse_event": sse_event_raw_newlines},
+            "data holding a newline is written as one `data: ` line: the newline ends that line, and the reader "
+            "takes the rest for a field of its own (dropped). Write each line of data.split('\\n') as its own "
+            "`data: ` line",
+            "test_ch6.py::test_sse_event_frames_decode_with_openai"),
+    Mistake("ch6_sse_data_strips_whitespace", "6.1", {"sse_data": sse_data_strips_whitespace},
+            "the value is stripped of all whitespace: only the one space right after the colon is dropped "
+            "('data:  x ' carries ' x '); the others are the data's own (a token ' the' starts with one)",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_fixed_prefix", "6.1", {"sse_data": sse_data_fixed_prefix},
+            "the value is cut after a fixed 'data: ', so 'data:x' (no space, which is allowed) loses its first "
+            "character. Split at the first colon, then drop one space if there is one",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_every_colon_line", "6.1", {"sse_data": sse_data_every_colon_line},
+            "comment lines (': ping') and other fields (event:, id:, retry:) are read as data: only a field whose "
+            "name, the text before the first colon, is exactly 'data' carries data; a line starting with ':' is "
+            "a comment",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_line_per_event", "6.1", {"sse_data": sse_data_line_per_event},
+            "each data line is returned as an event of its own: an event ends at the empty line only, and its "
+            "data is all its data lines joined with '\\n'. Append each value to `lines`; return at the empty line",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+    # 6.2
+    Mistake("ch6_detok_no_hold_back", "6.2", {"detokenize_incrementally": detokenize_no_hold_back},
+            "text ending in U+FFFD is emitted: those are the first bytes of a character whose last bytes are in the "
+            "next token, and the client shows '\ufffd' for good. Emit nothing (and keep both offsets) while the "
+            "window's text ends in '\\ufffd'",
+            "test_ch6.py::test_detokenize_matches_decode_stream"),
+    Mistake("ch6_detok_token_alone", "6.2", {"detokenize_incrementally": detokenize_token_alone},
+            "the new tokens are decoded on their own: a token holding only part of a character's UTF-8 bytes "
+            "decodes to U+FFFD. Decode the window ids[prefix_offset:], emit its text past the prefix's "
+            "(ids[prefix_offset:read_offset]), and hold it back while it ends in '\\ufffd'",
+            "test_ch6.py::test_detokenize_matches_decode_stream"),
+    Mistake("ch6_detok_reads_while_holding", "6.2", {"detokenize_incrementally": detokenize_reads_while_holding},
+            "read_offset moves on while the text is held back: the held tokens then count as emitted, the prefix "
+            "ends in U+FFFD, and the character they start is lost. Return the offsets unchanged when nothing is "
+            "emitted",
+            "test_ch6.py::test_detokenize_matches_decode_stream"),
+    Mistake("ch6_detok_keeps_prefix_text", "6.2", {"detokenize_incrementally": detokenize_keeps_prefix_text},
+            "the whole window's text is emitted, so the prefix's text (ids[prefix_offset:read_offset], emitted "
+            "last time) comes again. Emit window[len(prefix):]",
+            "test_ch6.py::test_detokenize_matches_decode_stream"),
+    Mistake("ch6_detok_window_never_slides", "6.2", {"detokenize_incrementally": detokenize_window_never_slides},
+            "prefix_offset never moves on, so every step decodes the whole completion (quadratic in its length). "
+            "After an emission the new prefix_offset is the old read_offset",
+            "test_ch6.py::test_detokenize_window_stays_short"),
+    # 6.3
+    Mistake("ch6_admit_one_too_many", "6.3", {"admit": admit_one_too_many},
+            "a request is accepted when max_waiting requests already wait (num_waiting > max_waiting is checked): "
+            "max_waiting + 1 then wait. Refuse when num_waiting >= max_waiting",
+            "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_finish_keeps_the_waiting_slot", "6.3", {"finish": finish_keeps_the_waiting_slot},
+            "a request that ends while still waiting (aborted before its first step) keeps counting in num_waiting: "
+            "every such abort leaks a slot, and once max_waiting have leaked the server answers 503 forever. In "
+            "finish, count it down when req.waiting (and set req.waiting = False)",
+            "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_finish_counts_down_every_request", "6.3", {"finish": finish_counts_down_every_request},
+            "finish counts every request down in num_waiting, also one that start() counted down already: "
+            "num_waiting drifts below the truth (negative), num_running above it, and more than max_waiting "
+            "get in. Count down only a request that is still waiting (req.waiting)",
+            "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_abort_request_twice", "6.3", {"abort_request": abort_request_twice},
+            "a second abort of the same request returns it again (a client that disconnects while the server "
+            "aborts it too): return None when req.aborted is already True, so it is ended once",
+            "test_ch6.py::test_admission_scenario"),
+    # 6.4
+    Mistake("ch6_tpot_over_all_tokens", "6.4", {"tpots": tpots_over_all_tokens},
+            "TPOT is divided by output_tokens: the time after the first token is spent on the output_tokens - 1 "
+            "tokens that follow it (the first one's time is the TTFT)",
+            "test_ch6.py::test_latencies_by_their_definitions"),
+    Mistake("ch6_itl_from_the_send", "6.4", {"itls": itls_from_the_send},
+            "ITL counts the time from sending to the first chunk as a gap: that is the TTFT. The gaps are between "
+            "consecutive chunks only (chunks - 1 per request)",
+            "test_ch6.py::test_latencies_by_their_definitions"),
+    Mistake("ch6_percentiles_nearest_rank", "6.4", {"latency_percentiles": latency_percentiles_nearest_rank},
+            "percentiles by nearest rank: benchmark_serving's (numpy's default) interpolate linearly between the "
+            "two values around rank (n - 1) x p / 100: np.percentile(v, p)",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
+    Mistake("ch6_percentiles_in_seconds", "6.4", {"latency_percentiles": latency_percentiles_in_seconds},
+            "the summary is in seconds: the values come in seconds and the summary is in milliseconds (x 1000)",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
+    Mistake("ch6_failed_requests_included", "6.4",
+            {"ttfts": ttfts_with_failed, "e2e_latencies": e2e_latencies_with_failed, "tpots": tpots_with_failed,
+             "itls": itls_with_failed},
+            "a failed request (trace.error set) is counted because it got chunks before it failed: only completed "
+            "requests count (trace.ok)",
+            "test_ch6.py::test_latencies_by_their_definitions"),
+]
