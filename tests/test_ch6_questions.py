@@ -1,5 +1,6 @@
 """The "Check your understanding" questions that end notebooks/06_serving.ipynb (registered by
-minillm/course/serving_questions.py with minillm.course.questions).
+minillm/course/serving_questions.py with minillm.course.questions), the notebook's shape, and chapter 6's
+lecturer file.
 
 The right answers are recomputed here without the checker's code: the SSE frame written out by hand (the
 standard's rule: a `data: ` line per payload line, an empty line to end the event), TTFT and TPOT from
@@ -8,9 +9,24 @@ and plain arithmetic for the static batch, Little's law and the saturation rate.
 """
 from __future__ import annotations
 
+import os
+import re
+
+import nbformat
 import pytest
 
+from minillm.course import kit
 from minillm.course import questions as Q
+from minillm.course.exercises import REPO_DIR
+from minillm.course.slides import SLIDE_TYPES
+
+NOTEBOOK = os.path.join(REPO_DIR, "notebooks", "06_serving.ipynb")
+CHAPTER = "06_serving"
+KIT_PARTS = ["## Learning objectives", "## A 90-minute lecture", "## Check your understanding: the answer key",
+             "## Common mistakes the grader diagnoses"]
+SECTIONS = ["1. A request's life: server-sent events", "2. Streaming text: incremental detokenization",
+            "3. The async engine loop: admission, backpressure, abort", "4. Latency under load: TTFT, TPOT, ITL"]
+
 
 def linear_percentile(values, q: float) -> float:
     """numpy's default (linear) percentile, by hand: rank q/100 x (n - 1) in the sorted values, interpolated."""
@@ -96,3 +112,65 @@ def test_the_expected_values_are_minillms_own_functions():
     assert tpots([t])[0] * 1e3 == pytest.approx(27.5)
     assert latency_percentiles([v / 1e3 for v in (30, 32, 35, 31, 29, 33, 400, 34, 36, 30)])["p90"] == \
         pytest.approx(72.4)
+
+
+# ------------------------------------------------------------------------------------------------ the notebook
+def notebook():
+    return nbformat.read(NOTEBOOK, as_version=4)
+
+
+def test_every_cell_has_a_slide_type_and_the_exercises_have_their_boxes():
+    nb = notebook()
+    assert all(c.metadata.get("slideshow", {}).get("slide_type") in SLIDE_TYPES for c in nb.cells)
+    text = "\n".join(c.source for c in nb.cells)
+    for ex in ("6.1", "6.2", "6.3", "6.4"):
+        assert f"**Exercise {ex}**" in text and f"make grade EX={ex}" in text, ex
+    switch = next(c for c in nb.cells if c.cell_type == "code" and "USE_MY_CODE = False" in c.source)
+    assert "use_my_code(chapter=6, enabled=USE_MY_CODE)" in switch.source
+    said = "".join(o.get("text", "") for o in switch.get("outputs", []))
+    assert not said or "USE_MY_CODE = False: chapter 6 runs minillm's reference code" in said, said
+
+
+def test_the_sections_the_exercises_name_exist():
+    headings = {line.lstrip("#").strip() for c in notebook().cells if c.cell_type == "markdown"
+                for line in c.source.splitlines() if line.startswith("#")}
+    assert set(SECTIONS) <= headings, set(SECTIONS) - headings
+    from minillm.course.exercises import find_exercises
+    for e in find_exercises():
+        if e.chapter == 6:  # a failing grade points the student at a section that exists
+            assert e.notebook == "notebooks/06_serving.ipynb" and e.section in headings, (e.id, e.section)
+
+
+def test_every_server_the_notebook_starts_is_stopped_in_its_section():
+    """A server started with Server(...).start() is stopped (srv.stop()) in the same section, so the next
+    section finds the GPU's memory free; the others are `with Server(...)` blocks, stopped when they end."""
+    started = {}
+    section = None
+    for c in notebook().cells:
+        if c.cell_type == "markdown" and re.match(r"## \d+\. ", c.source):
+            section = c.source.splitlines()[0]
+        elif c.cell_type == "code":
+            started.setdefault(section, [0, 0])
+            started[section][0] += len(re.findall(r"Server\((?:[^()]|\([^()]*\))*\)\.start\(\)", c.source))
+            started[section][1] += c.source.count("srv.stop()")
+    assert any(n for n, _ in started.values()), "no server started with .start(): the pattern is stale"
+    assert {s: n for s, (n, _) in started.items() if n} == {s: m for s, (n, m) in started.items() if n}, started
+
+
+# ------------------------------------------------------------------------------------------------ the kit
+def kit_text() -> str:
+    return open(os.path.join(kit.KIT_DIR, CHAPTER + ".md"), encoding="utf-8").read()
+
+
+def test_the_kit_file_has_its_four_parts_and_current_generated_sections():
+    text = kit_text()
+    where = [text.find(p) for p in KIT_PARTS]
+    assert -1 not in where and where == sorted(where), f"{CHAPTER}.md needs {KIT_PARTS}, in that order"
+    assert kit.render(os.path.join(kit.KIT_DIR, CHAPTER + ".md")) == text, f"run `{kit.COMMAND}`"
+
+
+def test_the_lecture_plan_fills_90_minutes():
+    plan = kit_text().split("## A 90-minute lecture", 1)[1].split("\n## ", 1)[0]
+    spans = [(int(a), int(b)) for a, b in re.findall(r"^\| (\d+)–(\d+) \|", plan, re.M)]
+    assert spans and spans[0][0] == 0 and spans[-1][1] == 90, spans
+    assert all(b0 == a1 for (_, b0), (a1, _) in zip(spans, spans[1:])), f"gaps or overlaps: {spans}"
