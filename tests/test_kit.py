@@ -12,7 +12,7 @@ from minillm.course import kit
 from minillm.course import questions as Q
 
 CHAPTERS = ["00_tour", "01_vocab_weights_runtime", "02_decoder_layer", "03_paged_kv_cache", "04_tensor_parallel",
-            "05_engine_performance"]
+            "05_engine_performance", "06_serving"]
 PARTS = ["## Learning objectives", "## A 90-minute lecture", "## Check your understanding: the answer key",
          "## Common mistakes the grader diagnoses"]
 

@@ -25,8 +25,8 @@ from minillm.course.slides import SLIDE_TYPES
 
 NOTEBOOKS = {"00": "00_tour", "01": "01_vocab_weights_runtime", "02": "02_decoder_layer", "03": "03_paged_kv_cache",
              "04": "04_tensor_parallel"}
-# every notebook that ends with questions (02a's and 05's answers are tested in their own files)
-ENDINGS = {**NOTEBOOKS, "02a": "02a_triton_primer", "05": "05_engine_performance"}
+# every notebook that ends with questions (02a's, 05's and 06's answers are tested in their own files)
+ENDINGS = {**NOTEBOOKS, "02a": "02a_triton_primer", "05": "05_engine_performance", "06": "06_serving"}
 KIB = 1024
 
 

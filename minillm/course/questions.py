@@ -724,3 +724,4 @@ register("04", [
 # notebooks whose questions are defined beside their material: importing the module registers them
 from minillm.course import triton_primer as _triton_primer  # noqa: E402,F401  (notebook 02a, the Triton primer)
 from minillm.course import engine_questions as _engine_questions  # noqa: E402,F401  (notebook 05, the engine at speed)
+from minillm.course import serving_questions as _serving_questions  # noqa: E402,F401  (notebook 06, serving)
