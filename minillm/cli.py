@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 import time
 
@@ -139,6 +140,10 @@ def _listen(host: str, port: int):
         raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(0)
+
+
 def cmd_serve(args) -> None:
     if args.max_waiting < 1:
         raise ValueError(f"--max-waiting must be at least 1, got {args.max_waiting}")
@@ -166,9 +171,13 @@ def cmd_serve(args) -> None:
             host, port = sock.getsockname()[:2]
             print(f"minillm serves {name!r} at http://{host}:{port}/v1 (OpenAI API; chat page at /, metrics at "
                   f"/metrics; Ctrl-C stops)", file=sys.stderr)
+            # uvicorn stops gracefully on SIGTERM, then raises the signal again with the handler it found:
+            # let that be an exit, so the finally below frees the engine (the default would kill the process)
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
             serve(async_llm, name, sock, api_key=args.api_key)
         finally:
             async_llm.shutdown()
+            print("minillm: the server has stopped and the engine is shut down", file=sys.stderr)
     finally:
         sock.close()
 
