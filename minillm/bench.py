@@ -731,7 +731,9 @@ def run_bench(args) -> dict:
         result["floor_tok_s_subset"] = round(floors[n_sub]["floor_tok_s"], 1)
     minillm_commit = read_git_commit(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if minillm_commit:
-        result["minillm_commit"] = minillm_commit
+        result["minillm_commit"] = minillm_commit  # what .git's HEAD says: the tree may differ (uncommitted work)
+    # what ran, always: a copy of a working tree can carry a stale .git, and a checkout can be dirty
+    result["minillm_source_sha256"] = source_digest(os.path.dirname(os.path.abspath(__file__)))
 
     runs: list[tuple[str, Callable[[], dict]]] = [
         (f"minillm-{b}", lambda b=b: run_minillm(args, b, work, subset)) for b in plan["backends"]]

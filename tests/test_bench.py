@@ -7,6 +7,7 @@ adapter drives it and answers the way the real engine does.
 """
 import argparse
 import json
+import os
 import sys
 import textwrap
 
@@ -316,6 +317,8 @@ def test_bench_run_prints_every_engine_and_like_for_like_json(tmp_path, isolated
     assert json.loads(printed.out) == result
     assert json.loads(out_file.read_text()) == {**result, "complete": True}
     assert "x nanovllm" in printed.err and "nano-vLLM 0.2.0 commit " + COMMIT in printed.err
+    package = os.path.dirname(os.path.abspath(bench.__file__))  # what ran, whatever .git says
+    assert result["minillm_source_sha256"] == bench.source_digest(package)
 
     engines = result["engines"]
     assert list(engines) == ["minillm-torch", "nanovllm", "hf"]  # 'auto' named after what it picks on CPU
