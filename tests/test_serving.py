@@ -337,8 +337,10 @@ def test_stream_interval_sends_the_first_token_at_once_then_groups_of_that_many(
     finally:
         async_llm.shutdown()
     sizes = [len(o.outputs[0].token_ids) for o in outs if o.outputs]
-    assert sizes[0] == 1 and all(n > 0 and n % interval == 0 for n in sizes[1:-1]) and 0 < sizes[-1], sizes
-    assert len(sizes) >= 3, sizes  # 23 tokens: 1, then groups of 4, then the rest
+    # 23 tokens: the first alone, then groups of at least 4 (more when the reader was slow to take the
+    # last one: they gather meanwhile), the last group whatever is left: at most 1 + ceil(22 / 4) chunks
+    assert sizes[0] == 1 and all(n >= interval for n in sizes[1:-1]) and sizes[-1] > 0, sizes
+    assert len(sizes) <= 1 + -(-22 // interval), sizes
     want = offline.generate([PROMPTS[3]], params, use_tqdm=False)[0].outputs[0]
     assert [t for o in outs for c in o.outputs for t in c.token_ids] == want.token_ids
     assert "".join(c.text for o in outs for c in o.outputs) == want.text
