@@ -93,6 +93,15 @@ def detokenize_token_alone(tokenizer, ids, prefix_offset, read_offset, skip_spec
     return tokenizer.decode(ids[read_offset:], skip_special_tokens), read_offset, len(ids)
 
 
+def detokenize_new_tokens_alone(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    # the bug: only the tokens not yet emitted are decoded (held back while split): right for byte-level BPE,
+    # wrong where a token's text depends on the token before it (SentencePiece's word-start space)
+    text = tokenizer.decode(ids[read_offset:], skip_special_tokens)
+    if not text or text.endswith("\ufffd"):
+        return "", prefix_offset, read_offset
+    return text, read_offset, len(ids)
+
+
 def detokenize_reads_while_holding(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
     return _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, read_while_holding=True)
 
@@ -227,6 +236,11 @@ MISTAKES = [
             "decodes to U+FFFD. Decode the window ids[prefix_offset:], emit its text past the prefix's "
             "(ids[prefix_offset:read_offset]), and hold it back while it ends in '\\ufffd'",
             "test_ch6.py::test_detokenize_matches_decode_stream"),
+    Mistake("ch6_detok_new_tokens_alone", "6.2", {"detokenize_incrementally": detokenize_new_tokens_alone},
+            "only the new tokens are decoded (ids[read_offset:]): a SentencePiece-style decoder drops the space "
+            "that starts a word when the word's token comes first, so 'Hello world' streams as 'Helloworld'. "
+            "Decode the window ids[prefix_offset:] and emit its text past the prefix's",
+            "test_ch6.py::test_detokenize_a_sentencepiece_decoder"),
     Mistake("ch6_detok_reads_while_holding", "6.2", {"detokenize_incrementally": detokenize_reads_while_holding},
             "read_offset moves on while the text is held back: the held tokens then count as emitted, the prefix "
             "ends in U+FFFD, and the character they start is lost. Return the offsets unchanged when nothing is "

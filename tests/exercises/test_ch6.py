@@ -302,6 +302,38 @@ def test_detokenize_matches_decode_stream(impl):
             check_detokenizer(impl, text, skip)
 
 
+class DecodeWith:
+    """minillm's Tokenizer.decode(ids, skip_special_tokens) over a tokenizers.Tokenizer."""
+
+    def __init__(self, hf: HFTokenizer):
+        self.hf = hf
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+# SentencePiece's convention (Llama 2, T5, Gemma): "▁" marks a word's start and the decoder turns it into a
+# space, except at the very start of the text; so a token's text depends on whether a token comes before it
+SENTENCEPIECE_WORDS = ["<unk>", "▁Hello", "▁world", ",", "▁how", "▁are", "▁you", "?", "▁ca", "fé", "s", "▁"]
+
+
+@pytest.mark.ex6_2
+def test_detokenize_a_sentencepiece_decoder(impl):
+    """A tokenizer whose decoding depends on the tokens before (tokenizers' Metaspace decoder, SentencePiece's
+    word-start spaces): every delta as the tokenizers library's DecodeStream gives it."""
+    from tokenizers import decoders, models
+    hf = HFTokenizer(models.WordLevel({w: i for i, w in enumerate(SENTENCEPIECE_WORDS)}, unk_token="<unk>"))
+    hf.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    ids = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 2]
+    stream = DecodeStream(skip_special_tokens=True)
+    want = [stream.step(hf, i) or "" for i in ids]
+    run = lambda fn: outcome(lambda: deltas_by(fn, DecodeWith(hf), ids, True))  # noqa: E731
+    check_equal(run(impl.detokenize_incrementally), want, "6.2",
+                f"the text each token of {hf.decode(ids)!r} adds, decoded SentencePiece's way (the word-start "
+                f"'▁' is a space except at the start of a text), tokens one at a time (vs the tokenizers library's "
+                f"DecodeStream)", suspects=suspects_of("detokenize_incrementally", run))
+
+
 # characters whose UTF-8 bytes byte-level BPE splits across tokens, beside ASCII ones
 DETOK_ALPHABET = list("ab ,.\n7") + ["é", "ï", "ß", "Ω", "½", "—", "“", "…", "数", "字", "日", "本", "한", "🤖", "🚀",
                                      "👩", "\u200d", "🏽", "🇫", "🇷", "✨", "\ufe0f"]
