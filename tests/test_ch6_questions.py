@@ -1,6 +1,6 @@
 """The "Check your understanding" questions that end notebooks/06_serving.ipynb (registered by
-minillm/course/serving_questions.py with minillm.course.questions), the notebook's shape, and chapter 6's
-lecturer file.
+minillm/course/serving_questions.py with minillm.course.questions) and the notebook's shape (chapter 6's
+lecturer file is checked with the others' in tests/test_kit.py).
 
 The right answers are recomputed here without the checker's code: the SSE frame written out by hand (the
 standard's rule: a `data: ` line per payload line, an empty line to end the event), TTFT and TPOT from
@@ -15,15 +15,12 @@ import re
 import nbformat
 import pytest
 
-from minillm.course import kit
 from minillm.course import questions as Q
 from minillm.course.exercises import REPO_DIR
 from minillm.course.slides import SLIDE_TYPES
 
 NOTEBOOK = os.path.join(REPO_DIR, "notebooks", "06_serving.ipynb")
 CHAPTER = "06_serving"
-KIT_PARTS = ["## Learning objectives", "## A 90-minute lecture", "## Check your understanding: the answer key",
-             "## Common mistakes the grader diagnoses"]
 SECTIONS = ["1. A request's life: server-sent events", "2. Streaming text: incremental detokenization",
             "3. The async engine loop: admission, backpressure, abort", "4. Latency under load: TTFT, TPOT, ITL"]
 
@@ -155,22 +152,3 @@ def test_every_server_the_notebook_starts_is_stopped_in_its_section():
             started[section][1] += c.source.count("srv.stop()")
     assert any(n for n, _ in started.values()), "no server started with .start(): the pattern is stale"
     assert {s: n for s, (n, _) in started.items() if n} == {s: m for s, (n, m) in started.items() if n}, started
-
-
-# ------------------------------------------------------------------------------------------------ the kit
-def kit_text() -> str:
-    return open(os.path.join(kit.KIT_DIR, CHAPTER + ".md"), encoding="utf-8").read()
-
-
-def test_the_kit_file_has_its_four_parts_and_current_generated_sections():
-    text = kit_text()
-    where = [text.find(p) for p in KIT_PARTS]
-    assert -1 not in where and where == sorted(where), f"{CHAPTER}.md needs {KIT_PARTS}, in that order"
-    assert kit.render(os.path.join(kit.KIT_DIR, CHAPTER + ".md")) == text, f"run `{kit.COMMAND}`"
-
-
-def test_the_lecture_plan_fills_90_minutes():
-    plan = kit_text().split("## A 90-minute lecture", 1)[1].split("\n## ", 1)[0]
-    spans = [(int(a), int(b)) for a, b in re.findall(r"^\| (\d+)–(\d+) \|", plan, re.M)]
-    assert spans and spans[0][0] == 0 and spans[-1][1] == 90, spans
-    assert all(b0 == a1 for (_, b0), (a1, _) in zip(spans, spans[1:])), f"gaps or overlaps: {spans}"
