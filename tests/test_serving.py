@@ -577,20 +577,12 @@ def test_sigterm_stops_the_server_and_shuts_the_engine_down():
     """A process manager's SIGTERM: uvicorn finishes gracefully, then the engine is shut down and the
     process exits 0 (uvicorn re-raises the signal after its shutdown; left to the default handler the
     process would die with -15 before freeing the engine)."""
-    import signal
-    proc = subprocess.Popen([sys.executable, "-m", "minillm", "serve", "--model", MODEL, "--device", "cpu",
-                             "--port", "0", "--max-model-len", "256"], stderr=subprocess.PIPE, text=True)
+    from minillm.course.serving_lab import Server
+    srv = Server(MODEL, "--device", "cpu", "--max-model-len", "256").start()  # up once /health answers
     try:
-        for _ in range(100):  # "minillm serves ... at http://HOST:PORT/v1 ..." once listening (after any warnings)
-            line = proc.stderr.readline()
-            if not line or line.startswith("minillm serves "):
-                break
-        assert line.startswith("minillm serves "), line
-        url = line.split(" at ", 1)[1].split("/v1", 1)[0]
-        assert httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        assert httpx.get(srv.url + "/health", timeout=TIMEOUT).status_code == 200
     finally:
-        proc.kill()
-    assert proc.returncode == 0, err
+        returncode = srv.stop()  # SIGTERM, then wait
+    err = srv.log_tail()
+    assert returncode == 0, err
     assert "the engine is shut down" in err, err
