@@ -233,7 +233,7 @@ def test_a_non_streaming_client_that_disconnects_aborts_its_request(server):
         wait_for(lambda: async_llm.num_running == 1, "the request to start")
         with engine_held(async_llm):
             sock.close()
-            wait_for(lambda: any(r.aborted for r in list(async_llm._requests.values())), "the server to abort it")
+            wait_for(lambda: any(r.aborted for r in list(async_llm._book.requests.values())), "the server to abort it")
     m = wait_for(lambda: (lambda m: m if m["minillm_kv_cache_free_blocks"] == total
                           and m["minillm_num_requests_running"] == 0 else None)(metrics(server.base_url)),
                  "the aborted request's blocks to be freed")

@@ -330,11 +330,6 @@ class AsyncLLM:
         with self._cond:
             return len(self._book.requests) - self._book.num_waiting
 
-    @property
-    def _requests(self) -> dict[str, _Request]:
-        """Every accepted, unfinished request by id (read under _cond)."""
-        return self._book.requests
-
     def shutdown(self, timeout: float = 60.0) -> None:
         """Stop the engine thread (requests still in flight fail with EngineError), then free the engine."""
         with self._cond:
@@ -375,7 +370,7 @@ class AsyncLLM:
         finally:
             with self._cond:
                 self._dead = reason
-                left = list(self._requests.values())
+                left = list(self._book.requests.values())
             for req in left:
                 self._end(req, EngineError(f"the engine stopped before this request finished ({reason})"))
             self._flush()
