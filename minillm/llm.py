@@ -302,18 +302,16 @@ class TextDeltas:
         self.num_read += len(new)
         if seq.is_finished:
             text = engine.completion(seq).text  # exactly generate()'s text
+            end = len(text)
         elif self.detok is None:  # no tokenizer: token ids only
-            text = ""
+            text, end = "", 0
         else:
             if new:
                 self.detok.add(new)
-            if not seq.params.stop:  # nothing to hold back: only the new characters are sliced
-                delta = self.detok.text[self.num_sent:]
-                self.num_sent += len(delta)
-                return new, delta
             text = self.detok.text
-            cut = seq.params.cut_at_stop(text)
-            text = cut if cut is not None else text[:max(0, len(text) - self.hold)]
-        delta = text[self.num_sent:]
+            cut = seq.params.cut_at_stop(text) if seq.params.stop else None
+            end = len(cut) if cut is not None else max(0, len(text) - self.hold)
+        # only the new characters are sliced: a copy of the whole text per token would grow with it
+        delta = text[self.num_sent:end]
         self.num_sent += len(delta)
         return new, delta
