@@ -157,15 +157,20 @@ def cmd_serve(args) -> None:
         raise ValueError("--api-key is empty; give the key clients must send, or leave --api-key out")
     sock = _listen(args.host, args.port)
     try:
-        from minillm import LLM
-        from minillm.serving.async_engine import AsyncLLM
         from minillm.serving.server import serve
-        llm = LLM(args.model, device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
-                  max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
-                  enforce_eager=args.enforce_eager, max_num_seqs=args.max_num_seqs,
-                  max_num_batched_tokens=args.max_num_batched_tokens)
-        async_llm = AsyncLLM(llm, max_waiting=args.max_waiting, static_batching=args.batching == "static",
-                             stream_interval=args.stream_interval)
+        llm_args = dict(device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
+                        max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
+                        enforce_eager=args.enforce_eager, max_num_seqs=args.max_num_seqs,
+                        max_num_batched_tokens=args.max_num_batched_tokens)
+        serving_args = dict(max_waiting=args.max_waiting, static_batching=args.batching == "static",
+                            stream_interval=args.stream_interval)
+        if args.engine_core == "process":
+            from minillm.serving.engine_core import EngineCoreClient
+            async_llm = EngineCoreClient(args.model, llm_args, **serving_args)
+        else:
+            from minillm import LLM
+            from minillm.serving.async_engine import AsyncLLM
+            async_llm = AsyncLLM(LLM(args.model, **llm_args), **serving_args)
         try:
             name = args.served_model_name or args.model
             host, port = sock.getsockname()[:2]
@@ -222,6 +227,10 @@ def _parser() -> argparse.ArgumentParser:
                         "larger: fewer, bigger chunks and less host work per token at high load")
     s.add_argument("--batching", choices=["continuous", "static"], default="continuous",
                    help="static: new requests wait until the whole running batch has finished (to compare)")
+    s.add_argument("--engine-core", choices=["process", "thread"], default="process",
+                   help="process: the engine steps in a process of its own (the HTTP side never holds up a step); "
+                        "thread: in a thread of the server's process (one GIL; runs your chapter-6 code in the "
+                        "engine with serving_lab's use_my_code)")
     s.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
     return parser
 

@@ -2,10 +2,11 @@
 
 The socket is bound (to a free port) and listening before the server thread starts, so a client may
 connect at once: its connection waits in the backlog until uvicorn accepts it. Leaving the block
-stops uvicorn (bounded), stops the engine thread and frees the engine; the port is closed.
+stops uvicorn (bounded), stops the engine (thread or process) and frees it; the port is closed.
 """
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -21,21 +22,39 @@ STOP_TIMEOUT_S = 30
 @dataclass
 class ServerHandle:
     base_url: str  # http://127.0.0.1:PORT (no trailing slash; the OpenAI client wants base_url + "/v1")
-    async_llm: object  # the AsyncLLM: its engine, metrics and counters, for white-box checks
+    async_llm: object  # the EngineClient (an AsyncLLM: its engine too), for white-box checks
     model: str
 
 
+def engine_client(model: str, engine_core: str, max_waiting: int = 256, **engine_args):
+    """An AsyncLLM (engine_core "thread") or an EngineCoreClient ("process") over `model` with small CPU
+    engine args (overridden by engine_args)."""
+    if engine_core == "process":
+        from minillm.serving.engine_core import EngineCoreClient
+        # the engine process reads it as torch starts: one intra-op thread, as one_torch_thread gives tests
+        saved = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"
+        try:
+            return EngineCoreClient(model, small_engine_args(**engine_args), max_waiting=max_waiting)
+        finally:
+            if saved is None:
+                del os.environ["OMP_NUM_THREADS"]
+            else:
+                os.environ["OMP_NUM_THREADS"] = saved
+    from minillm import LLM
+    from minillm.serving.async_engine import AsyncLLM
+    return AsyncLLM(LLM(model, **small_engine_args(**engine_args)), max_waiting=max_waiting)
+
+
 @contextmanager
-def server_handle(model: str = "qwen3-tiny", api_key: str | None = None, max_waiting: int = 256, **engine_args):
+def server_handle(model: str = "qwen3-tiny", api_key: str | None = None, max_waiting: int = 256,
+                  engine_core: str = "thread", **engine_args):
     """running_server, yielding a ServerHandle (base_url, async_llm) instead of the bare URL."""
     import uvicorn
 
-    from minillm import LLM
-    from minillm.serving.async_engine import AsyncLLM
     from minillm.serving.server import create_app
 
-    llm = LLM(model, **small_engine_args(**engine_args))
-    async_llm = AsyncLLM(llm, max_waiting=max_waiting)
+    async_llm = engine_client(model, engine_core, max_waiting, **engine_args)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.bind(("127.0.0.1", 0))
@@ -63,6 +82,6 @@ def server_handle(model: str = "qwen3-tiny", api_key: str | None = None, max_wai
 @contextmanager
 def running_server(model: str = "qwen3-tiny", **engine_args):
     """A server for `model` (small CPU engine args, tests/helpers.py, overridden by engine_args; also
-    api_key= and max_waiting=) -> its base URL, e.g. http://127.0.0.1:40123."""
+    api_key=, max_waiting= and engine_core=) -> its base URL, e.g. http://127.0.0.1:40123."""
     with server_handle(model, **engine_args) as handle:
         yield handle.base_url

@@ -478,8 +478,10 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("path, body, status, phrase, param", BAD,
-                         ids=[f"{i}-{b[2]}-{b[3][:24]}" for i, b in enumerate(BAD)])
+BAD_IDS = [f"{i}-{b[2]}-{b[3][:24]}" for i, b in enumerate(BAD)]
+
+
+@pytest.mark.parametrize("path, body, status, phrase, param", BAD, ids=BAD_IDS)
 def test_bad_requests_get_an_openai_error_and_the_server_goes_on(server, path, body, status, phrase, param):
     kwargs = dict(content=body, headers={"content-type": "application/json"}) if isinstance(body, bytes) else dict(
         json=body)

@@ -73,8 +73,8 @@ class Server:
     @property
     def command(self) -> list[str]:
         args = ["serve", "--model", self.model, "--port", str(self.port), *self.flags]
-        if self.use_my_code:
-            return [sys.executable, "-c", _SWAPPED_MAIN, *args]
+        if self.use_my_code:  # one process, so the swapped-in code is the code the engine runs
+            return [sys.executable, "-c", _SWAPPED_MAIN, *args, "--engine-core", "thread"]
         return [sys.executable, "-m", "minillm", *args]
 
     def start(self) -> "Server":

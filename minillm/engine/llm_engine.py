@@ -92,6 +92,58 @@ def fill_placeholders(token_lists: list[list[int]], positions: list[int], sample
 # <<< exercise 5.2
 
 
+@dataclasses.dataclass(frozen=True)
+class RequestChecks:
+    """What this engine accepts, checked before a request is queued. Plain values, so `serve`'s API
+    process checks requests for an engine that runs in another process (serving/engine_core.py)."""
+
+    vocab_size: int
+    max_model_len: int
+    has_tokenizer: bool
+
+    def check_prompt(self, token_ids) -> list[int]:
+        """Raise ValueError for a prompt the engine cannot run.
+        token_ids: a list or tuple of ints (numpy integers too), or a 1-D integer array or tensor.
+        -> the ids as a list of Python ints."""
+        if hasattr(token_ids, "tolist") and not isinstance(token_ids, (list, tuple, str)):
+            token_ids = token_ids.tolist()  # a numpy array or a torch tensor
+        if not isinstance(token_ids, (list, tuple)):
+            raise ValueError(f"a prompt must be a string or a list of token ids (ints), got {describe(token_ids)}")
+        if not token_ids:
+            raise ValueError("the prompt is empty: give a non-empty string or list of token ids")
+        if not all(type(t) is int for t in token_ids):  # the common case first: it is much faster
+            bad = next((i for i, t in enumerate(token_ids) if not is_integer(t)), None)
+            if bad is not None:
+                raise ValueError(f"a token-id prompt must hold integers; position {bad} holds "
+                                 f"{describe(token_ids[bad])}")
+            token_ids = [int(t) for t in token_ids]
+        vocab = self.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        limit = self.max_model_len
+        if len(token_ids) >= limit:
+            raise ValueError(f"the prompt has {len(token_ids)} tokens but max_model_len is {limit}: the prompt "
+                             f"plus at least one generated token must fit; shorten it or raise max_model_len")
+        return list(token_ids)
+
+    def check_params(self, params) -> SamplingParams:
+        """Raise ValueError for sampling params the engine cannot run. -> a checked copy for the request
+        alone (a field changed after the object was made is caught; later changes do not reach the engine)."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {describe(params)}")
+        params = dataclasses.replace(params)  # __post_init__ checks every field again
+        if params.stop and not self.has_tokenizer:
+            raise ValueError("stop strings need a tokenizer; this model folder has no tokenizer.json "
+                             "(use stop_token_ids)")
+        vocab = self.vocab_size
+        outside = [t for t in params.logit_bias or {} if t >= vocab]
+        if outside:
+            raise ValueError(f"SamplingParams.logit_bias names token ids {outside[:5]} outside the vocabulary "
+                             f"[0, {vocab}); bias only this model's token ids")
+        return params
+
+
 class LLMEngine:
     def __init__(self, model_path: str, config: EngineConfig):
         self.model_config = ModelConfig.from_folder(model_path)
@@ -107,6 +159,7 @@ class LLMEngine:
         eos = list(self.model_config.eos_token_id)
         if self.tokenizer and self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
             eos.append(self.tokenizer.eos_token_id)
+        self.checks = RequestChecks(self.model_config.vocab_size, config.max_model_len, self.tokenizer is not None)
         self.model_runner = self._make_runner(model_path)
         self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks)
         self.detokenizers: dict[int, IncrementalDetokenizer] = {}  # requests with stop strings
@@ -129,58 +182,16 @@ class LLMEngine:
         return ModelRunner(self.config, self.model_config, model_path)
 
     # ---- requests -----------------------------------------------------------------------------
-    def check_prompt(self, token_ids) -> list[int]:
-        """Raise ValueError for a prompt the engine cannot run.
-        token_ids: a list or tuple of ints (numpy integers too), or a 1-D integer array or tensor.
-        -> the ids as a list of Python ints."""
-        if hasattr(token_ids, "tolist") and not isinstance(token_ids, (list, tuple, str)):
-            token_ids = token_ids.tolist()  # a numpy array or a torch tensor
-        if not isinstance(token_ids, (list, tuple)):
-            raise ValueError(f"a prompt must be a string or a list of token ids (ints), got {describe(token_ids)}")
-        if not token_ids:
-            raise ValueError("the prompt is empty: give a non-empty string or list of token ids")
-        if not all(type(t) is int for t in token_ids):  # the common case first: it is much faster
-            bad = next((i for i, t in enumerate(token_ids) if not is_integer(t)), None)
-            if bad is not None:
-                raise ValueError(f"a token-id prompt must hold integers; position {bad} holds "
-                                 f"{describe(token_ids[bad])}")
-            token_ids = [int(t) for t in token_ids]
-        vocab = self.model_config.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        limit = self.config.max_model_len
-        if len(token_ids) >= limit:
-            raise ValueError(f"the prompt has {len(token_ids)} tokens but max_model_len is {limit}: the prompt "
-                             f"plus at least one generated token must fit; shorten it or raise max_model_len")
-        return list(token_ids)
-
-    def check_params(self, params) -> SamplingParams:
-        """Raise ValueError for sampling params the engine cannot run. -> a checked copy for the request
-        alone (a field changed after the object was made is caught; later changes do not reach the engine)."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling params must be a SamplingParams, got {describe(params)}")
-        params = dataclasses.replace(params)  # __post_init__ checks every field again
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this model folder has no tokenizer.json "
-                             "(use stop_token_ids)")
-        vocab = self.model_config.vocab_size
-        outside = [t for t in params.logit_bias or {} if t >= vocab]
-        if outside:
-            raise ValueError(f"SamplingParams.logit_bias names token ids {outside[:5]} outside the vocabulary "
-                             f"[0, {vocab}); bias only this model's token ids")
-        return params
-
     def add_requests(self, prompts: list, params: list[SamplingParams]) -> list[Sequence]:
         """Queue one request per (prompt, params), all or none: each one is checked before any is queued.
-        prompts: token-id lists (see check_prompt). -> their Sequences (sample 0 of each), in order;
+        prompts: token-id lists (see RequestChecks.check_prompt). -> their Sequences (sample 0 of each), in order;
         with n > 1 a Sequence's `samples` holds all n."""
         if len(prompts) != len(params):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         checked = []
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             try:
-                checked.append((self.check_prompt(prompt), self.check_params(sp)))
+                checked.append((self.checks.check_prompt(prompt), self.checks.check_params(sp)))
             except ValueError as e:
                 raise (ValueError(f"prompt {i}: {e}") if len(prompts) > 1 else e) from None
         seqs = [Sequence(ids, sp, self.config.kvcache_block_size, self._min_tokens_blocked(sp)) for ids, sp in checked]

@@ -39,6 +39,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+from minillm.engine.llm_engine import RequestChecks
 from minillm.engine.sequence import Sequence
 from minillm.llm import TextDeltas
 from minillm.outputs import CompletionOutput, RequestOutput
@@ -216,7 +217,7 @@ def finish(book: Admission, req: _Request) -> bool:
 class AsyncStream:
     """The outputs of one request: `async for out in stream`; close() (or abort()) ends the request."""
 
-    def __init__(self, async_llm: "AsyncLLM", request: _Request):
+    def __init__(self, async_llm: "EngineClient", request: _Request):
         self._llm, self._req, self.request_id = async_llm, request, request.request_id
         self.prompt_token_ids = request.prompt_ids
         self.finished = False
@@ -244,31 +245,37 @@ class AsyncStream:
     close = abort
 
 
-class AsyncLLM:
-    """An LLM (minillm.LLM) served to asyncio callers; see the module docstring."""
+def check_positive(**values: int) -> None:
+    """Raise ValueError unless every value is an integer >= 1 (named by its keyword)."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {describe(value)}")
 
-    def __init__(self, llm, max_waiting: int = 256, static_batching: bool = False, stream_interval: int = 1):
-        for name, value in (("max_waiting", max_waiting), ("stream_interval", stream_interval)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {describe(value)}")
-        self.stream_interval = stream_interval
-        self.llm, self.engine, self.tokenizer = llm, llm.engine, llm.tokenizer
-        self.static_batching = bool(static_batching)
-        self.metrics = Metrics(len(self.engine.scheduler.block_manager.blocks))
+
+class EngineClient:
+    """The request side of serving, whichever way the engine runs: checks a request, admits it (the
+    Admission book), hands it on, and streams its outputs to the caller's event loop. AsyncLLM runs
+    the engine in a thread of this process; EngineCoreClient (engine_core.py) in a process of its own.
+    A subclass starts self._thread (it is_running while that lives) and defines _queue, _queue_abort
+    and shutdown."""
+
+    def __init__(self, tokenizer, checks: RequestChecks, default_params: SamplingParams, num_blocks: int,
+                 max_waiting: int):
+        self.tokenizer, self.checks, self._default_params = tokenizer, checks, default_params
+        self.metrics = Metrics(num_blocks)
         self._cond = threading.Condition()
-        self._inbox: list[_Request] = []  # accepted, not yet given to the engine
-        self._aborts: list[_Request] = []
         self._book = Admission(max_waiting)  # accepted requests and how many wait (under _cond)
         self._stopping = False
-        self._dead: str | None = None  # why the engine thread ended
-        self._live: list[_Request] = []  # the engine thread's own: requests in the engine
+        self._dead: str | None = None  # why the engine ended
+        self._thread: threading.Thread | None = None
         self._outbox: list = []  # the engine thread's own: (request, item) pairs to send after this step
-        self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
-        self._thread.start()
 
-    # ---- callers (the event loop) ------------------------------------------------------------
     def default_sampling_params(self) -> SamplingParams:
-        return self.llm.get_default_sampling_params()
+        return dataclasses.replace(self._default_params)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.checks.max_model_len
 
     def add_request(self, prompt, params: SamplingParams, request_id: str | None = None) -> AsyncStream:
         """Check and queue one request (prompt: text or token ids). Raises ValueError for bad input,
@@ -281,16 +288,15 @@ class AsyncLLM:
             ids = self.tokenizer.encode(check_text(prompt))
         else:
             ids = prompt
-        ids = self.engine.check_prompt(ids)  # pure checks: safe outside the engine thread
-        params = self.engine.check_params(params)
+        ids = self.checks.check_prompt(ids)
+        params = self.checks.check_params(params)
         req = _Request(request_id or uuid.uuid4().hex, prompt if isinstance(prompt, str) else None, ids, params,
                        asyncio.get_running_loop(), self._outbox)
         with self._cond:
             if self._stopping or self._dead:
                 raise EngineError(f"the engine is not running ({self._dead or 'shutting down'})")
             admit(self._book, req)  # QueueFullError, ValueError
-            self._inbox.append(req)
-            self._cond.notify()
+            self._queue(req)
         return AsyncStream(self, req)
 
     async def generate(self, prompt, params: SamplingParams, request_id: str | None = None):
@@ -306,14 +312,37 @@ class AsyncLLM:
         """End a request before the next step (a no-op for one that has finished)."""
         with self._cond:
             req = abort_request(self._book, request_id)
-            if req is None:
-                return
-            self._aborts.append(req)
-            self._cond.notify()
+            if req is not None:
+                self._queue_abort(req)
+
+    def _flush(self) -> None:
+        """Hand every event loop its share of the outbox in one call (one wake-up per loop and step)."""
+        if not self._outbox:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for pair in self._outbox:
+            by_loop.setdefault(pair[0].loop, []).append(pair)
+        self._outbox.clear()
+        for loop, sent in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, sent)
+            except RuntimeError:  # that event loop is closed: nobody is listening
+                pass
+
+    def _queue(self, req: _Request) -> None:
+        """Under _cond: hand an admitted request to the engine."""
+        raise NotImplementedError
+
+    def _queue_abort(self, req: _Request) -> None:
+        """Under _cond: ask the engine to end an aborted request."""
+        raise NotImplementedError
+
+    def shutdown(self, timeout: float = 60.0) -> None:
+        raise NotImplementedError
 
     @property
     def is_running(self) -> bool:
-        return not self._stopping and self._dead is None and self._thread.is_alive()
+        return not self._stopping and self._dead is None and self._thread is not None and self._thread.is_alive()
 
     @property
     def max_waiting(self) -> int:
@@ -329,6 +358,32 @@ class AsyncLLM:
         """Requests the engine has started (run at least one step) and not finished."""
         with self._cond:
             return len(self._book.requests) - self._book.num_waiting
+
+
+class AsyncLLM(EngineClient):
+    """An LLM (minillm.LLM) served to asyncio callers, its engine stepped by a thread of this process;
+    see the module docstring."""
+
+    def __init__(self, llm, max_waiting: int = 256, static_batching: bool = False, stream_interval: int = 1):
+        check_positive(max_waiting=max_waiting, stream_interval=stream_interval)
+        super().__init__(llm.tokenizer, llm.engine.checks, llm.get_default_sampling_params(),
+                         len(llm.engine.scheduler.block_manager.blocks), max_waiting)
+        self.stream_interval = stream_interval
+        self.llm, self.engine = llm, llm.engine
+        self.static_batching = bool(static_batching)
+        self._inbox: list[_Request] = []  # accepted, not yet given to the engine
+        self._aborts: list[_Request] = []
+        self._live: list[_Request] = []  # the engine thread's own: requests in the engine
+        self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
+        self._thread.start()
+
+    def _queue(self, req: _Request) -> None:
+        self._inbox.append(req)
+        self._cond.notify()
+
+    def _queue_abort(self, req: _Request) -> None:
+        self._aborts.append(req)
+        self._cond.notify()
 
     def shutdown(self, timeout: float = 60.0) -> None:
         """Stop the engine thread (requests still in flight fail with EngineError), then free the engine."""
@@ -374,20 +429,6 @@ class AsyncLLM:
             for req in left:
                 self._end(req, EngineError(f"the engine stopped before this request finished ({reason})"))
             self._flush()
-
-    def _flush(self) -> None:
-        """Hand every event loop its share of the outbox in one call (one wake-up per loop and step)."""
-        if not self._outbox:
-            return
-        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for pair in self._outbox:
-            by_loop.setdefault(pair[0].loop, []).append(pair)
-        self._outbox.clear()
-        for loop, sent in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_deliver, sent)
-            except RuntimeError:  # that event loop is closed: nobody is listening
-                pass
 
     def _next_batch(self, inbox: list[_Request]) -> tuple[list[_Request], list[_Request]]:
         """-> (requests to give the engine now, requests that stay in the inbox)."""

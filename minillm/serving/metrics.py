@@ -1,7 +1,8 @@
 """What GET /metrics exports, in Prometheus' text format (vLLM's metric names, prefix minillm_).
 
 The engine thread writes (counts tokens, observes finished requests, sets the state after each
-step); the server's event loop reads (render). One lock keeps each read whole.
+step); the server's event loop reads (render). One lock keeps each read whole. With the engine in a
+process of its own, the API process's Metrics loads a snapshot the engine sends after each step.
 """
 from __future__ import annotations
 
@@ -77,6 +78,21 @@ class Metrics:
             n = max(len(c.token_ids) for c in out.outputs)
             if n > 1 and m.finished_time is not None:
                 self.tpot.observe(max(0.0, m.finished_time - m.first_token_time) / (n - 1))
+
+    # ---- another process's engine (serving/engine_core.py) --------------------------------------
+    def snapshot(self) -> tuple:
+        """Every value, as plain data: what the engine process sends with each step's outputs."""
+        with self.lock:
+            return (self.free_blocks, self.prompt_tokens, self.generation_tokens, self.failed, dict(self.finished),
+                    (list(self.ttft.counts), self.ttft.count, self.ttft.sum),
+                    (list(self.tpot.counts), self.tpot.count, self.tpot.sum))
+
+    def load(self, snapshot: tuple) -> None:
+        """Take every value from a snapshot() of the engine process's Metrics."""
+        with self.lock:
+            (self.free_blocks, self.prompt_tokens, self.generation_tokens, self.failed, self.finished,
+             (self.ttft.counts, self.ttft.count, self.ttft.sum),
+             (self.tpot.counts, self.tpot.count, self.tpot.sum)) = snapshot
 
     # ---- the server reads --------------------------------------------------------------------
     def render(self, running: int, waiting: int) -> str:

@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from minillm.serving.async_engine import AsyncLLM, AsyncStream, EngineError, QueueFullError
+from minillm.serving.async_engine import AsyncStream, EngineClient, EngineError, QueueFullError
 from minillm.serving.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_BODY_BYTES, APIError, bad_request,
                                       chat_logprobs, chat_messages, check_fields, completion_logprobs,
                                       completion_prompt, merge, sampling_params, stream_flags, usage)
@@ -107,8 +107,9 @@ async def _collect(stream: AsyncStream, request: Request) -> dict | None:
     return done_task.result() if done_task.done() and not done_task.cancelled() else None
 
 
-def create_app(async_llm: AsyncLLM, model_name: str, api_key: str | None = None) -> FastAPI:
-    """The server's routes over one AsyncLLM (which the caller owns and shuts down)."""
+def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = None) -> FastAPI:
+    """The server's routes over one EngineClient (an AsyncLLM or an EngineCoreClient; the caller owns it and
+    shuts it down)."""
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
 
@@ -239,7 +240,7 @@ def create_app(async_llm: AsyncLLM, model_name: str, api_key: str | None = None)
     async def models(request: Request):
         authorize(request)
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "minillm", "max_model_len": async_llm.engine.config.max_model_len}]}
+                                            "owned_by": "minillm", "max_model_len": async_llm.max_model_len}]}
 
     @app.get("/health")
     async def health():
@@ -263,8 +264,8 @@ def create_app(async_llm: AsyncLLM, model_name: str, api_key: str | None = None)
     return app
 
 
-def serve(async_llm: AsyncLLM, model_name: str, sock, api_key: str | None = None, log_level: str = "info") -> None:
-    """Serve on an already bound socket until Ctrl-C (the caller shuts the AsyncLLM down)."""
+def serve(async_llm: EngineClient, model_name: str, sock, api_key: str | None = None, log_level: str = "info") -> None:
+    """Serve on an already bound socket until Ctrl-C (the caller shuts the EngineClient down)."""
     import uvicorn
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # process-wide: this process exists to serve
     config = uvicorn.Config(create_app(async_llm, model_name, api_key), log_level=log_level,

@@ -1,0 +1,132 @@
+"""serve's default: the engine in a process of its own (minillm/serving/engine_core.py), qwen3-tiny on the CPU.
+
+The request side (checks, admission, streams) is the code AsyncLLM uses, white-box tested in
+tests/test_serving.py. These tests check what crosses the pipe and the process's life: served answers
+equal offline generate (the openai client, n samples, logprobs, 64 concurrent streams), a disconnect
+frees blocks (seen on /metrics, which the API process loads from the engine's), a dead engine process
+fails its requests and the server says so, and shutdown ends the process.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+
+import test_serving as served
+from helpers import one_torch_thread, small_engine_args  # noqa: F401 (one_torch_thread: an autouse fixture)
+from minillm import LLM, SamplingParams
+from minillm.serving.async_engine import EngineError
+from serving_helpers import engine_client, server_handle
+
+pytestmark = pytest.mark.timeout(180)
+MODEL, ARGS, TIMEOUT = served.MODEL, served.ARGS, served.TIMEOUT
+
+
+@pytest.fixture(scope="module")
+def server():
+    with server_handle(MODEL, engine_core="process", **ARGS) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def offline():
+    llm = LLM(MODEL, **small_engine_args(**ARGS))
+    yield llm
+    llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", timeout=60, max_retries=0)
+
+
+def test_the_engine_runs_in_another_process(server):
+    proc = server.async_llm._proc
+    assert proc.is_alive() and proc.pid != __import__("os").getpid()
+    assert not hasattr(server.async_llm, "engine")  # nothing of the engine lives in the API process
+
+
+# the black-box tests of tests/test_serving.py, against this server
+def test_completions_equal_offline_generate(client, offline):
+    served.test_completions_equal_offline_generate(client, offline)
+
+
+def test_streaming_completions_join_to_the_offline_text(client, offline):
+    served.test_streaming_completions_join_to_the_offline_text(client, offline)
+
+
+def test_chat_non_streaming_and_streaming(client, offline):
+    served.test_chat_non_streaming_and_streaming(client, offline)
+
+
+def test_n_samples_and_logprobs(client, offline):
+    served.test_n_samples_and_logprobs(client, offline)
+
+
+def test_64_concurrent_streaming_clients_get_their_offline_tokens(server, offline):
+    served.test_64_concurrent_streaming_clients_get_their_offline_tokens(server, offline)
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server):
+    served.test_a_client_that_disconnects_mid_stream_frees_its_blocks(server)
+
+
+def test_metrics_parse_and_move(server, client):
+    served.test_metrics_parse_and_move(server, client)
+
+
+@pytest.mark.parametrize("path, body, status, phrase, param", served.BAD, ids=served.BAD_IDS)
+def test_bad_requests_get_an_openai_error_and_the_server_goes_on(server, path, body, status, phrase, param):
+    served.test_bad_requests_get_an_openai_error_and_the_server_goes_on(server, path, body, status, phrase, param)
+
+
+# ---- the process's life ----------------------------------------------------------------------------
+def test_a_dead_engine_process_fails_its_requests_and_the_server_says_so():
+    with server_handle(MODEL, engine_core="process", **ARGS) as s, httpx.Client(base_url=s.base_url,
+                                                                                  timeout=TIMEOUT) as c:
+        with c.stream("POST", "/v1/completions", json=dict(model=MODEL, prompt=served.PROMPTS[3], max_tokens=480,
+                                                           ignore_eos=True, stream=True)) as r:
+            lines = (line for line in r.iter_lines() if line.startswith("data: "))
+            assert "error" not in next(lines)  # it is running
+            s.async_llm._proc.kill()
+            rest = list(lines)
+        assert rest[-1] == "data: [DONE]"
+        error = json.loads(rest[-2][len("data: "):])["error"]
+        assert "the engine stopped before this request finished" in error["message"], rest[-2]
+        served.wait_for(lambda: c.get("/health").status_code == 503, "/health to say the engine is down")
+        r = c.post("/v1/completions", json=dict(model=MODEL, prompt="Hi", max_tokens=2))
+        assert r.status_code == 503 and "not running" in r.json()["error"]["message"]
+
+
+def test_shutdown_fails_requests_in_flight_and_ends_the_engine_process():
+    llm = engine_client(MODEL, "process", **ARGS)
+
+    async def run():
+        stream = llm.add_request(served.PROMPTS[4], SamplingParams(max_tokens=400, ignore_eos=True))
+        first = await asyncio.wait_for(stream.__anext__(), 30)
+        assert first.outputs and not first.finished
+        llm.shutdown()
+        with pytest.raises(EngineError, match="the engine stopped before this request finished|shutting down"):
+            async for _ in stream:
+                pass
+        with pytest.raises(EngineError, match="not running"):
+            llm.add_request("Hi", SamplingParams(max_tokens=2))
+
+    asyncio.run(run())
+    assert llm._proc.exitcode == 0 and not llm.is_running
+    llm.shutdown()  # again: a no-op
+
+
+def test_an_engine_that_cannot_load_is_a_one_line_error():
+    from minillm.serving.engine_core import EngineCoreClient
+    with pytest.raises(ValueError, match="no-such-model"):
+        EngineCoreClient("no-such-model", {"device": "cpu"})
+    p = subprocess.run([sys.executable, "-m", "minillm", "serve", "--model", "no-such-model", "--port", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.startswith("error: ") and p.stderr.count("\n") == 1, p.stderr
+    assert "no-such-model" in p.stderr
