@@ -130,3 +130,22 @@ def test_an_engine_that_cannot_load_is_a_one_line_error():
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.startswith("error: ") and p.stderr.count("\n") == 1, p.stderr
     assert "no-such-model" in p.stderr
+
+
+def test_tensor_parallel_workers_start_from_the_engine_process(offline):
+    """TP=2 over gloo: the engine process (not a daemon) starts its own worker; greedy tokens equal TP=1's."""
+    llm = engine_client(MODEL, "process", tensor_parallel_size=2, **ARGS)
+
+    async def tokens() -> list[int]:
+        got = []
+        async for out in llm.generate(served.PROMPTS[7], SamplingParams(max_tokens=8, temperature=0.0)):
+            got += out.outputs[0].token_ids
+        return got
+
+    try:
+        got = asyncio.run(tokens())
+    finally:
+        llm.shutdown()
+    want = offline.generate(served.PROMPTS[7], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)[0]
+    assert got == want.outputs[0].token_ids
+    assert llm._proc.exitcode == 0

@@ -151,6 +151,10 @@ class EngineCoreClient(EngineClient):
             self._proc.join()
             raise RuntimeError(f"the engine process exited with status {self._proc.exitcode} before it was "
                                f"ready") from None
+        except BaseException:  # Ctrl-C while the model loads: the engine process ignores SIGINT, so end it here
+            self._proc.kill()
+            self._proc.join()
+            raise
         if hello[0] == "failed":
             self._proc.join()
             raise (ValueError if hello[1] else RuntimeError)(hello[2])
