@@ -149,3 +149,42 @@ def test_tensor_parallel_workers_start_from_the_engine_process(offline):
     want = offline.generate(served.PROMPTS[7], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)[0]
     assert got == want.outputs[0].token_ids
     assert llm._proc.exitcode == 0
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_engine_process_holds_the_gpu_and_gives_it_back():
+    """The engine process builds qwen3-0.6b-random on CUDA (graphs on); this process never touches the
+    device but to read its free memory. Served greedy tokens equal an offline engine's; after shutdown
+    the memory is back and the process has exited 0."""
+    import torch
+    gib = 1 << 30
+    free = lambda: torch.cuda.mem_get_info()[0] / gib  # noqa: E731
+    gpu_args = dict(device="cuda", max_model_len=2048, max_num_seqs=32)
+    start = free()
+    from minillm.serving.engine_core import EngineCoreClient
+    llm = EngineCoreClient("qwen3-0.6b-random", gpu_args)
+    used = start - free()
+
+    async def tokens(prompt: str) -> list[int]:
+        got = []
+        async for out in llm.generate(prompt, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)):
+            got += out.outputs[0].token_ids
+        return got
+
+    async def one_at_a_time():  # each alone in its batch, as offline below: bf16 results depend on the batch
+        return [await tokens(p) for p in ("Hello", "The capital of France is")]
+
+    try:
+        got = asyncio.run(one_at_a_time())
+    finally:
+        llm.shutdown()
+    assert llm._proc.exitcode == 0
+    assert used > 10, f"the engine process held only {used:.1f} GiB: did it size its KV cache from the device?"
+    assert free() > start - 1.0, f"after shutdown {start - free():.2f} GiB are still held"
+    offline = LLM("qwen3-0.6b-random", **gpu_args)
+    try:
+        want = [offline.generate(p, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
+                                 use_tqdm=False)[0].outputs[0].token_ids for p in ("Hello", "The capital of France is")]
+    finally:
+        offline.shutdown()
+    assert got == want
