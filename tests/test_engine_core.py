@@ -14,10 +14,10 @@ import subprocess
 import sys
 
 import httpx
-import openai
 import pytest
 
 import test_serving as served
+from test_serving import client, offline  # noqa: F401 (fixtures: client reads this module's server)
 from helpers import one_torch_thread, small_engine_args  # noqa: F401 (one_torch_thread: an autouse fixture)
 from minillm import LLM, SamplingParams
 from minillm.serving.async_engine import EngineError
@@ -31,18 +31,6 @@ MODEL, ARGS, TIMEOUT = served.MODEL, served.ARGS, served.TIMEOUT
 def server():
     with server_handle(MODEL, engine_core="process", **ARGS) as handle:
         yield handle
-
-
-@pytest.fixture(scope="module")
-def offline():
-    llm = LLM(MODEL, **small_engine_args(**ARGS))
-    yield llm
-    llm.shutdown()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", timeout=60, max_retries=0)
 
 
 def test_the_engine_runs_in_another_process(server):
@@ -181,10 +169,10 @@ def test_on_cuda_the_engine_process_holds_the_gpu_and_gives_it_back():
     assert llm._proc.exitcode == 0
     assert used > 10, f"the engine process held only {used:.1f} GiB: did it size its KV cache from the device?"
     assert free() > start - 1.0, f"after shutdown {start - free():.2f} GiB are still held"
-    offline = LLM("qwen3-0.6b-random", **gpu_args)
+    engine = LLM("qwen3-0.6b-random", **gpu_args)
     try:
-        want = [offline.generate(p, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
+        want = [engine.generate(p, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
                                  use_tqdm=False)[0].outputs[0].token_ids for p in ("Hello", "The capital of France is")]
     finally:
-        offline.shutdown()
+        engine.shutdown()
     assert got == want
