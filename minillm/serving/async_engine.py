@@ -480,15 +480,19 @@ class AsyncLLM(EngineClient):
         """Whether req's new tokens wait for a later step: never once a sample has finished; else while
         its reader has not taken the last delta, or (after each sample's first token, which goes at
         once) while every sample has fewer than stream_interval new tokens."""
-        held = True  # one pass, no lists: this runs for every request at every step
+        held, behind = True, self._reader_behind(req)  # one pass, no lists: this runs for every request at every step
         for s in req.samples:
             if s.done:
                 continue
             if s.seq.is_finished:
                 return False
-            if held and not req.outputs.unread and (s.text.num_read == 0 or s.num_unsent >= self.stream_interval):
+            if held and not behind and (s.text.num_read == 0 or s.num_unsent >= self.stream_interval):
                 held = False
         return held
+
+    def _reader_behind(self, req: _Request) -> bool:
+        """Whether req's reader has not yet taken the last delta sent (its new tokens can wait)."""
+        return req.outputs.unread
 
     def _scheduled(self, req: _Request) -> None:
         self.metrics.count_prompt_tokens(len(req.prompt_ids))

@@ -79,17 +79,15 @@ class _EngineCore(AsyncLLM):
             self._queue(req)
         return True
 
+    def _reader_behind(self, req: _Request) -> bool:
+        return False  # no reader here: the API process merges what its reader has not taken
+
     def _scheduled(self, req: _Request) -> None:
         super()._scheduled(req)
         self._outbox.append((req, STARTED))
 
     def _flush(self) -> None:
-        events = []
-        for req, item in self._outbox:
-            # nobody reads here, so no delta is ever "unread": the API process merges what its reader
-            # has not taken, and the engine thread holds tokens back only for the stream interval
-            req.outputs.unread = False
-            events.append((req.request_id, _pack(item)))
+        events = [(req.request_id, _pack(item)) for req, item in self._outbox]
         self._outbox.clear()
         metrics = self.metrics.snapshot()
         if events or metrics != self._sent_metrics:
