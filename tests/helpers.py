@@ -37,3 +37,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def check_exercise_boxes_and_switch(nb, chapter: int, exercise_ids: list[str], slide_types) -> None:
+    """A chapter notebook's shape: every cell has a slide type, each exercise its box and `make grade`
+    line, and the USE_MY_CODE switch calls use_my_code; committed outputs come from the reference
+    code, so the switch, if it ran, said so."""
+    assert all(c.metadata.get("slideshow", {}).get("slide_type") in slide_types for c in nb.cells)
+    text = "\n".join(c.source for c in nb.cells)
+    for ex in exercise_ids:
+        assert f"**Exercise {ex}**" in text and f"make grade EX={ex}" in text, ex
+    switch = next(c for c in nb.cells if c.cell_type == "code" and "USE_MY_CODE = False" in c.source)
+    assert f"use_my_code(chapter={chapter}, enabled=USE_MY_CODE)" in switch.source
+    said = "".join(o.get("text", "") for o in switch.get("outputs", []))
+    assert not said or f"USE_MY_CODE = False: chapter {chapter} runs minillm's reference code" in said, said

@@ -15,6 +15,7 @@ import re
 import nbformat
 import pytest
 
+from helpers import check_exercise_boxes_and_switch
 from minillm.course import questions as Q
 from minillm.course.exercises import REPO_DIR
 from minillm.course.slides import SLIDE_TYPES
@@ -118,14 +119,7 @@ def notebook():
 
 def test_every_cell_has_a_slide_type_and_the_exercises_have_their_boxes():
     nb = notebook()
-    assert all(c.metadata.get("slideshow", {}).get("slide_type") in SLIDE_TYPES for c in nb.cells)
-    text = "\n".join(c.source for c in nb.cells)
-    for ex in ("6.1", "6.2", "6.3", "6.4"):
-        assert f"**Exercise {ex}**" in text and f"make grade EX={ex}" in text, ex
-    switch = next(c for c in nb.cells if c.cell_type == "code" and "USE_MY_CODE = False" in c.source)
-    assert "use_my_code(chapter=6, enabled=USE_MY_CODE)" in switch.source
-    said = "".join(o.get("text", "") for o in switch.get("outputs", []))
-    assert not said or "USE_MY_CODE = False: chapter 6 runs minillm's reference code" in said, said
+    check_exercise_boxes_and_switch(nb, 6, ["6.1", "6.2", "6.3", "6.4"], SLIDE_TYPES)
 
 
 def test_the_sections_the_exercises_name_exist():
