@@ -28,11 +28,11 @@ def _cases():
 @pytest.mark.parametrize("device, dtype", list(_cases()))
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("H, Hkv, D", [(4, 2, 32), (16, 8, 128)])
-def test_qk_norm_rope_matches_torch_layers(device, dtype, norm, H, Hkv, D):
+@pytest.mark.parametrize("N", [9, 37])  # one block of tokens, and several with a partial last one
+def test_qk_norm_rope_matches_torch_layers(device, dtype, norm, H, Hkv, D, N):
     g = torch.Generator().manual_seed(H * D + norm)
-    N = 9
     qkv = torch.randn(N, (H + 2 * Hkv) * D, generator=g).to(device, dtype)
-    pos = torch.tensor([0, 5, 3, 100, 2, 7, 9, 511, 64], device=device)
+    pos = torch.tensor([0, 5, 3, 100, 2, 7, 9, 511, 64] * 5, device=device)[:N]
     cs = rope_cos_sin(D, 512, 1e6).to(device)
     qw = torch.randn(D, generator=g).to(device, dtype)
     kw = torch.randn(D, generator=g).to(device, dtype)
@@ -79,17 +79,18 @@ def test_fused_sampler_follows_softmax_and_is_greedy_at_temperature_0(device):
 
 
 @pytest.mark.parametrize("device, dtype", list(_cases()))
-def test_qk_norm_rope_stores_k_and_v_in_their_slots(device, dtype):
+@pytest.mark.parametrize("N", [5, 23])  # one block of tokens, and two
+def test_qk_norm_rope_stores_k_and_v_in_their_slots(device, dtype, N):
     """With caches given, the kernel writes rotated k and raw v to slot_mapping's slots (-1: skip)
     and nothing else: the rest of the cache keeps its sentinel."""
     from minillm.kernels.store_kvcache import store_kvcache_ref
     g = torch.Generator().manual_seed(3)
-    N, H, Hkv, D, page = 5, 4, 2, 32, 16
+    H, Hkv, D, page = 4, 2, 32, 16
     qkv = torch.randn(N, (H + 2 * Hkv) * D, generator=g).to(device, dtype)
-    pos = torch.tensor([3, 0, 9, 15, 1], device=device)
+    pos = torch.tensor([3, 0, 9, 15, 1] + list(range(20, 38)), device=device)[:N]
     cs = rope_cos_sin(D, 64, 1e4).to(device)
     qw, kw = torch.randn(D, generator=g).to(device, dtype), torch.randn(D, generator=g).to(device, dtype)
-    slots = torch.tensor([17, -1, 3, 40, 0], device=device)
+    slots = torch.tensor([17, -1, 3, 40, 0] + list(range(41, 58)) + [-1], device=device)[:N]
     kc = torch.full((4, page, Hkv, D), 7.0, device=device, dtype=dtype)
     vc = torch.full_like(kc, 7.0)
     q, k, v = qk_norm_rope(qkv, pos, cs, H, Hkv, D, qw, kw, 1e-6, kc, vc, slots)
