@@ -25,6 +25,7 @@ from minillm.distributed import tp_group
 from minillm.engine.cuda_graph import NO_SOURCE_ROW, DecodeGraphs, to_device
 from minillm.engine.sequence import PLACEHOLDER_TOKEN, Sequence
 from minillm.layers.attention import Attention, backend_for
+from minillm.layers.linear import column_major_weights
 from minillm.layers.sampler import Sampler, TokenLogprobs, token_logprobs
 from minillm.loader import load_model
 from minillm.models.qwen3 import Qwen3ForCausalLM, layer_forward_for
@@ -95,6 +96,8 @@ class ModelRunner:
         finally:
             torch.set_default_dtype(default_dtype)
         load_model(self.model, model_path)
+        if not cuda:  # the layout a CPU's matrix-vector product reads fastest
+            column_major_weights(self.model)
         # this engine's own weights: what other engines in this process hold is not ours to count
         self.weight_bytes = torch.cuda.memory_allocated(self.device) - before if cuda else 0
         self.model.eval()

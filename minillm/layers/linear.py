@@ -85,6 +85,17 @@ def linear_gemv_b1(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return F.linear(x, weight, bias)
 
 
+def column_major_weights(model: nn.Module) -> None:
+    """Store every matrix of a CPU model column-major: the same [out, in] values and shape, with
+    strides (1, out), so F.linear's x @ W^T reads W^T contiguous. MKL's matrix-vector product (one
+    token's decode) streams that layout faster from memory: on the course's 2-core machine, fp32,
+    SmolLM2-135M's 121 matmuls of a token take 25 ms against 30 ms row-major, its LM head alone
+    3.8 against 6.7 ms (the bench's batch-1 line shows it in the engine)."""
+    for p in model.parameters():
+        if p.dim() == 2:
+            p.data = p.data.t().contiguous().t()
+
+
 def _copy_checked(param: torch.Tensor, loaded: torch.Tensor, what: str) -> None:
     if param.shape != loaded.shape:
         raise ValueError(f"{what}: checkpoint shard has shape {tuple(loaded.shape)}, parameter expects "
