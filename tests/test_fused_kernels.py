@@ -71,9 +71,11 @@ def test_fused_sampler_follows_softmax_and_is_greedy_at_temperature_0(device):
     want = (logits / T).softmax(-1).double()
     tol = 0.06 if device == "cpu" else 0.01  # ~3 standard errors of a frequency near 0.5
     assert torch.allclose(freq, want, atol=tol), (freq, want)
-    x = torch.randn(6, 3000, generator=g).to(device)
+    x = torch.randn(6, 3000, generator=g)
+    x[0, [300, 1000, 2900]] = x[1, [7, 135]] = x[2, [200, 1100]] = 9.0  # ties: argmax takes the first column
+    x = x.to(device)
     greedy = sample_triton(x, torch.zeros(6, device=device), seeds[:6], block=512)
-    assert greedy.tolist() == x.argmax(-1).tolist()
+    assert greedy.tolist() == x.argmax(-1).tolist() and greedy[:3].tolist() == [300, 7, 200]
     again = [sample_triton(x, torch.ones(6, device=device), seeds[:6], block=512).tolist() for _ in range(2)]
     assert again[0] == again[1]  # same keys, same draws
 

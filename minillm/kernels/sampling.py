@@ -20,14 +20,13 @@ import triton.language as tl
 
 
 @triton.jit
-def _gumbel_quarter(logits_row, cols, vocab, t, u):
-    """One quarter of a chunk: its logits over temperature plus Gumbel noise -> (max, its column)."""
+def _noisy_logits(logits_row, cols, vocab, t, u):
+    """Logits at `cols` over the temperature, plus Gumbel noise from u (t = 0: the logits as they are)."""
     mask = cols < vocab
     x = tl.load(logits_row + cols, mask=mask, other=float("-inf")).to(tl.float32)
     if t > 0:
         x = x / t - tl.log(-tl.log(u))  # U = 0 gives -inf: never chosen
-    x = tl.where(mask, x, float("-inf"))
-    return tl.max(x, 0), tl.argmax(x, 0) + tl.min(cols, 0)
+    return tl.where(mask, x, float("-inf"))
 
 
 @triton.jit
@@ -35,23 +34,29 @@ def _sample_chunk_kernel(logits_ptr, temps_ptr, seeds_ptr, part_val_ptr, part_id
                          num_chunks, BLOCK: tl.constexpr):
     row, chunk = tl.program_id(0), tl.program_id(1)
     QUARTER: tl.constexpr = BLOCK // 4
-    offs = tl.arange(0, QUARTER)
+    lane = tl.arange(0, QUARTER)
     logits_row = logits_ptr + row.to(tl.int64) * stride_row
     t = tl.load(temps_ptr + row)
-    # one Philox call gives four uniforms: a quarter of the chunk's columns each. Philox's rounds,
-    # not the logits' bytes, bound this kernel: one call per column took 3x the read at batch 256.
-    # The same (seed, chunk, column) always draws the same U.
-    u0, u1, u2, u3 = tl.rand4x(tl.load(seeds_ptr + row), chunk * QUARTER + offs)
-    base = chunk * BLOCK + offs
-    v0, i0 = _gumbel_quarter(logits_row, base, vocab, t, u0)
-    v1, i1 = _gumbel_quarter(logits_row, base + QUARTER, vocab, t, u1)
-    v2, i2 = _gumbel_quarter(logits_row, base + 2 * QUARTER, vocab, t, u2)
-    v3, i3 = _gumbel_quarter(logits_row, base + 3 * QUARTER, vocab, t, u3)
-    # the first quarter wins a tie, as one argmax over the chunk would pick the first column
-    i01, v01 = tl.where(v1 > v0, i1, i0), tl.maximum(v0, v1)
-    i23, v23 = tl.where(v3 > v2, i3, i2), tl.maximum(v2, v3)
-    tl.store(part_val_ptr + row * num_chunks + chunk, tl.maximum(v01, v23))
-    tl.store(part_idx_ptr + row * num_chunks + chunk, tl.where(v23 > v01, i23, i01))
+    # One Philox call gives four uniforms, one for each quarter of the chunk's columns: Philox's
+    # rounds, not the logits' bytes, bound this kernel (one call per column took 3x the read at
+    # batch 256). The same (seed, chunk, column) always draws the same U.
+    u0, u1, u2, u3 = tl.rand4x(tl.load(seeds_ptr + row), chunk * QUARTER + lane)
+    col = chunk * BLOCK + lane
+    best = _noisy_logits(logits_row, col, vocab, t, u0)
+    x = _noisy_logits(logits_row, col + QUARTER, vocab, t, u1)
+    best_col = tl.where(x > best, col + QUARTER, col)  # strictly greater: a tie keeps the earlier column
+    best = tl.maximum(best, x)
+    x = _noisy_logits(logits_row, col + 2 * QUARTER, vocab, t, u2)
+    best_col = tl.where(x > best, col + 2 * QUARTER, best_col)
+    best = tl.maximum(best, x)
+    x = _noisy_logits(logits_row, col + 3 * QUARTER, vocab, t, u3)
+    best_col = tl.where(x > best, col + 3 * QUARTER, best_col)
+    best = tl.maximum(best, x)
+    # two reductions for the chunk: its best value, and the first column that holds it (argmax's rule)
+    top = tl.max(best, 0)
+    tl.store(part_val_ptr + row * num_chunks + chunk, top)
+    first = tl.min(tl.where(best == top, best_col, vocab), 0)
+    tl.store(part_idx_ptr + row * num_chunks + chunk, tl.minimum(first, vocab - 1))  # (NaN logits: a valid id)
 
 
 @triton.jit
