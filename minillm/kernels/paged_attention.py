@@ -41,10 +41,16 @@ DECODE_CONFIGS = {
     # max head_dim: (BLOCK_N, num_warps, num_stages)
     64: (64, 4, 3),
     # 128: the bench workload on an H200 runs 23.3k tok/s with 64/4/2 against 18.6k with 32/2/3, though
-    # 32/2/3 timed 98% of SDPA (64/4/2: 92%) on a contiguous batch-256 cache: tune on the real workload
-    128: (64, 4, 2),
+    # 32/2/3 timed 98% of SDPA (64/4/2: 92%) on a contiguous batch-256 cache: tune on the real workload.
+    # On the bench's context lengths (100-2,048, paged) 64/4/3 then timed 79/89/94% of the KV read
+    # floor at batch 64/160/256 against 76/88/93% for 64/4/2 (.gpu-style sweep, one H200)
+    128: (64, 4, 3),
     256: (32, 4, 2),
 }
+# With at least LARGE_BATCH_PROGRAMS (sequence, KV head) programs, longer key tiles stream better: at
+# head_dim 128, 128/4/2 timed 92/96% of the floor at batch 160/256 (64/4/3: 89/94%), but 75% at 64
+DECODE_CONFIGS_LARGE_BATCH = {128: (128, 4, 2)}
+LARGE_BATCH_PROGRAMS = 1024
 # split-K: aim for at least SPLIT_TARGET_WAVES programs per SM, each split at least MIN_SPLIT_KEYS keys.
 SPLIT_TARGET_WAVES = 2
 MIN_SPLIT_KEYS = 256
@@ -68,7 +74,8 @@ def paged_decode_config(batch: int, num_kv_heads: int, group: int, head_dim: int
     cuda = device.type == "cuda"
     if cuda:
         key = min((k for k in DECODE_CONFIGS if k >= block_d), default=max(DECODE_CONFIGS))
-        block_n, num_warps, num_stages = DECODE_CONFIGS[key]
+        configs = DECODE_CONFIGS_LARGE_BATCH if batch * num_kv_heads >= LARGE_BATCH_PROGRAMS else {}
+        block_n, num_warps, num_stages = configs.get(key, DECODE_CONFIGS[key])
         min_split = MIN_SPLIT_KEYS
     else:  # the interpreter: fewer, bigger numpy ops are faster; warps/stages mean nothing there
         block_n, num_warps, num_stages, min_split = 64, 4, 1, 64
