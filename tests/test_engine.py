@@ -69,6 +69,21 @@ def test_smollm2_greedy_equals_hf_for_32_tokens():
     assert "Paris" in answer.outputs[0].text
 
 
+def test_a_cpu_engine_keeps_its_weight_matrices_column_major():
+    """On a CPU the engine stores each matrix transposed in memory (strides (1, out)), the layout MKL's
+    one-token matmul streams fastest; the values are the checkpoint's."""
+    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
+    model = llm.engine.model_runner.model
+    matrices = [p for p in model.parameters() if p.dim() == 2]
+    assert matrices and all(p.stride() == (1, p.shape[0]) for p in matrices)
+    hf = AutoModelForCausalLM.from_pretrained(ref_path("tiny-qwen3"), dtype=model.lm_head.weight.dtype)
+    attn = hf.model.layers[0].self_attn
+    want = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+    assert torch.equal(model.model.layers[0].self_attn.qkv_proj.weight, want)
+    assert torch.equal(model.model.embed_tokens.weight, hf.model.embed_tokens.weight)
+    llm.shutdown()
+
+
 def test_batched_equals_one_at_a_time(reference):
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
     prompts = reference["prompts"]

@@ -43,7 +43,7 @@ DECODE_CONFIGS = {
     # 128: the bench workload on an H200 runs 23.3k tok/s with 64/4/2 against 18.6k with 32/2/3, though
     # 32/2/3 timed 98% of SDPA (64/4/2: 92%) on a contiguous batch-256 cache: tune on the real workload.
     # On the bench's context lengths (100-2,048, paged) 64/4/3 then timed 79/89/94% of the KV read
-    # floor at batch 64/160/256 against 76/88/93% for 64/4/2 (.gpu-style sweep, one H200)
+    # floor at batch 64/160/256 against 76/88/93% for 64/4/2 (tests/gpu/decode_sweep.py, one H200)
     128: (64, 4, 3),
     256: (32, 4, 2),
 }
