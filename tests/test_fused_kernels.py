@@ -168,8 +168,11 @@ def test_fused_decoder_layer_gives_hf_greedy_tokens(name, monkeypatch):
     from minillm import LLM, SamplingParams
     if "cpu" not in DEVICES:
         pytest.skip("this test runs the CUDA path in Triton's interpreter on CPU; on a GPU the gpu tests cover it")
-    # the engine on CPU calls decoder_layer (eager_decoder_layer looks it up): make it the CUDA path
+    import minillm.engine.model_runner as model_runner
+    # the engine on CPU calls decoder_layer (eager_decoder_layer looks it up): make it the CUDA path,
+    # with the weights as a CUDA engine keeps them (row-major: the GEMV kernels read contiguous rows)
     monkeypatch.setattr(qwen3, "decoder_layer", partial(qwen3.decoder_layer_fused_b1, attention_b1=True))
+    monkeypatch.setattr(model_runner, "column_major_weights", lambda model: None)
     ref = greedy_reference()
     llm = LLM(ref_path(name), **small_engine_args(attention_backend="triton"))
     params = SamplingParams(temperature=0.0, max_tokens=INTERPRETED_TOKENS, ignore_eos=True)
