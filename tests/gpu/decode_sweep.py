@@ -11,34 +11,16 @@ import torch
 import triton
 
 from minillm.kernels.paged_attention import paged_decode_attention
+from minillm.timing import device_ceilings, time_fn
 
 H, HKV, D, PAGE, MAX_BLOCKS = 16, 8, 128, 256, 16  # Qwen3-0.6B's heads; the engine's 256-token blocks
 CONFIGS = [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2), (32, 4, 3)]
 
 
-def time_us(fn, n: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / n
-
-
-def copy_gbps() -> float:
-    x = torch.empty(2**28, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    return 2 * x.numel() / time_us(lambda: y.copy_(x), 20) / 1e3
-
-
 def main() -> None:
     torch.manual_seed(0)
     random.seed(0)
-    bw = copy_gbps()
+    bw = device_ceilings().copy_gbps
     print(f"copy {bw:.0f} GB/s")
     for batch in (256, 160, 64):
         lens = [random.randint(100, 1024) + random.randint(0, 1024) for _ in range(batch)]  # prompt + tokens so far
@@ -58,7 +40,7 @@ def main() -> None:
         def run(order=None, **kw):
             o = torch.arange(batch, device="cuda") if order is None else torch.tensor(order, device="cuda")
             qq, bt, cl = q[o].contiguous(), tables[o].contiguous(), lens_t[o].contiguous()
-            t = time_us(lambda: paged_decode_attention(qq, k_cache, v_cache, bt, cl, D ** -0.5, **kw))
+            t = 1e3 * time_fn(lambda: paged_decode_attention(qq, k_cache, v_cache, bt, cl, D ** -0.5, **kw))
             return f"{t:7.1f} us  {100 * floor_us / t:5.1f}% of the {floor_us:.1f} us floor"
         print(f"B={batch:3d} random order      {run()}")
         print(f"B={batch:3d} longest first     {run(sorted(range(batch), key=lambda b: -lens[b]))}")

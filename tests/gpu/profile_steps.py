@@ -14,7 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from minillm import LLM, SamplingParams
-from minillm.bench import BATCH1_PROMPT, MAX_TOKEN_ID, Workload, make_workload
+from minillm.bench import BATCH1_PROMPT, Workload, make_workload, timed
 
 # kernel class: substrings of the kernel names (first match wins)
 CLASSES = [("attention", ("paged_decode", "decode_b1", "prefill_attention", "flash")),
@@ -49,20 +49,6 @@ def summarize(prof, wall_s: float, label: str) -> dict:
     return {"wall_s": wall_s, "kernel_s": busy, "by_class": dict(by_class), "top": [(k, n, us) for k, (n, us) in top]}
 
 
-def timed(fn) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - t0
-
-
-def shifted(work: Workload, k: int, output_lens=None) -> Workload:
-    """The same requests with the first token moved by k: nothing of an earlier run's prefix cache applies."""
-    return Workload([[(p[0] + k) % (MAX_TOKEN_ID + 1)] + p[1:] for p in work.prompts],
-                    list(output_lens or work.output_lens))
-
-
 def main() -> None:
     out = os.environ.get("OUT", "/tmp")
     llm = LLM("qwen3-0.6b-random", dtype="bfloat16", max_model_len=4096)
@@ -73,7 +59,7 @@ def main() -> None:
         return llm.generate(w.prompts, params, use_tqdm=False)
     for _ in range(2):
         llm.generate(work.warmup().prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
-    print(f"unprofiled run {work.output_tokens / timed(lambda: gen(work)):,.0f} tok/s")
+    print(f"unprofiled run {work.output_tokens / timed(lambda: gen(work))[1]:,.0f} tok/s")
     engine, steps, step = llm.engine, [], llm.engine.step
 
     def logged_step():  # each step's wall time and the number of running sequences after it
@@ -82,7 +68,7 @@ def main() -> None:
         steps.append((time.perf_counter() - t0, len(engine.scheduler.running)))
         return r
     engine.step = logged_step
-    wall = timed(lambda: gen(shifted(work, 1)))
+    wall = timed(lambda: gen(work.fresh()))[1]
     engine.step = step
     print(f"step-logged run {work.output_tokens / wall:,.0f} tok/s; {len(steps)} steps")
     hist = collections.defaultdict(lambda: [0, 0.0])
@@ -95,7 +81,7 @@ def main() -> None:
         print(f"  running <= {k:4d}: {n:5d} steps {s:7.3f} s  {1e3 * s / n:7.3f} ms/step")
     res = {"steps_by_running": dict(hist)}
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        wall = timed(lambda: gen(shifted(work, 2)))
+        wall = timed(lambda: gen(work.fresh().fresh()))[1]
     res["full"] = summarize(prof, wall, "full bench workload (profiled)")
 
     def one():
@@ -103,10 +89,11 @@ def main() -> None:
                             use_tqdm=False)
     one()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        wall = timed(one)
+        wall = timed(one)[1]
     res["batch1"] = summarize(prof, wall, "batch-1, 257 tokens")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        wall = timed(lambda: gen(shifted(work, 3, [1] * work.num_seqs)))
+        prompts_only = Workload(work.fresh().fresh().fresh().prompts, [1] * work.num_seqs)
+        wall = timed(lambda: gen(prompts_only))[1]
     res["prefill"] = summarize(prof, wall, "prefill only: 256 prompts, 1 token each")
     with open(f"{out}/profile_steps.json", "w") as f:
         json.dump(res, f, default=str)
