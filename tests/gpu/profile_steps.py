@@ -10,43 +10,20 @@ import json
 import os
 import time
 
-import torch
-from torch.profiler import ProfilerActivity, profile
-
 from minillm import LLM, SamplingParams
 from minillm.bench import BATCH1_PROMPT, Workload, make_workload, timed
-
-# kernel class: substrings of the kernel names (first match wins)
-CLASSES = [("attention", ("paged_decode", "decode_b1", "prefill_attention", "flash")),
-           ("gemv", ("gemv",)), ("gemm", ("gemm", "cutlass", "nvjet", "xmma", "cublas")),
-           ("norm", ("rms",)), ("qk_norm_rope", ("qk_norm_rope",)), ("silu", ("silu",)),
-           ("store_kv", ("store_kv",)), ("sample", ("sample",)), ("embed", ("indexselect", "gather")),
-           ("copy", ("memcpy", "memset", "copy", "fill"))]
+from minillm.course.speed_ladder import profile_kernels
 
 
-def kernel_class(name: str) -> str:
-    low = name.lower()
-    return next((c for c, keys in CLASSES if any(k in low for k in keys)), "other")
-
-
-def summarize(prof, wall_s: float, label: str) -> dict:
-    by_name = collections.defaultdict(lambda: [0, 0.0])  # kernel -> [launches, microseconds]
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            by_name[e.name][0] += 1
-            by_name[e.name][1] += e.device_time_total
-    by_class = collections.defaultdict(lambda: [0, 0.0])
-    for name, (n, us) in by_name.items():
-        by_class[kernel_class(name)][0] += n
-        by_class[kernel_class(name)][1] += us
-    busy = sum(us for _, us in by_class.values()) / 1e6
-    print(f"\n=== {label}: wall {wall_s:.3f} s, GPU kernel time {busy:.3f} s ({100 * busy / wall_s:.1f}% of the wall)")
-    for c, (n, us) in sorted(by_class.items(), key=lambda kv: -kv[1][1]):
-        print(f"  {c:14s} {n:8d} kernels {us / 1e3:10.1f} ms  {100 * us / 1e6 / busy:5.1f}%")
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:25]
-    for name, (n, us) in top:
-        print(f"    {us / 1e3:9.1f} ms {n:7d}x {us / max(n, 1):8.1f} us  {name[:110]}")
-    return {"wall_s": wall_s, "kernel_s": busy, "by_class": dict(by_class), "top": [(k, n, us) for k, (n, us) in top]}
+def summarize(fn, label: str) -> dict:
+    """Profile fn() and print its CUDA kernels by class and the 25 that took the most time."""
+    prof = profile_kernels(fn)
+    busy = prof.busy_us / 1e6
+    print(f"\n=== {label}: wall {prof.wall_s:.3f} s, GPU kernel time {busy:.3f} s "
+          f"({100 * busy / prof.wall_s:.1f}% of the wall)")
+    print(prof.table(top=25))
+    top = sorted(prof.kernels.items(), key=lambda kv: -kv[1][1])[:25]
+    return {"wall_s": prof.wall_s, "kernel_s": busy, "by_class": prof.by_class(), "top": [(k, n, us) for k, (n, us) in top]}
 
 
 def main() -> None:
@@ -80,21 +57,15 @@ def main() -> None:
         n, s = hist[k]
         print(f"  running <= {k:4d}: {n:5d} steps {s:7.3f} s  {1e3 * s / n:7.3f} ms/step")
     res = {"steps_by_running": dict(hist)}
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        wall = timed(lambda: gen(work.fresh().fresh()))[1]
-    res["full"] = summarize(prof, wall, "full bench workload (profiled)")
+    res["full"] = summarize(lambda: gen(work.fresh().fresh()), "full bench workload (profiled)")
 
     def one():
         return llm.generate(BATCH1_PROMPT, SamplingParams(temperature=0.6, max_tokens=257, ignore_eos=True),
                             use_tqdm=False)
     one()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        wall = timed(one)[1]
-    res["batch1"] = summarize(prof, wall, "batch-1, 257 tokens")
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        prompts_only = Workload(work.fresh().fresh().fresh().prompts, [1] * work.num_seqs)
-        wall = timed(lambda: gen(prompts_only))[1]
-    res["prefill"] = summarize(prof, wall, "prefill only: 256 prompts, 1 token each")
+    res["batch1"] = summarize(one, "batch-1, 257 tokens")
+    prompts_only = Workload(work.fresh().fresh().fresh().prompts, [1] * work.num_seqs)
+    res["prefill"] = summarize(lambda: gen(prompts_only), "prefill only: 256 prompts, 1 token each")
     with open(f"{out}/profile_steps.json", "w") as f:
         json.dump(res, f, default=str)
     llm.shutdown()

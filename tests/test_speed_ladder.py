@@ -1,0 +1,91 @@
+"""minillm/course/speed_ladder.py: notebook 05's batch-1 ladder switches and kernel profile."""
+import os
+from dataclasses import fields
+
+import pytest
+import torch
+from helpers import one_torch_thread, small_engine_args  # noqa: F401
+
+from minillm import LLM, SamplingParams
+from minillm.config import EngineConfig, ModelConfig
+from minillm.course import speed_ladder as sl
+from minillm.kernels.gemv import pdl_supported
+from minillm.model_zoo import QWEN3_06B
+from minillm.models import qwen3
+
+# kernel names from an H200 profile of the engine (tests/gpu/profile_steps.py) and their classes
+H200_KERNELS = {"nvjet_sm90_tst_64x32_64x16_4x2_h_bz_TNT": "gemm", "_gemv_kernel": "gemv",
+                "paged_decode_kernel": "attention", "_decode_b1_kernel": "attention",
+                "paged_decode_combine_kernel": "attention", "add_rms_norm_kernel": "norm",
+                "_qk_norm_rope_kernel": "qk_norm_rope", "_silu_mul_kernel": "silu",
+                "_sample_chunk_kernel": "sample", "Memcpy HtoD (Pinned -> Device)": "copy",
+                "void cublasLt::splitKreduce_kernel<32, 16, int, float>": "gemm",
+                "void at::native::(anonymous namespace)::indexSelectSmallIndex<c10::BFloat16>": "embed",
+                "_pick_input_ids_kernel": "other"}
+
+
+def test_kernel_classes_of_the_engines_kernels():
+    assert {name: sl.kernel_class(name) for name in H200_KERNELS} == H200_KERNELS
+
+
+def test_a_profile_groups_divides_and_sets_each_class_against_its_floor():
+    prof = sl.KernelProfile({"_gemv_kernel": (8, 40.0), "nvjet_x": (2, 20.0), "add_rms_norm_kernel": (4, 8.0)}, 1e-3)
+    assert prof.count == 14 and prof.busy_us == 68.0
+    assert prof.by_class() == {"gemv": (8, 40.0), "gemm": (2, 20.0), "norm": (4, 8.0)}  # most time first
+    table = prof.table(per=2, floors_us={"gemv": 5.0}, top=1).splitlines()
+    gemv = next(line for line in table if line.startswith("gemv"))
+    assert gemv.split()[1:4] == ["4.0", "20.0", "58.8%"] and "25% (5.0 us)" in gemv  # 5 us of 20 us per step
+    assert table[-2].split()[:2] == ["all", "7.0"] and "_gemv_kernel" in table[-1]
+
+
+def test_profile_kernels_says_it_needs_a_gpu_on_a_cpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        sl.profile_kernels(lambda: None)
+
+
+def _layer_forward(llm):
+    return llm.engine.model_runner.model.model.layers[0].layer_forward
+
+
+def test_layer_path_chooses_the_layer_an_engine_is_built_with_and_only_inside():
+    with sl.layer_path("fused"):
+        fused = LLM("qwen3-tiny", **small_engine_args())
+    plain = LLM("qwen3-tiny", **small_engine_args())
+    try:
+        assert _layer_forward(fused) is qwen3.decoder_layer_fused
+        assert _layer_forward(plain) is qwen3.eager_decoder_layer  # a CPU engine's own choice
+        # the fused kernels (interpreted here) compute chapter 2's math: the same greedy tokens
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        prompt = list(range(100, 140))
+        assert (fused.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+                == plain.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids)
+    finally:
+        fused.shutdown()
+        plain.shutdown()
+    with pytest.raises(ValueError, match="choose one of torch, fused, gemv, b1"):
+        with sl.layer_path("megakernel"):
+            pass
+
+
+def test_pdl_switch_sets_and_restores_minillm_pdl():
+    before = os.environ.get("MINILLM_PDL")
+    with sl.pdl(False):
+        assert os.environ["MINILLM_PDL"] == "0"
+        assert not pdl_supported(torch.device("cpu"))
+    assert os.environ.get("MINILLM_PDL") == before
+
+
+def test_each_rung_adds_one_lever_and_the_last_is_the_engine_as_it_ships():
+    levers = [f.name for f in fields(sl.Rung) if f.name != "name"]
+    for lower, upper in zip(sl.LADDER, sl.LADDER[1:]):
+        changed = [k for k in levers if getattr(lower, k) != getattr(upper, k)]
+        assert len(changed) == 1, (lower.name, upper.name, changed)
+    top = sl.LADDER[-1]
+    assert top.engine_kwargs() == {"enforce_eager": False, "async_scheduling": True} and top.pdl
+    defaults = EngineConfig.__dataclass_fields__
+    assert defaults["enforce_eager"].default is False and defaults["async_scheduling"].default is True
+    triton_backend = type("Backend", (), {"name": "triton"})
+    shipped = qwen3.layer_forward_for("cuda", triton_backend, 1, ModelConfig.from_dict(dict(QWEN3_06B, model_type="qwen3")))
+    assert (shipped.func, shipped.keywords) == (sl.LAYER_PATHS[top.layer].func, sl.LAYER_PATHS[top.layer].keywords)
