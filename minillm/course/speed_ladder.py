@@ -36,7 +36,7 @@ KERNEL_CLASSES = [("attention", ("paged_decode", "decode_b1", "prefill_attention
 
 # the engine's layer implementations (minillm/models/qwen3.py), from chapter 2's to the batch-1 path
 LAYER_PATHS: dict[str, Callable] = {
-    "torch": qwen3.eager_decoder_layer,  # chapter 2's decoder_layer: one torch op per step of the math
+    "torch": qwen3.eager_decoder_layer,  # chapter 2's decoder_layer (a one-token projection: the GEMV kernel)
     "fused": qwen3.decoder_layer_fused,  # add+RMSNorm, QK-norm+RoPE+KV store, SiLU-and-mul kernels
     "gemv": partial(qwen3.decoder_layer_fused_b1, attention_b1=False),  # GEMVs with norm / SiLU prologues
     "b1": partial(qwen3.decoder_layer_fused_b1, attention_b1=True),  # + QK-norm, RoPE, store, attention in one
