@@ -87,5 +87,22 @@ def test_each_rung_adds_one_lever_and_the_last_is_the_engine_as_it_ships():
     defaults = EngineConfig.__dataclass_fields__
     assert defaults["enforce_eager"].default is False and defaults["async_scheduling"].default is True
     triton_backend = type("Backend", (), {"name": "triton"})
-    shipped = qwen3.layer_forward_for("cuda", triton_backend, 1, ModelConfig.from_dict(dict(QWEN3_06B, model_type="qwen3")))
+    qwen3_06b = ModelConfig.from_dict(dict(QWEN3_06B, model_type="qwen3"))
+    shipped = qwen3.layer_forward_for("cuda", triton_backend, 1, qwen3_06b)
     assert (shipped.func, shipped.keywords) == (sl.LAYER_PATHS[top.layer].func, sl.LAYER_PATHS[top.layer].keywords)
+
+
+@pytest.mark.gpu
+def test_profile_kernels_counts_the_kernels_a_cuda_graph_replays():
+    """Section 7 counts kernels per token inside CUDA graphs: a graph of 3 matmuls and 2 adds is at
+    least 3 GEMM and 5 kernel launches per replay to the profiler, and two replays twice one's."""
+    a = torch.randn(256, 256, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        c = (a @ a) @ a + 1.0
+        d = c @ a + 2.0  # noqa: F841 (only the kernels matter)
+    once = sl.profile_kernels(graph.replay)
+    twice = sl.profile_kernels(lambda: [graph.replay() for _ in range(2)])
+    assert once.by_class()["gemm"][0] >= 3 and once.count >= 5, once.table(top=10)
+    assert twice.count == 2 * once.count and twice.by_class()["gemm"][0] == 2 * once.by_class()["gemm"][0]

@@ -23,7 +23,8 @@ def summarize(fn, label: str) -> dict:
           f"({100 * busy / prof.wall_s:.1f}% of the wall)")
     print(prof.table(top=25))
     top = sorted(prof.kernels.items(), key=lambda kv: -kv[1][1])[:25]
-    return {"wall_s": prof.wall_s, "kernel_s": busy, "by_class": prof.by_class(), "top": [(k, n, us) for k, (n, us) in top]}
+    return {"wall_s": prof.wall_s, "kernel_s": busy, "by_class": prof.by_class(),
+            "top": [(k, n, us) for k, (n, us) in top]}
 
 
 def main() -> None:
