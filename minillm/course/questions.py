@@ -421,7 +421,7 @@ register("01", [
                              "bf16 is 2 bytes per parameter")]),)),
     Question("q5", "why T = 128 costs barely more than T = 1 in the eager forward", (
         Part(lambda: "b", Choice(),
-             hint="compare the measured 16 ms with the floor the same row prints: what time would each explanation "
+             hint="compare the measured 15 ms with the floor the same row prints: what time would each explanation "
                   "predict for T = 1?"),)),
 ])
 
