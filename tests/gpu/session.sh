@@ -34,7 +34,8 @@ WORK=/tmp/session/${2:-$1}
 mkdir -p "$OUT" "$WORK"
 NB=notebooks
 GPU_TESTS="tests/test_fused_kernels.py tests/test_backends.py tests/test_engine.py tests/test_kernels.py
-           tests/test_rmsnorm_kernel.py tests/test_sampling.py tests/test_bad_inputs.py tests/test_bench.py"
+           tests/test_rmsnorm_kernel.py tests/test_sampling.py tests/test_bad_inputs.py tests/test_bench.py
+           tests/test_speed_ladder.py"
 
 stamp() { echo "[$(date -u +%T)] $*"; }
 notebooks() {  # GPU LOG NOTEBOOK...: execute notebooks in place on one GPU, one after another
