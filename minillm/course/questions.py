@@ -298,9 +298,9 @@ MEASURED_00_KV_BLOCKS = 10069  # 00_tour, section 1: "KV cache: 10069 blocks x 2
 MEASURED_01_COPY_GBPS = 4133.0  # 01, section 8: "copy 4,133 GB/s"
 MEASURED_01_SAFETENSORS_HEADER = 30528  # 01, section 5: "header 30,528 bytes" (SmolLM2's model.safetensors)
 MEASURED_01_DOWN_PROJ_BEGIN = 56624256  # 01, section 5: layers.0.mlp.down_proj's data_offsets[0]
-MEASURED_02_COPY_GBPS = 4155.0  # 02, section 9: "copy 4,155 GB/s"
-MEASURED_02_RIDGE = 179  # 02, section 9: "ridge point 179 FLOP/byte"
-MEASURED_02_LAYER_GRAPH_US = 112.0  # 02, section 11: "decode (1 token): whole layer eager 1081 us, CUDA graph 112 us"
+MEASURED_02_COPY_GBPS = 4185.0  # 02, section 9: "copy 4,185 GB/s"
+MEASURED_02_RIDGE = 184  # 02, section 9: "ridge point 184 FLOP/byte"
+MEASURED_02_LAYER_GRAPH_US = 112.0  # 02, section 11: "decode (1 token): whole layer eager 704 us, CUDA graph 112 us"
 
 BF16 = 2  # bytes per element
 
@@ -472,7 +472,7 @@ register("02", [
              traps=lambda: [(list(range(6)), "positions are not row indices: each sequence starts at its own offset"),
                             ([0, 1, 0, 1, 2, 0], "these sequences do not start at 0: a cached prefix or a decode "
                                                  "puts a sequence's first new token at its offset")]),)),
-    Question("q2", "memory floor of add+RMSNorm on 16,384 x 576 bf16 at 4,155 GB/s, microseconds", (
+    Question("q2", "memory floor of add+RMSNorm on 16,384 x 576 bf16 at 4,185 GB/s, microseconds", (
         Part(lambda: _norm_floor_us(16384, 576, MEASURED_02_COPY_GBPS), Approx(),
              hint="the fused kernel reads x and the residual and writes the output and the new residual, once "
                   "each (plus the weight): bytes over bandwidth",
@@ -480,10 +480,10 @@ register("02", [
                              "count all four [N, d] tensors: two read and two written"),
                             (_norm_floor_us(16384, 1024, MEASURED_02_COPY_GBPS),
                              "that is d = 1024; the question asks for SmolLM2's d = 576")]),)),
-    Question("q3", "smallest decode batch at which o_proj reaches the ridge point (179 FLOP/byte)", (
+    Question("q3", "smallest decode batch at which o_proj reaches the ridge point (184 FLOP/byte)", (
         Part(lambda: _first_compute_bound_batch(16 * 128, 1024, MEASURED_02_RIDGE), Approx(rel=0, abs=1),
              hint="write o_proj's FLOPs and bytes for a batch of n tokens (op_costs' `linear(k, m)`), set their "
-                  "ratio equal to 179 and solve for n; then take the next whole batch"),)),
+                  "ratio equal to 184 and solve for n; then take the next whole batch"),)),
     Question("q4", "decode attention's FLOP per byte with 4 KV heads (batch 256, context 1,024)", (
         Part(lambda: _decode_attention_intensity(_qwen3_06b(), kv_heads=4), Approx(rel=0.03),
              hint="the FLOPs depend on the query heads, the bytes mostly on the cached K and V: what changes when "
