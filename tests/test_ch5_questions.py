@@ -60,7 +60,10 @@ def right_answers() -> dict:
     w06 = decode_read_bytes(QWEN3_06B)
     ratio = decode_floor_bytes(lens, [2 * o for o in outputs], w06, kv) / decode_floor_bytes(lens, outputs, w06, kv)
     assert 2 < ratio < 4
-    return {"q1": q1, "q2": (graph, graph - 37, len(sizes)), "q3": (4, 3), "q4": q4, "q5": "c"}
+    # Q6: the gap above the floor, 0.648 - 0.282 ms, over 177 kernels prices one kernel; 55% of the floor is
+    # 0.282 / 0.55 ms per token
+    q6 = (0.648 - 0.282 / 0.55) / ((0.648 - 0.282) / 177)
+    return {"q1": q1, "q2": (graph, graph - 37, len(sizes)), "q3": (4, 3), "q4": q4, "q5": "c", "q6": q6}
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +83,13 @@ def test_the_checker_expects_the_recomputed_answers(answers):
 
 def test_the_checker_accepts_the_right_answers_and_rounded_ones(answers):
     assert Q.check_answers("05", answers, show=False) == {q: Q.CORRECT for q in answers}
-    rounded = {"q1": 280, "q2": [48, 11, 11], "q4": "37.8%", "q5": " (C) "}
+    rounded = {"q1": 280, "q2": [48, 11, 11], "q4": "37.8%", "q5": " (C) ", "q6": 65}
     assert Q.check_answers("05", rounded, show=False) == {"q1": Q.CORRECT, "q2": Q.CORRECT, "q3": Q.NOT_ANSWERED,
-                                                         "q4": Q.CORRECT, "q5": Q.CORRECT}
+                                                         "q4": Q.CORRECT, "q5": Q.CORRECT, "q6": Q.CORRECT}
 
 
 def test_wrong_answers_get_a_hint_that_keeps_the_answer(answers):
-    wrong = {"q1": 500.0, "q2": (40, 3, 7), "q3": (9, 9), "q4": 50.0, "q5": "a"}
+    wrong = {"q1": 500.0, "q2": (40, 3, 7), "q3": (9, 9), "q4": 50.0, "q5": "a", "q6": 120}
     for qid, status in Q.check_answers("05", wrong, show=False).items():
         assert status.startswith(Q.NOT_YET + ": ") and len(status) > len(Q.NOT_YET) + 20, (qid, status)
         value = answers[qid]
@@ -106,6 +109,8 @@ def test_known_wrong_answers_get_their_own_hint():
     assert "LM head" in Q.check_answers("05", {"q1": 305.6}, show=False)["q1"]
     assert "renormalise" in Q.check_answers("05", {"q4": 27.6}, show=False)["q4"]
     assert "crosses 0.7 is kept" in Q.check_answers("05", {"q4": 0}, show=False)["q4"]
+    assert "gap above the floor" in Q.check_answers("05", {"q6": 37}, show=False)["q6"]  # 0.648 ms / 177 a kernel
+    assert "divided by 0.55" in Q.check_answers("05", {"q6": 141}, show=False)["q6"]  # 55% of 0.648 ms as the goal
 
 
 @pytest.mark.parametrize("asynchronous, want", [(True, (4, 3)), (False, (3, 3))])
@@ -130,6 +135,18 @@ def test_the_quoted_bandwidth_is_what_the_notebook_prints():
     text = "\n".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     assert f"copy {MEASURED_05_COPY_GBPS:,.0f} GB/s" in text
     assert f"({MEASURED_05_COPY_GBPS:,.0f} GB/s)" in nb.cells[-2].source  # Q1 quotes it
+
+
+def test_q6_quotes_the_ladder_as_the_notebook_prints_it():
+    from minillm.course.engine_questions import MEASURED_05_B1_FLOOR_MS, MEASURED_05_B1_KERNELS, MEASURED_05_B1_MS
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    text = "\n".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    last_rung = (rf"\+ async scheduling +{MEASURED_05_B1_MS:.3f} ms/token +\d+% of the floor "
+                 rf"\({MEASURED_05_B1_FLOOR_MS:.3f} ms\) +{MEASURED_05_B1_KERNELS} kernels/token")
+    assert re.search(last_rung, text), "section 7's last rung no longer prints the figures Q6 quotes"
+    q6 = nb.cells[-2].source.split("**Q6.**")[1]
+    for quoted in (f"{MEASURED_05_B1_MS:.3f} ms", f"{MEASURED_05_B1_KERNELS} CUDA kernels", f"{MEASURED_05_B1_FLOOR_MS:.3f} ms"):
+        assert quoted in q6, quoted
 
 
 

@@ -14,6 +14,9 @@ import math
 # the questions' inputs, as the notebook states them
 MEASURED_05_COPY_GBPS = 4226.0  # 05, section 1: "copy 4,226 GB/s" (the H200 of the committed outputs)
 H200_MATMUL_TFLOPS = 793.1  # 05, section 1: "matmul 793.1 TFLOP/s"
+# 05, section 7, the ladder's last rung: "+ async scheduling  0.648 ms/token  44% of the floor (0.282 ms)  177 kernels/token"
+MEASURED_05_B1_MS, MEASURED_05_B1_FLOOR_MS, MEASURED_05_B1_KERNELS = 0.648, 0.282, 177
+Q6_TARGET = 0.55  # the share of the floor Q6 asks for
 Q2_MAX_NUM_SEQS, Q2_BATCH = 100, 37
 Q3_MAX_TOKENS, Q3_EOS_AT = 5, 3  # the request samples EOS as its 3rd token
 Q4_LOGITS, Q4_TEMPERATURE, Q4_TOP_P, Q4_TOKEN = [3.0, 2.0, 1.0, 0.0], 2.0, 0.7, 1
@@ -141,6 +144,24 @@ def ratio_letter(ratio: float) -> str:
     return "a" if ratio < 2 else ("c" if ratio < 4 else "d")
 
 
+# ------------------------------------------------------------------------------------------------ Q6
+def kernels_to_remove(target: float = Q6_TARGET, subtract_floor: bool = True) -> float:
+    """Kernels per token that must go for batch-1 decode to reach `target` of the weight-read floor, when
+    the ladder's last rung's gap to the floor is charged to its kernels equally (each costs the same)."""
+    ms, floor, kernels = MEASURED_05_B1_MS, MEASURED_05_B1_FLOOR_MS, MEASURED_05_B1_KERNELS
+    price = ((ms - floor) if subtract_floor else ms) / kernels  # ms per kernel
+    return (ms - floor / target) / price
+
+
+def _q6_traps() -> list:
+    ms, floor = MEASURED_05_B1_MS, MEASURED_05_B1_FLOOR_MS
+    price = (ms - floor) / MEASURED_05_B1_KERNELS
+    return [(kernels_to_remove(subtract_floor=False), "the floor's own 0.282 ms is the weights' reads, not the "
+                                                      "kernels': price a kernel by the gap above the floor"),
+            ((ms - Q6_TARGET * ms) / price, "55% of the floor means the floor is 55% of the time per token: "
+                                            "the target time is the floor divided by 0.55")]
+
+
 def _questions():
     from minillm.course.questions import PERCENT_TOL, Approx, Choice, Exact, Part, Question
     return [
@@ -192,6 +213,12 @@ def _questions():
                                       "grows as the outputs get longer"),
                                 ("d", "only the generated tokens' part of the contexts grows quadratically; the "
                                       "prompts' K/V is read once more per extra step, which doubles")]),)),
+        Question("q6", "batch 1 at 0.648 ms/token with 177 kernels, floor 0.282 ms: kernels per token to remove "
+                       "to reach 55% of the floor", (
+            Part(kernels_to_remove, Approx(),
+                 hint="price one kernel: the time above the floor, shared by the 177 kernels; then the time per "
+                      "token at 55% of the floor, and how many kernels' worth of time separate the two",
+                 traps=_q6_traps),)),
     ]
 
 
