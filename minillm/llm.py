@@ -137,12 +137,18 @@ class LLM:
         seqs = self._add(prompts, sampling_params)
         engine = self.engine
         bar = tqdm(total=len(seqs), desc="Generating", disable=not use_tqdm, dynamic_ncols=True)
+        outputs: list[RequestOutput | None] = [None] * len(seqs)
         try:
             t0, p0, d0 = time.perf_counter(), engine.num_prefill_tokens, engine.num_decode_tokens
-            unfinished = list(seqs)
+            unfinished = list(enumerate(seqs))
             while unfinished:
                 engine.step()
-                still = [s for s in unfinished if not all(x.is_finished for x in s.samples)]
+                still = []
+                for i, s in unfinished:
+                    if not all(x.is_finished for x in s.samples):
+                        still.append((i, s))
+                    else:  # detokenized now, while the device runs the step just launched, not all at the end
+                        outputs[i] = engine.request_output(s, prompts[i] if isinstance(prompts[i], str) else None)
                 done, unfinished = len(unfinished) - len(still), still
                 if done:
                     dt = time.perf_counter() - t0
@@ -155,7 +161,7 @@ class LLM:
             raise
         finally:
             bar.close()
-        return [engine.request_output(s, p if isinstance(p, str) else None) for s, p in zip(seqs, prompts)]
+        return outputs
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = False, chat_template: str | None = None,
              chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,

@@ -47,6 +47,23 @@ def test_a_vllm_users_snippet_runs_unchanged(llm):
     assert len(one) == 1 and one[0].prompt is None and len(one[0].outputs) == 1
 
 
+def test_generate_builds_each_output_when_its_request_finishes(llm, monkeypatch):
+    """A short request's output (its text detokenized) is built at the step it finishes, while the longer
+    ones still run (on a GPU, while the device runs the step just launched), not all after the last step."""
+    engine, built_at = llm.engine, {}
+    real = engine.request_output
+
+    def spy(seq, prompt=None):
+        built_at[seq.prompt_token_ids[0]] = engine.num_decode_tokens  # decode tokens computed so far
+        return real(seq, prompt)
+    monkeypatch.setattr(engine, "request_output", spy)
+    outs = llm.generate(PROMPTS, [SamplingParams(max_tokens=n, ignore_eos=True) for n in (2, 12, 6)], use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [2, 12, 6]
+    assert all(o.finished and isinstance(o.outputs[0].text, str) for o in outs)
+    at = [built_at[p[0]] for p in PROMPTS]
+    assert at[0] < at[2] < at[1] == engine.num_decode_tokens, at
+
+
 def test_the_old_dict_keys_still_read_with_a_deprecation_warning(llm):
     out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)[0]
     with pytest.warns(DeprecationWarning, match=r"use out.outputs\[0\].token_ids"):
