@@ -145,21 +145,24 @@ def ratio_letter(ratio: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ Q6
+def _kernel_price_ms(subtract_floor: bool = True) -> float:
+    """The ladder's last rung's time (above the floor, or all of it) shared equally by its kernels, ms."""
+    ms = MEASURED_05_B1_MS - (MEASURED_05_B1_FLOOR_MS if subtract_floor else 0.0)
+    return ms / MEASURED_05_B1_KERNELS
+
+
 def kernels_to_remove(target: float = Q6_TARGET, subtract_floor: bool = True) -> float:
     """Kernels per token that must go for batch-1 decode to reach `target` of the weight-read floor, when
     the ladder's last rung's gap to the floor is charged to its kernels equally (each costs the same)."""
-    ms, floor, kernels = MEASURED_05_B1_MS, MEASURED_05_B1_FLOOR_MS, MEASURED_05_B1_KERNELS
-    price = ((ms - floor) if subtract_floor else ms) / kernels  # ms per kernel
-    return (ms - floor / target) / price
+    return (MEASURED_05_B1_MS - MEASURED_05_B1_FLOOR_MS / target) / _kernel_price_ms(subtract_floor)
 
 
 def _q6_traps() -> list:
-    ms, floor = MEASURED_05_B1_MS, MEASURED_05_B1_FLOOR_MS
-    price = (ms - floor) / MEASURED_05_B1_KERNELS
-    return [(kernels_to_remove(subtract_floor=False), "the floor's own 0.282 ms is the weights' reads, not the "
-                                                      "kernels': price a kernel by the gap above the floor"),
-            ((ms - Q6_TARGET * ms) / price, "55% of the floor means the floor is 55% of the time per token: "
-                                            "the target time is the floor divided by 0.55")]
+    goal = f"{100 * Q6_TARGET:.0f}% of the floor means the floor is {100 * Q6_TARGET:.0f}% of the time per " \
+           f"token: the target time is the floor divided by {Q6_TARGET}"
+    return [(kernels_to_remove(subtract_floor=False), f"the floor's own {MEASURED_05_B1_FLOOR_MS} ms is the weights' "
+                                                      "reads, not the kernels': price a kernel by the gap above the floor"),
+            (MEASURED_05_B1_MS * (1 - Q6_TARGET) / _kernel_price_ms(), goal)]
 
 
 def _questions():
@@ -213,11 +216,13 @@ def _questions():
                                       "grows as the outputs get longer"),
                                 ("d", "only the generated tokens' part of the contexts grows quadratically; the "
                                       "prompts' K/V is read once more per extra step, which doubles")]),)),
-        Question("q6", "batch 1 at 0.648 ms/token with 177 kernels, floor 0.282 ms: kernels per token to remove "
-                       "to reach 55% of the floor", (
+        Question("q6", f"batch 1 at {MEASURED_05_B1_MS} ms/token with {MEASURED_05_B1_KERNELS} kernels, floor "
+                       f"{MEASURED_05_B1_FLOOR_MS} ms: kernels per token to remove to reach "
+                       f"{100 * Q6_TARGET:.0f}% of the floor", (
             Part(kernels_to_remove, Approx(),
-                 hint="price one kernel: the time above the floor, shared by the 177 kernels; then the time per "
-                      "token at 55% of the floor, and how many kernels' worth of time separate the two",
+                 hint=f"price one kernel: the time above the floor, shared by the {MEASURED_05_B1_KERNELS} kernels; "
+                      f"then the time per token at {100 * Q6_TARGET:.0f}% of the floor, and how many kernels' worth "
+                      "of time separate the two",
                  traps=_q6_traps),)),
     ]
 

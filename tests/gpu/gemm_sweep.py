@@ -67,6 +67,8 @@ def main() -> None:
                 us = do_bench_cudagraph(lambda: triton_linear(x, w, cfg), rep=50) * 1e3
                 if best is None or us < best[0]:
                     best = (us, cfg)
+            if best is None:
+                raise SystemExit(f"{name} M={M}: no Triton config computed the product correctly")
             total.setdefault(M, [0.0, 0.0, 0.0])
             for i, v in enumerate((floor, cublas, best[0])):
                 total[M][i] += v
