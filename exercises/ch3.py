@@ -195,6 +195,8 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
     interpreter computes half types wrongly); otherwise cast p to v's type for the second tl.dot.
     Mask every load: masked-off rows must not be read, and nothing but the output row may be written.
     Cast the block id to int64 before multiplying by stride_cb (a big cache overflows int32).
+    Faster: tiles start at multiples of BLOCK_N, so when PAGE % BLOCK_N == 0 (a constexpr test) a
+    tile's keys all live in one block, and one scalar load of its id replaces a load per key.
     """
     raise NotImplementedError("Exercise 3.5: implement paged_decode_kernel in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '6. The paged decode kernel in Triton')")
 

@@ -228,6 +228,8 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
     interpreter computes half types wrongly); otherwise cast p to v's type for the second tl.dot.
     Mask every load: masked-off rows must not be read, and nothing but the output row may be written.
     Cast the block id to int64 before multiplying by stride_cb (a big cache overflows int32).
+    Faster: tiles start at multiples of BLOCK_N, so when PAGE % BLOCK_N == 0 (a constexpr test) a
+    tile's keys all live in one block, and one scalar load of its id replaces a load per key.
     """
     b, g, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(context_lens_ptr + b)
@@ -255,8 +257,11 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
         mask_n = pos < end
-        block = tl.load(table + pos // PAGE, mask=mask_n, other=0).to(tl.int64)
-        offs = block[:, None] * stride_cb + (pos % PAGE)[:, None] * stride_ct + head_offs
+        if PAGE % BLOCK_N == 0:  # the tile lies in one block: one block id, not BLOCK_N dependent loads
+            rows = tl.load(table + n0 // PAGE).to(tl.int64) * stride_cb + (n0 % PAGE + offs_n) * stride_ct
+        else:
+            rows = tl.load(table + pos // PAGE, mask=mask_n, other=0).to(tl.int64) * stride_cb + (pos % PAGE) * stride_ct
+        offs = rows[:, None] + head_offs
         mask_kv = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + offs, mask=mask_kv, other=0.0)
         v = tl.load(v_cache_ptr + offs, mask=mask_kv, other=0.0)

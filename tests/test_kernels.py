@@ -112,11 +112,13 @@ def test_paged_decode_padding_row_is_zero():
 def test_decode_split_rule_uses_shapes_only(monkeypatch):
     monkeypatch.setattr(pa, "num_sms", lambda device: 132)  # an H200
     cuda = torch.device("cuda")
-    big = paged_decode_config(256, 8, 2, 128, 4096, 256, cuda)  # 2,048 programs: the large-batch tiles
-    assert big["num_splits"] == 1 and big["BLOCK_N"] == pa.DECODE_CONFIGS_LARGE_BATCH[128][0]
+    big = paged_decode_config(256, 8, 2, 128, 4096, 256, cuda)  # 2,048 programs: no split
+    assert big["num_splits"] == 1 and big["BLOCK_N"] == pa.DECODE_CONFIGS[128][0]
     assert big["BLOCK_H"] == 16 and big["BLOCK_D"] == 128
-    mid = paged_decode_config(64, 8, 2, 128, 4096, 256, cuda)  # 512 programs: no split, the usual tiles
-    assert mid["num_splits"] == 1 and mid["BLOCK_N"] == pa.DECODE_CONFIGS[128][0]
+    target = pa.SPLIT_TARGET_PROGRAMS_PER_SM * 132
+    assert paged_decode_config(target // 8, 8, 2, 128, 4096, 256, cuda)["num_splits"] == 1  # on target: no split
+    mid = paged_decode_config(64, 8, 2, 128, 4096, 256, cuda)  # 512 programs: split until there are enough
+    assert mid["num_splits"] == -(-target // 512)
     small = paged_decode_config(1, 8, 2, 128, 4096, 256, cuda)
     assert 1 < small["num_splits"] <= pa.MAX_SPLITS
     assert paged_decode_config(1, 8, 2, 128, 256, 256, cuda)["num_splits"] == 1  # one split per MIN_SPLIT_KEYS

@@ -32,27 +32,24 @@ from minillm.kernels.gemv import pdl_args
 LOG2E = 1.4426950408889634
 
 # Hand-picked launch configs (no autotune: it fails under the interpreter, and a CUDA-graph capture
-# must not start benchmarking). BLOCK_N keys per iteration, warps, pipeline stages.
-# Measured on an H200 at head_dim 128 over the bench workload (256 requests, contexts 100-2048, batches
-# 1-256): 64-key tiles in 4 warps, 2 stages deep. A [64, 128] bf16 K tile plus its V tile is 32 KB
-# per stage, so several programs fit on one SM and keep enough loads in flight to stream at full
-# bandwidth; the two small dots per tile stay far below the tensor-core limit.
+# must not start benchmarking). BLOCK_N keys per iteration, warps, pipeline stages. The kernel streams
+# K and V and does two small dots per tile, far below the tensor-core limit: what matters is how many
+# bytes each SM keeps in flight, and how evenly the programs' lengths fill the SMs to the end.
 DECODE_CONFIGS = {
     # max head_dim: (BLOCK_N, num_warps, num_stages)
     64: (64, 4, 3),
-    # 128: the bench workload on an H200 runs 23.3k tok/s with 64/4/2 against 18.6k with 32/2/3, though
-    # 32/2/3 timed 98% of SDPA (64/4/2: 92%) on a contiguous batch-256 cache: tune on the real workload.
-    # On the bench's context lengths (100-2,048, paged) 64/4/3 then timed 79/89/94% of the KV read
-    # floor at batch 64/160/256 against 76/88/93% for 64/4/2 (tests/gpu/decode_sweep.py, one H200)
-    128: (64, 4, 3),
+    # 128: 128-key tiles, 4 warps, 2 stages deep (two [128, 128] bf16 K and V tiles: 128 KB of shared
+    # memory, one program per SM, 64 KB of loads in flight each). On the bench's contexts (100-2,048
+    # keys, paged) they timed 79/88/93/97/100% of the KV read floor at batch 32/96/128/192/256 with
+    # the splits below, against 74/79/90/94/98% for the 64/4/3 and 128/4/2-at-1,024-programs rule they
+    # replace (tests/gpu/decode_sweep.py, one H200).
+    128: (128, 4, 2),
     256: (32, 4, 2),
 }
-# With at least LARGE_BATCH_PROGRAMS (sequence, KV head) programs, longer key tiles stream better: at
-# head_dim 128, 128/4/2 timed 92/96% of the floor at batch 160/256 (64/4/3: 89/94%), but 75% at 64
-DECODE_CONFIGS_LARGE_BATCH = {128: (128, 4, 2)}
-LARGE_BATCH_PROGRAMS = 1024
-# split-K: aim for at least SPLIT_TARGET_WAVES programs per SM, each split at least MIN_SPLIT_KEYS keys.
-SPLIT_TARGET_WAVES = 2
+# split-K: while batch x KV heads is under SPLIT_TARGET_PROGRAMS_PER_SM programs per SM, cut each
+# sequence's keys into chunks (at least MIN_SPLIT_KEYS keys each): with one program per SM, programs
+# of very different lengths leave SMs idle at the end unless there are several per SM to even out.
+SPLIT_TARGET_PROGRAMS_PER_SM = 6
 MIN_SPLIT_KEYS = 256
 MAX_SPLITS = 16
 
@@ -74,13 +71,12 @@ def paged_decode_config(batch: int, num_kv_heads: int, group: int, head_dim: int
     cuda = device.type == "cuda"
     if cuda:
         key = min((k for k in DECODE_CONFIGS if k >= block_d), default=max(DECODE_CONFIGS))
-        configs = DECODE_CONFIGS_LARGE_BATCH if batch * num_kv_heads >= LARGE_BATCH_PROGRAMS else {}
-        block_n, num_warps, num_stages = configs.get(key, DECODE_CONFIGS[key])
+        block_n, num_warps, num_stages = DECODE_CONFIGS[key]
         min_split = MIN_SPLIT_KEYS
     else:  # the interpreter: fewer, bigger numpy ops are faster; warps/stages mean nothing there
         block_n, num_warps, num_stages, min_split = 64, 4, 1, 64
     programs = batch * num_kv_heads
-    target = SPLIT_TARGET_WAVES * num_sms(device)
+    target = SPLIT_TARGET_PROGRAMS_PER_SM * num_sms(device)
     num_splits = 1
     if programs < target:
         num_splits = max(1, min(triton.cdiv(target, programs), triton.cdiv(max_context, min_split), MAX_SPLITS))
@@ -174,6 +170,8 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
     interpreter computes half types wrongly); otherwise cast p to v's type for the second tl.dot.
     Mask every load: masked-off rows must not be read, and nothing but the output row may be written.
     Cast the block id to int64 before multiplying by stride_cb (a big cache overflows int32).
+    Faster: tiles start at multiples of BLOCK_N, so when PAGE % BLOCK_N == 0 (a constexpr test) a
+    tile's keys all live in one block, and one scalar load of its id replaces a load per key.
     """
     b, g, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(context_lens_ptr + b)
@@ -201,8 +199,11 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
         mask_n = pos < end
-        block = tl.load(table + pos // PAGE, mask=mask_n, other=0).to(tl.int64)
-        offs = block[:, None] * stride_cb + (pos % PAGE)[:, None] * stride_ct + head_offs
+        if PAGE % BLOCK_N == 0:  # the tile lies in one block: one block id, not BLOCK_N dependent loads
+            rows = tl.load(table + n0 // PAGE).to(tl.int64) * stride_cb + (n0 % PAGE + offs_n) * stride_ct
+        else:
+            rows = tl.load(table + pos // PAGE, mask=mask_n, other=0).to(tl.int64) * stride_cb + (pos % PAGE) * stride_ct
+        offs = rows[:, None] + head_offs
         mask_kv = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + offs, mask=mask_kv, other=0.0)
         v = tl.load(v_cache_ptr + offs, mask=mask_kv, other=0.0)
