@@ -246,3 +246,25 @@ def test_generation_config_sets_the_default_sampling_params(tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps(dict(gen, top_p=1.5)))
     with pytest.raises(ValueError, match=r"generation_config.json: SamplingParams.top_p must be .*generation_config='vllm'"):
         LLM(str(tmp_path), **small_engine_args())
+
+
+def test_decode_batches_run_longest_context_first(monkeypatch):
+    """Each decode step hands the runner its sequences longest context first (the decode kernel's long
+    programs start first), and the outputs are those of prompts given in any order."""
+    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
+    runner, orders = llm.engine.model_runner, []
+    launch = runner.launch
+
+    def recording_launch(seqs, is_prefill, *args):
+        if not is_prefill:
+            orders.append([s.num_tokens for s in seqs])
+        return launch(seqs, is_prefill, *args)
+    monkeypatch.setattr(runner, "launch", recording_launch)
+    prompts = [[1, 2, 3], list(range(1, 40)), list(range(5, 17)), list(range(2, 30))]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert orders and any(len(o) > 1 for o in orders)
+    assert all(o == sorted(o, reverse=True) for o in orders), orders
+    assert orders[0] != [len(p) for p in prompts]  # not the order the prompts came in
+    one_by_one = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    assert [o.outputs[0].token_ids for o in outs] == one_by_one
