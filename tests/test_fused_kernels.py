@@ -201,15 +201,17 @@ def test_gpu_greedy_equals_hf_reference_fp32(name):
 @pytest.mark.parametrize("device, dtype", list(_cases()))
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("L, splits", [(1, 1), (2, 3), (37, 1), (37, 4), (150, 2), (150, 4), (0, 2), (150, None)])
-def test_decode_b1_matches_qk_norm_rope_then_paged_decode(device, dtype, norm, L, splits):
+@pytest.mark.parametrize("page", [16, 64])
+def test_decode_b1_matches_qk_norm_rope_then_paged_decode(device, dtype, norm, L, splits, page):
     """The batch-1 kernel (QK-norm + RoPE + KV store + attention in one) gives the unfused path's
     output and leaves the same cache: context lengths of one token, one tile, several tiles per split,
     more splits than keys, a padding row (L = 0: zeros, nothing stored), and the device's own launch
-    shape (splits=None; on CUDA the narrow tiles of B1_CUDA_TILE)."""
+    shape (splits=None; on CUDA the narrow tiles of B1_CUDA_TILE). Blocks of 64 keys hold whole key
+    tiles (one block-table load per tile), blocks of 16 do not (in the interpreter's 64-key tiles)."""
     from minillm.kernels.decode_b1 import decode_attention_b1
     from minillm.kernels.paged_attention import paged_decode_attention
     g = torch.Generator().manual_seed(L * 7 + (splits or 0) + norm)
-    H, Hkv, D, page, nblocks = 4, 2, 32, 16, 16
+    H, Hkv, D, nblocks = 4, 2, 32, 16
     qkv = torch.randn(1, (H + 2 * Hkv) * D, generator=g).to(device, dtype)
     cs = rope_cos_sin(D, 256, 1e4).to(device)
     qw, kw = ((1 + 0.1 * torch.randn(D, generator=g)).to(device, dtype) for _ in range(2))
