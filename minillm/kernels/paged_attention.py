@@ -40,9 +40,9 @@ DECODE_CONFIGS = {
     64: (64, 4, 3),
     # 128: 128-key tiles, 4 warps, 2 stages deep (two [128, 128] bf16 K and V tiles: 128 KB of shared
     # memory, one program per SM, 64 KB of loads in flight each). On the bench's contexts (100-2,048
-    # keys, paged) they timed 79/88/93/97/100% of the KV read floor at batch 32/96/128/192/256 with
-    # the splits below, against 74/79/90/94/98% for the 64/4/3 and 128/4/2-at-1,024-programs rule they
-    # replace (tests/gpu/decode_sweep.py, one H200).
+    # keys, paged) with the splits below: 43.2/75.2/108.3/145.4/203.1/263.8 us at batch 32/64/96/128/
+    # 192/256, 80-101% of the KV read floor, against 47.7/83.3/127.9/154.2/211.7/276.2 us for the 64/4/3
+    # tiles and 2-programs-per-SM splits before (tests/gpu/decode_sweep.py, one H200, graph-timed).
     128: (128, 4, 2),
     256: (32, 4, 2),
 }
