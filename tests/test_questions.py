@@ -69,7 +69,10 @@ def right_answers() -> dict[str, dict]:
                "q2": (256, 88),
                "q3": 3.38,  # the exact arithmetic of section 1's table at 64-token blocks
                "q4": (5, 9),
-               "q5": (100 * 2048 / 2064, 100 * 1792 / 2064)},
+               "q5": (100 * 2048 / 2064, 100 * 1792 / 2064),
+               # the printed rule: splits until 40 x 8 programs per split reach 6 x 132 = 792, at most 16 of
+               # >= 256 keys (4,096 / 256 = 16): ceil(792 / 320) = 3 splits, 3 x 320 programs
+               "q6": (3, 960)},
         "04": {"q1": (48 * 128 // 4, 2 * 32 // 4, 2 * 8 // 4),
                "q2": [2, 4, 8],
                "q3": [0, 0, 1, 2, 2, 3, 3],
@@ -143,6 +146,9 @@ def test_known_wrong_answers_get_their_own_hint():
     r = Q.check_answers("03", {"q1": (12, 3000 * 114688), "q5": (100 * 1792 / 2064, 86.8)}, show=False)
     assert "blocks correct" in r["q1"] and "counts the 3,000 tokens" in r["q1"]
     assert "new request's share" in r["q5"]
+    for answer, slip in (((2, 960), "round up"), ((3, 320), "one split's programs"), ((3, 1920), "query heads"),
+                         ((16, 960), "a cap")):
+        assert slip in Q.check_answers("03", {"q6": answer}, show=False)["q6"], answer
 
 
 def test_answers_in_other_forms():
@@ -279,6 +285,7 @@ def test_notebook_03s_printed_figures_follow_from_the_checkers_arithmetic():
     share = Q.prefix_hit_shares(2048, 64)[0]
     assert f"{share:5.1f}% of prompt tokens from the cache" in text
     assert Q._first_preemption(6) == 5 and "step 5: decode  AB   preempted C" in text
+    assert "split-K: while batch x KV heads < 6 x SMs, split into up to 16 chunks of >= 256 keys" in text  # Q6's rule
 
 
 # ------------------------------------------------------------------------------------------------ the engine

@@ -595,6 +595,24 @@ def prefix_hit_shares(system_len: int, user_len: int, block_size: int = 256, num
     return share, 100 * new.num_cached_tokens / len(new)
 
 
+def _decode_launch(batch: int, sms: int = 132, max_context: int = 4096, block_size: int = 256) -> tuple[int, int]:
+    """(splits, programs) of the paged decode kernel for a decode batch of Qwen3-0.6B on a GPU of `sms` SMs
+    whose block tables allow `max_context` tokens: minillm's paged_decode_config, asked with `sms` SMs."""
+    import torch
+
+    from minillm.kernels import paged_attention as pa
+    cfg = model_config(_qwen3_06b())
+    hkv = cfg.num_key_value_heads
+    real = pa.num_sms
+    pa.num_sms = lambda device: sms
+    try:
+        launch = pa.paged_decode_config(batch, hkv, cfg.num_attention_heads // hkv, cfg.head_dim, max_context,
+                                        block_size, torch.device("cuda"))
+    finally:
+        pa.num_sms = real
+    return launch["num_splits"], batch * hkv * launch["num_splits"]
+
+
 register("03", [
     Question("q1", "KV blocks of a 3,000-token prompt at block size 256, and their bytes at Qwen3-0.6B's shapes", (
         Part(lambda: _blocks_and_bytes(3000)[0], label="blocks",
@@ -635,6 +653,18 @@ register("03", [
                                                              "requests it has already run")]),
         Part(lambda: prefix_hit_shares(2000, 64)[1], Approx(rel=0, abs=PERCENT_TOL), label="new request",
              hint="a new request shares only the full blocks that hold nothing but the system prompt"),
+    )),
+    Question("q6", "splits and programs of the paged decode kernel for 40 sequences on 132 SMs", (
+        Part(lambda: _decode_launch(40)[0], label="splits",
+             hint="how many programs does the rule want, how many does one split give (one per sequence and "
+                  "KV head), and how many splits reach the target? Then the caps printed beside it",
+             traps=lambda: [(_decode_launch(40)[0] - 1, "that many splits fall short of the target: round up"),
+                            (1, "40 sequences x 8 KV heads are far fewer programs than the rule's target"),
+                            (16, "16 is a cap; the rule takes the fewest splits that reach the target")]),
+        Part(lambda: _decode_launch(40)[1], label="programs",
+             hint="one program per (sequence, KV head, split)",
+             traps=lambda: [(40 * 8, "that is one split's programs; every split is a program of its own"),
+                            (2 * _decode_launch(40)[1], "one program serves all the query heads of its KV head")]),
     )),
 ])
 
