@@ -5,6 +5,7 @@ batch 1, each one switchable, and a profile of the CUDA kernels a step runs, gro
         llm = LLM(model, **LADDER[2].engine_kwargs())
     prof = profile_kernels(lambda: llm.generate(...))
     print(prof.table(per=16))                    # kernels and microseconds per token, by class
+    batch1_ablation(llm, prompt)                 # us per batch-1 step with pieces of attention taken out
 
 The engine chooses each lever itself (`layer_forward_for`, `pdl_supported`, `async_scheduling`);
 these switches only replace that choice while an engine is built and run, for a measurement.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from functools import partial
 import torch
 
 from minillm.engine import model_runner
+from minillm.kernels import decode_b1
 from minillm.kernels.gemv import pdl_supported
 from minillm.models import qwen3
 
@@ -165,3 +168,95 @@ def rung_settings(rung: Rung) -> Iterator[None]:
     """The rung's layer path and PDL switch, for building and running an engine inside."""
     with layer_path(rung.layer), pdl(rung.pdl):
         yield
+
+
+# ---- what is left at batch 1: take pieces out of the captured step ---------------------------------
+class _NoLaunch:
+    """Stands in for a Triton kernel: indexing it by a grid gives a launch that does nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def _no_attention(qkv, positions, cos_sin, q_weight, k_weight, eps, k_cache, v_cache, slot_mapping, block_tables,
+                  context_lens, scale, num_heads, num_kv_heads, head_dim, num_splits=None) -> torch.Tensor:
+    """decode_attention_b1's signature and output shape, with no kernel at all (torch.empty launches
+    none): the layer goes from qkv_proj straight to o_proj."""
+    return torch.empty(1, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+
+
+# label -> the module attributes replaced while that variant's graph is captured. Every variant but the
+# first computes a wrong token: it only times what the step costs without the piece.
+ABLATIONS: dict[str, dict[tuple[object, str], object]] = {
+    "the engine's step": {},
+    "attention without PDL": {(decode_b1, "pdl_args"): lambda device: {"USE_PDL": False}},
+    "no split merge (wrong output)": {(decode_b1, "paged_decode_combine_kernel"): _NoLaunch()},
+    "no attention (wrong output)": {(qwen3, "decode_attention_b1"): _no_attention},
+}
+
+
+@contextlib.contextmanager
+def _replaced(attrs: dict[tuple[object, str], object]) -> Iterator[None]:
+    saved = {key: getattr(*key) for key in attrs}
+    for (obj, name), value in attrs.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for (obj, name), value in saved.items():
+            setattr(obj, name, value)
+
+
+def _graph_us(graph: torch.cuda.CUDAGraph, replays: int = 200, rounds: int = 5) -> float:
+    """Median microseconds per replay over `rounds` timed runs of `replays` back-to-back replays."""
+    for _ in range(20):
+        graph.replay()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(1e3 * start.elapsed_time(end) / replays)
+    return statistics.median(times)
+
+
+def batch1_ablation(llm, prompt: list[int], n_tokens: int = 256) -> dict[str, float]:
+    """Microseconds per batch-1 decode step with pieces of the attention taken out (ABLATIONS).
+
+    Decodes n_tokens of `prompt` first, so the batch-1 CUDA graph's inputs hold that request's last
+    step (context len(prompt) + n_tokens); then, for each variant, captures the batch-1 step again
+    with the variant's replacements and times its replays. The engine's own graphs are left as they
+    were (it generates the same tokens afterwards). Needs a CUDA engine with CUDA graphs and the
+    batch-1 attention kernel (TP=1, the triton backend)."""
+    from minillm import SamplingParams
+    from minillm.context import reset_context
+    graphs = llm.engine.model_runner.graphs
+    if graphs is None or not torch.cuda.is_available():
+        raise ValueError("batch1_ablation times CUDA-graph replays: build the engine on a CUDA device "
+                         "without enforce_eager")
+    layer = llm.engine.model_runner.model.model.layers[0].layer_forward
+    b1_path = isinstance(layer, partial) and layer.func is qwen3.decoder_layer_fused_b1
+    if not (b1_path and layer.keywords["attention_b1"]):
+        raise ValueError("batch1_ablation takes pieces out of the batch-1 attention kernel's path: build the engine "
+                         "with tensor_parallel_size=1 and attention_backend='triton'")
+    llm.generate(prompt, SamplingParams(max_tokens=n_tokens, ignore_eos=True), use_tqdm=False)
+    kept_logits = graphs.logits[1]  # capturing again re-points it: the engine's graph writes this one
+    out = {}
+    try:
+        for label, attrs in ABLATIONS.items():
+            with _replaced(attrs):
+                graphs._set_context(1)
+                graphs._forward(1)  # compiles what the variant launches, outside the capture
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, graphs.pool):
+                    graphs._forward(1)
+                reset_context()
+            out[label] = _graph_us(graph)
+            del graph
+    finally:
+        graphs.logits[1] = kept_logits
+        reset_context()
+    return out
