@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from minillm.engine import model_runner
 from minillm.kernels import decode_b1
 from minillm.kernels.gemv import pdl_supported
 from minillm.models import qwen3
+from minillm.timing import time_fn
 
 # kernel class: substrings of the CUDA kernel names (lower case; the first class that matches wins)
 KERNEL_CLASSES = [("attention", ("paged_decode", "decode_b1", "prefill_attention", "flash", "attention")),
@@ -207,22 +207,6 @@ def _replaced(attrs: dict[tuple[object, str], object]) -> Iterator[None]:
             setattr(obj, name, value)
 
 
-def _graph_us(graph: torch.cuda.CUDAGraph, replays: int = 200, rounds: int = 5) -> float:
-    """Median microseconds per replay over `rounds` timed runs of `replays` back-to-back replays."""
-    for _ in range(20):
-        graph.replay()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(1e3 * start.elapsed_time(end) / replays)
-    return statistics.median(times)
-
-
 def batch1_ablation(llm, prompt: list[int], n_tokens: int = 256) -> dict[str, float]:
     """Microseconds per batch-1 decode step with pieces of the attention taken out (ABLATIONS).
 
@@ -254,7 +238,7 @@ def batch1_ablation(llm, prompt: list[int], n_tokens: int = 256) -> dict[str, fl
                 with torch.cuda.graph(graph, graphs.pool):
                     graphs._forward(1)
                 reset_context()
-            out[label] = _graph_us(graph)
+            out[label] = 1e3 * time_fn(graph.replay, warmup=20)  # us per replay, median of CUDA-event timings
             del graph
     finally:
         graphs.logits[1] = kept_logits
