@@ -31,6 +31,7 @@ from minillm.course.triton_primer import MIN_DOT_DIM
 from minillm.course.triton_primer import ONLINE_BLOCK_N
 from minillm.course.triton_primer import _output
 from minillm.course.triton_primer import _warps_for
+from minillm.kernels.gemv import pdl_args
 from minillm.layers.layernorm import apply_rms_norm
 from minillm.models.qwen3 import DecoderLayerParams
 
@@ -337,7 +338,7 @@ def softmax_weighted_sum(scores: torch.Tensor, values: torch.Tensor, block_n: in
 def add_rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     n_cols, stride_x, stride_residual, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     """One program normalizes one row (program id = row index), in a single pass over memory.
 
@@ -348,6 +349,10 @@ def add_rms_norm_kernel(
         residual_out = h                      (only when HAS_RESIDUAL)
         out = (h * rsqrt(mean(h**2) + eps)) * weight
     Store outputs in the output tensors' dtype (residual_out_ptr.dtype.element_ty).
+    USE_PDL (chapter 5's programmatic dependent launch; always False on a CPU): the launcher may start
+    this kernel before the one writing x has finished. Begin with `if USE_PDL:` then
+    `tl.extra.cuda.gdc_launch_dependents()` and `tl.extra.cuda.gdc_wait()`, which blocks until x is
+    written (a kernel without the wait is launched the ordinary way).
 
     Hints: cols = tl.arange(0, BLOCK_N) and a mask cols < n_cols on every load and store (rows of
     576 columns leave 448 lanes of a 1024 block idle; the interpreter reads junk there silently).
@@ -386,5 +391,6 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
     add_rms_norm_kernel[(n_rows,)](
         x2, r2, weight, out, r_out, d, x2.stride(0), r2.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK_N=block, num_warps=num_warps,
+        **pdl_args(x.device, add_rms_norm_kernel),
     )
     return out if residual is None else (out, r_out)

@@ -237,3 +237,31 @@ def test_gpu_decode_replays_in_a_cuda_graph():
         graph.replay()
         want = paged_decode_torch(q, k_cache, v_cache, tables_static, lens, 0.1)
         torch.testing.assert_close(out.float(), want.float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("kernel_name", ["add_rms_norm_kernel", "paged_decode_kernel"])
+def test_pdl_only_for_an_exercise_kernel_that_waits(kernel_name, tmp_path, monkeypatch):
+    """An exercise kernel is launched early (PDL) only when its code calls gdc_wait(). The stub a
+    student starts from mentions gdc_wait in its docstring, and its code does not: no PDL, and
+    USE_PDL is not passed (a kernel from an older stub does not declare it)."""
+    import importlib.util
+
+    from minillm.course.exercises import generated_files
+    from minillm.kernels import gemv
+    from minillm.kernels import rmsnorm
+    reference = {"add_rms_norm_kernel": rmsnorm, "paged_decode_kernel": pa}[kernel_name]
+    chapter = 2 if kernel_name == "add_rms_norm_kernel" else 3
+    stub_file = tmp_path / f"stub_ch{chapter}.py"
+    stub_file.write_text(generated_files()[f"exercises/ch{chapter}.py"])
+    spec = importlib.util.spec_from_file_location(f"stub_ch{chapter}", stub_file)
+    stub = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stub)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(gemv, "pdl_supported", lambda device: True)
+    assert gemv.pdl_args(cpu, getattr(reference, kernel_name)) == {"USE_PDL": True, "launch_pdl": True}
+    assert "gdc_wait" in getattr(stub, kernel_name).fn.__doc__
+    assert gemv.pdl_args(cpu, getattr(stub, kernel_name)) == {}
+    assert gemv.pdl_args(cpu) == {"USE_PDL": True, "launch_pdl": True}  # the engine's own kernels
+    monkeypatch.setattr(gemv, "pdl_supported", lambda device: False)
+    assert gemv.pdl_args(cpu, getattr(reference, kernel_name)) == {}
+    assert gemv.pdl_args(cpu) == {"USE_PDL": False}

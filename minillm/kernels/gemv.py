@@ -19,8 +19,11 @@ arrive a microsecond or more after it starts. Two things hide that:
 """
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
 import os
+import textwrap
 
 import torch
 import triton
@@ -49,10 +52,22 @@ def pdl_supported(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def pdl_args(device: torch.device) -> dict:
-    """Launch keywords for a kernel with a USE_PDL constexpr: the flag, and launch_pdl where it is on."""
-    on = pdl_supported(device)
-    return {"USE_PDL": on, **({"launch_pdl": True} if on else {})}
+@functools.lru_cache(maxsize=None)
+def waits_for_previous_kernel(kernel) -> bool:
+    """Whether a @triton.jit kernel's code (not its docstring) calls gdc_wait()."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(kernel.fn)))
+    return any(isinstance(node, ast.Attribute) and node.attr == "gdc_wait" for node in ast.walk(tree))
+
+
+def pdl_args(device: torch.device, kernel=None) -> dict:
+    """Launch keywords for a kernel with a USE_PDL constexpr: the flag, and launch_pdl where it is on.
+    kernel: an exercise's kernel (USE_PDL defaults to False), which a student may have written without
+    the `gdc_wait()`. Launched early, such a kernel would read its input while the kernel before it
+    still writes it, so it is launched the ordinary way, and USE_PDL is not passed at all (a kernel
+    from an older stub does not declare it)."""
+    if pdl_supported(device) and (kernel is None or waits_for_previous_kernel(kernel)):
+        return {"USE_PDL": True, "launch_pdl": True}
+    return {} if kernel is not None else {"USE_PDL": False}
 
 
 @triton.jit

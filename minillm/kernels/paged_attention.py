@@ -144,7 +144,8 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
                         stride_qb, stride_qh, stride_cb, stride_ct, stride_ch, stride_bt, stride_ob, stride_oh,
                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                         BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                        UPCAST: tl.constexpr, PRECISION: tl.constexpr, DIRECT: tl.constexpr):
+                        UPCAST: tl.constexpr, PRECISION: tl.constexpr, DIRECT: tl.constexpr,
+                        USE_PDL: tl.constexpr = False):
     """Decode attention for one (sequence b, KV head g, split s) = program_id(0, 1, 2).
 
     The GROUP query heads g*GROUP .. g*GROUP+GROUP-1 of sequence b (rows of a [BLOCK_H, BLOCK_D]
@@ -172,7 +173,14 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
     Cast the block id to int64 before multiplying by stride_cb (a big cache overflows int32).
     Faster: tiles start at multiples of BLOCK_N, so when PAGE % BLOCK_N == 0 (a constexpr test) a
     tile's keys all live in one block, and one scalar load of its id replaces a load per key.
+    USE_PDL (chapter 5's programmatic dependent launch; always False on a CPU): the launcher may start
+    this kernel before the one writing q and the cache has finished. Begin with `if USE_PDL:` then
+    `tl.extra.cuda.gdc_launch_dependents()` and `tl.extra.cuda.gdc_wait()`, which blocks until they
+    are written (a kernel without the wait is launched the ordinary way).
     """
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     b, g, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(context_lens_ptr + b)
     per_split = (seq_len + num_splits - 1) // num_splits
@@ -262,7 +270,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=H // hkv, HEAD_DIM=D, PAGE=page, BLOCK_H=cfg["BLOCK_H"], BLOCK_D=cfg["BLOCK_D"],
         BLOCK_N=cfg["BLOCK_N"], UPCAST=upcast, PRECISION=precision, DIRECT=direct,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_args(q.device, paged_decode_kernel))
     if not direct:
         paged_decode_combine_kernel[(B, H)](
             part_out, part_lse, out, splits, out.stride(0), out.stride(1),

@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minillm.kernels.gemv import pdl_args
+
 
 def add_rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     """The torch reference: x [..., d] -> normed; with residual -> (normed, x + residual). Out in x.dtype."""
@@ -37,7 +39,7 @@ def add_rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual
 def add_rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     n_cols, stride_x, stride_residual, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     """One program normalizes one row (program id = row index), in a single pass over memory.
 
@@ -48,6 +50,10 @@ def add_rms_norm_kernel(
         residual_out = h                      (only when HAS_RESIDUAL)
         out = (h * rsqrt(mean(h**2) + eps)) * weight
     Store outputs in the output tensors' dtype (residual_out_ptr.dtype.element_ty).
+    USE_PDL (chapter 5's programmatic dependent launch; always False on a CPU): the launcher may start
+    this kernel before the one writing x has finished. Begin with `if USE_PDL:` then
+    `tl.extra.cuda.gdc_launch_dependents()` and `tl.extra.cuda.gdc_wait()`, which blocks until x is
+    written (a kernel without the wait is launched the ordinary way).
 
     Hints: cols = tl.arange(0, BLOCK_N) and a mask cols < n_cols on every load and store (rows of
     576 columns leave 448 lanes of a 1024 block idle; the interpreter reads junk there silently).
@@ -56,6 +62,9 @@ def add_rms_norm_kernel(
     before the statistics, and round the normalized row before multiplying by the weight.
     tl.sum(v, axis=0), tl.rsqrt. Divide by n_cols, not BLOCK_N.
     """
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)  # int64: row * stride overflows int32 past 2 GiB
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
@@ -99,6 +108,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
     add_rms_norm_kernel[(n_rows,)](
         x2, r2, weight, out, r_out, d, x2.stride(0), r2.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK_N=block, num_warps=num_warps,
+        **pdl_args(x.device, add_rms_norm_kernel),
     )
     return out if residual is None else (out, r_out)
 # <<< exercise 2.12

@@ -6,9 +6,14 @@ import torch
 import triton
 import triton.language as tl
 
+from minillm.kernels.gemv import pdl_args
+
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, inter, x_stride, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, out_ptr, inter, x_stride, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # launched early (minillm.kernels.gemv explains PDL): wait for gate_up before reading it
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -26,5 +31,6 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     block = 1024
     if n:
-        _silu_mul_kernel[(n, triton.cdiv(inter, block))](x, out, inter, x.stride(0), BLOCK=block, num_warps=4)
+        _silu_mul_kernel[(n, triton.cdiv(inter, block))](x, out, inter, x.stride(0), BLOCK=block, num_warps=4,
+                                                            **pdl_args(x.device))
     return out
