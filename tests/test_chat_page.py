@@ -2,7 +2,8 @@
 qwen3-tiny serves it at "/", and headless Chromium (driven by Playwright, found as the JupyterLab test
 finds it: tests/jupyter_browser.py) opens it, shows the served model's name, streams an answer (the
 reply's text is updated chunk by chunk, counted with a MutationObserver), sends the whole conversation
-with the next turn, shows an error's own message, and stops a long answer mid-way; the server's
+with the next turn, shows an error's own message, and stops a long answer mid-way (the Stop button
+staying where it is and the newest text in view while the answer grows); the server's
 /metrics then show nothing running and every KV-cache block free again. Against a server started with
 an API key, the page works once the key is typed.
 
@@ -26,6 +27,7 @@ METRICS_TIMEOUT_S = 30      # from Stop to the server showing the request gone a
 SHORT_ANSWER_TOKENS = 24    # enough chunks to see the text grow
 LONG_ANSWER_TOKENS = 3000   # still running when Stop is pressed (the test stops it after 3 updates)
 MIN_UPDATES = 3             # DOM updates of a reply while it streams
+FOLLOW_SLACK_PX = 8         # the page's own: the conversation counts as scrolled to its end within this
 MAX_MODEL_LEN = 4096        # the long answer plus the chat template's tokens fit
 
 # Records every DOM update of an answer's text: window.replyUpdates[i] lists, for the i-th answer, the
@@ -82,6 +84,19 @@ def ask(page, text: str, max_tokens: int, temperature: float = 0.0) -> None:
     page.click("#send")
 
 
+# the conversation box's [overflow, distance from the view's bottom to its end], in CSS pixels
+CONVERSATION_SCROLL_JS = """() => {
+  const c = document.getElementById('conversation');
+  return [c.scrollHeight - c.clientHeight, c.scrollHeight - c.scrollTop - c.clientHeight];
+}"""
+ANSWER_HEIGHT_JS = "document.querySelectorAll('.message.assistant')[{i}].getBoundingClientRect().height"
+
+
+def answer_height(page, i: int) -> float:
+    """Answer i's height on the page, in CSS pixels."""
+    return page.evaluate(f"() => {ANSWER_HEIGHT_JS.format(i=i)}")
+
+
 def streamed_updates(page, i: int) -> list[dict]:
     """The DOM updates of answer i made while it was still streaming."""
     return [u for u in page.evaluate(f"() => window.replyUpdates[{i}] || []") if u["state"] == "streaming"]
@@ -135,7 +150,19 @@ def _drive(page, base: str, total_blocks: float) -> None:
         answers.nth(1).locator(".content").inner_text(), "Count to three thousand."]  # the failed turn is gone
     page.wait_for_function(f"() => (window.replyUpdates[3] || []).length >= {MIN_UPDATES}",
                            timeout=ANSWER_TIMEOUT_MS)
-    expect(page.locator("#stop")).to_be_enabled()
+    stop = page.locator("#stop")
+    expect(stop).to_be_enabled()
+    # Stop stays put while the answer grows: a click aimed at a button that moves lands on whatever took
+    # its place (this test's Stop was once missed so, one run in many)
+    box, height = stop.bounding_box(), answer_height(page, 3)
+    page.wait_for_function(f"() => {ANSWER_HEIGHT_JS.format(i=3)} > {height}", timeout=ANSWER_TIMEOUT_MS)
+    assert stop.bounding_box() == box, (
+        f"the Stop button moved from {box} to {stop.bounding_box()} while the answer grew from {height} px: "
+        f"the composer should stay where it is while the conversation scrolls")
+    overflow, below = page.evaluate(CONVERSATION_SCROLL_JS)
+    assert overflow > 0 and below <= FOLLOW_SLACK_PX, (
+        f"the conversation overflows its box by {overflow} px and its end is {below} px below the view: "
+        f"the newest text should stay in view while it streams")
     page.click("#stop")
     expect(answers.nth(3)).to_have_attribute("data-state", "stopped")
     expect(page.locator("#send")).to_be_enabled()
