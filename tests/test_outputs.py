@@ -1,6 +1,7 @@
 """What generate returns (vLLM's RequestOutput / CompletionOutput), n > 1 samples that fork one
 prompt's KV blocks, and logprobs, against references nobody here wrote: transformers' generate with
 output_scores, its forward's logits, and independent single-sample requests."""
+import time
 import warnings
 
 import pytest
@@ -45,6 +46,21 @@ def test_a_vllm_users_snippet_runs_unchanged(llm):
     assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
     one = llm.generate([5, 6, 7], SamplingParams(max_tokens=3), use_tqdm=False)  # one prompt: still a list
     assert len(one) == 1 and one[0].prompt is None and len(one[0].outputs) == 1
+
+
+def test_first_scheduled_is_stamped_before_the_prefill_is_launched(llm, monkeypatch):
+    """vLLM's first_scheduled_time: when the scheduler picked the request, so the prefill's own launch
+    falls between it and the first token (notebook 06 reads the gaps that way)."""
+    runner, slow_s = llm.engine.model_runner, 0.2
+    launch = runner.launch
+
+    def slow_launch(*args, **kwargs):
+        time.sleep(slow_s)
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "launch", slow_launch)
+    m = llm.generate([5, 6, 7], SamplingParams(max_tokens=2), use_tqdm=False)[0].metrics
+    assert m.first_scheduled_time - m.arrival_time < slow_s <= m.first_token_time - m.first_scheduled_time
 
 
 def test_generate_builds_each_output_when_its_request_finishes(llm, monkeypatch):

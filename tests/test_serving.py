@@ -273,6 +273,31 @@ def test_abort_frees_blocks_before_the_next_step(server):
     assert bm.num_free_blocks == len(bm.blocks)
 
 
+def test_a_request_arrives_when_accepted_not_when_the_engine_thread_takes_it():
+    """RequestOutput.metrics.arrival_time is vLLM's: when add_request accepted the request. A request
+    accepted while the engine thread is busy waits for its next turn, and that wait counts before
+    first_scheduled_time (notebook 06, section 2 reads it so)."""
+    from minillm.serving.async_engine import AsyncLLM
+    async_llm, busy_s = AsyncLLM(LLM(MODEL, **small_engine_args(**ARGS))), 0.2
+    admit = async_llm._admit
+
+    def busy_admit(reqs):
+        time.sleep(busy_s)  # the engine thread is still in its previous step
+        admit(reqs)
+
+    async_llm._admit = busy_admit
+
+    async def run():
+        return [o async for o in async_llm.generate(PROMPTS[0], SamplingParams(max_tokens=2))][-1].metrics
+
+    try:
+        m = asyncio.run(asyncio.wait_for(run(), 60))
+    finally:
+        async_llm.shutdown()
+    assert m.first_scheduled_time - m.arrival_time >= busy_s
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+
+
 @pytest.mark.parametrize("static", [False, True], ids=["continuous", "static"])
 def test_static_batching_admits_a_request_only_after_the_batch_has_finished(static):
     """Continuous batching: a short request that arrives while a long one runs joins it and finishes

@@ -294,6 +294,7 @@ class LLMEngine:
                                f"this is a bug")
         if not self.scheduler.is_finished():
             seqs, is_prefill = self.scheduler.schedule()
+            scheduled_at = time.time()  # vLLM's first_scheduled_time: when the scheduler picked it, before its launch
             if not seqs:
                 raise RuntimeError("the scheduler found nothing to run although requests are pending; this is a bug")
             if is_prefill:
@@ -305,11 +306,10 @@ class LLMEngine:
             copies, self.scheduler.block_manager.copies = self.scheduler.block_manager.copies, []
             launched = self.model_runner.launch(seqs, is_prefill, prev, copies)
             if is_prefill:  # a sequence is first scheduled (or forked) in a prefill step: decode steps skip this
-                now = time.time()
                 for seq in seqs:
                     seq.fork_of = None  # forked: from now on it computes its own tokens
                     if seq.first_scheduled_time is None:
-                        seq.first_scheduled_time, seq.num_prefix_cache_hits = now, seq.num_cached_tokens
+                        seq.first_scheduled_time, seq.num_prefix_cache_hits = scheduled_at, seq.num_cached_tokens
                 self.num_prefill_tokens += sum(s.num_new_tokens for s in seqs)
             else:
                 self.num_decode_tokens += len(seqs)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -144,6 +145,8 @@ class _Request:
     samples: list[_SampleText] = field(default_factory=list)
     waiting: bool = True  # counted against max_waiting until its first step
     aborted: bool = False
+    # vLLM's arrival_time: when the server accepted it (the engine's Sequence is made a turn later)
+    arrival_time: float = field(default_factory=time.time)
 
     def put(self, item) -> None:
         """On the engine thread: send an item (sent with the step's others by AsyncLLM._flush)."""
@@ -446,6 +449,8 @@ class AsyncLLM(EngineClient):
             except Exception as e:  # noqa: BLE001
                 self._end(req, EngineError(f"{type(e).__name__}: {e}"))
                 continue
+            for sample in req.seq.samples:  # its wait for this turn counts: arrival is acceptance
+                sample.arrival_time = req.arrival_time
             req.samples = [_SampleText(s, self.tokenizer) for s in req.seq.samples]
             self._live.append(req)
 

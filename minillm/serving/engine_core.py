@@ -8,7 +8,7 @@ process of its own runs the engine thread (the same AsyncLLM), which hands each 
 the API process in one pipe message:
 
     API process: EngineCoreClient                  engine process: run_engine_core
-    add_request: check, admit  -- ("add", id, prompt, ids, params) -->  AsyncLLM's engine thread
+    add_request: check, admit  -- ("add", id, prompt, ids, params, arrival) -->  AsyncLLM's engine thread
     abort                      -- ("abort", id) ---------------------->
     reader thread: start,      <-- ([(id, event), ...], metrics) ------  after each step (_flush)
       finish, deliver deltas
@@ -69,9 +69,10 @@ class _EngineCore(AsyncLLM):
         super().__init__(llm, max_waiting=sys.maxsize, static_batching=static_batching,
                          stream_interval=stream_interval)
 
-    def submit(self, request_id: str, prompt: str | None, ids: list[int], params) -> bool:
-        """Queue a request the API process has checked and admitted. -> False once the engine has stopped."""
-        req = _Request(request_id, prompt, ids, params, None, self._outbox)
+    def submit(self, request_id: str, prompt: str | None, ids: list[int], params, arrival_time: float) -> bool:
+        """Queue a request the API process has checked and admitted (at arrival_time, its time.time()).
+        -> False once the engine has stopped."""
+        req = _Request(request_id, prompt, ids, params, None, self._outbox, arrival_time=arrival_time)
         with self._cond:
             if self._stopping or self._dead:
                 return False
@@ -170,7 +171,7 @@ class EngineCoreClient(EngineClient):
                 pass
 
     def _queue(self, req: _Request) -> None:
-        self._send(("add", req.request_id, req.prompt, req.prompt_ids, req.params))
+        self._send(("add", req.request_id, req.prompt, req.prompt_ids, req.params, req.arrival_time))
 
     def _queue_abort(self, req: _Request) -> None:
         self._send(("abort", req.request_id))
