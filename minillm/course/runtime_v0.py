@@ -20,13 +20,15 @@ import torch
 from minillm.config import EngineConfig, ModelConfig
 from minillm.context import reset_context
 from minillm.engine.model_runner import Batch, ModelRunner
+from minillm.course.speed_ladder import layer_path
 from minillm.model_zoo import resolve_model
 
 
 def one_sequence_runner(model: str, device: str = "auto", dtype: str = "auto", max_model_len: int = 1024,
                         block_size: int = 16, attention_backend: str = "torch") -> ModelRunner:
     """The engine's ModelRunner sized for ONE sequence of up to max_model_len tokens: the model with
-    its weights loaded and a KV cache of exactly ceil(max_model_len / block_size) blocks.
+    its weights loaded and a KV cache of exactly ceil(max_model_len / block_size) blocks, its layers
+    chapter 2's decoder_layer (torch ops; on a GPU too, where an engine would build the fused kernels).
     model: an embedded name or a model folder. attention_backend 'torch' is the readable reference."""
     path = resolve_model(model)
     mc = ModelConfig.from_folder(path)
@@ -36,7 +38,8 @@ def one_sequence_runner(model: str, device: str = "auto", dtype: str = "auto", m
                        num_kvcache_blocks=num_blocks, attention_backend=attention_backend, enforce_eager=True,
                        enable_prefix_caching=False)
     cfg.validate(mc)
-    runner = ModelRunner(cfg, mc, path)
+    with layer_path("torch"):  # the baseline is the plain layer: chapters 2-5 measure what fusing buys
+        runner = ModelRunner(cfg, mc, path)
     # unwritten slots hold whatever torch.empty returned (NaN bit patterns included), and a decode
     # that reads whole blocks must then mask them perfectly: start this toy runtime from a clean cache
     runner.kv_cache.zero_()
