@@ -9,6 +9,11 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
 LAB_ARGS ?=
+# make test runs the suite and the notebooks in this many pytest-xdist workers: most of its time is
+# subprocesses starting (servers, tensor-parallel ranks, the CLI), which two workers overlap on two
+# cores; TEST_JOBS=1 runs them in one process
+TEST_JOBS ?= 2
+TEST_JOBS_ARGS := $(if $(filter 1,$(TEST_JOBS)),,-n $(TEST_JOBS))
 # Jupyter refuses to run as root without --allow-root; as root (a container, a CI box) there is
 # no desktop browser to open either, so it only prints the URL.
 LAB_ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root --no-browser,)
@@ -34,10 +39,10 @@ demo: setup
 test: setup browser
 	$(PY) -m minillm.course.exercises --check
 	$(PY) tests/references/make.py --check
-	$(PY) -m pytest tests -q --impl=ref
+	$(PY) -m pytest tests -q --impl=ref $(TEST_JOBS_ARGS)
 	$(PY) -m pytest tests/exercises -q --impl=solutions
 	$(PY) -m pytest tests/exercises -q --impl=exercises --expect-stubs
-	$(PY) -m pytest --nbmake notebooks -q
+	$(PY) -m pytest --nbmake notebooks -q $(TEST_JOBS_ARGS)
 
 # The Chromium that tests/test_jupyterlab.py drives (Playwright's own download host is often
 # unreachable): Debian's package, installed here rather than in setup so that `make demo` stays light.

@@ -295,7 +295,7 @@ SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, n
 # Figures that notebooks measured on their GPU (the NVIDIA H200 of their committed outputs) and that a
 # question quotes. tests/test_questions.py requires each to appear in its notebook's outputs.
 MEASURED_00_KV_BLOCKS = 10069  # 00_tour, section 1: "KV cache: 10069 blocks x 256 tokens"
-MEASURED_01_COPY_GBPS = 4133.0  # 01, section 8: "copy 4,133 GB/s"
+MEASURED_01_COPY_GBPS = 4148.0  # 01, section 8: "copy 4,148 GB/s"
 MEASURED_01_SAFETENSORS_HEADER = 30528  # 01, section 5: "header 30,528 bytes" (SmolLM2's model.safetensors)
 MEASURED_01_DOWN_PROJ_BEGIN = 56624256  # 01, section 5: layers.0.mlp.down_proj's data_offsets[0]
 MEASURED_02_COPY_GBPS = 4185.0  # 02, section 9: "copy 4,185 GB/s"
@@ -410,7 +410,7 @@ register("01", [
                   "step of one position",
              traps=lambda: [(2048 + 128, "the prefill already produces the first new token")]),
     )),
-    Question("q4", "T = 1 floor of Qwen3-8B in bf16 at 4,133 GB/s, ms", (
+    Question("q4", "T = 1 floor of Qwen3-8B in bf16 at 4,148 GB/s, ms", (
         Part(lambda: _weights_read_per_token_ms(_qwen3_8b(), MEASURED_01_COPY_GBPS), Approx(),
              hint="count Qwen3-8B's parameters (ModelConfig.num_parameters), keep only the ones a one-token forward "
                   "reads, times 2 bytes, over the bandwidth",
@@ -421,7 +421,7 @@ register("01", [
                              "bf16 is 2 bytes per parameter")]),)),
     Question("q5", "why T = 128 costs barely more than T = 1 in the eager forward", (
         Part(lambda: "b", Choice(),
-             hint="compare the measured 15 ms with the floor the same row prints: what time would each explanation "
+             hint="compare the measured 48.7 ms with the floor the same row prints: what time would each explanation "
                   "predict for T = 1?"),)),
 ])
 
