@@ -51,7 +51,7 @@ def test_a_vllm_users_snippet_runs_unchanged(llm):
 def test_first_scheduled_is_stamped_before_the_prefill_is_launched(llm, monkeypatch):
     """vLLM's first_scheduled_time: when the scheduler picked the request, so the prefill's own launch
     falls between it and the first token (notebook 06 reads the gaps that way)."""
-    runner, slow_s = llm.engine.model_runner, 0.2
+    runner, slow_s = llm.engine.model_runner, 0.5
     launch = runner.launch
 
     def slow_launch(*args, **kwargs):
