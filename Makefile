@@ -9,9 +9,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
 LAB_ARGS ?=
-# make test runs the suite and the notebooks in this many pytest-xdist workers: most of its time is
-# subprocesses starting (servers, tensor-parallel ranks, the CLI), which two workers overlap on two
-# cores; TEST_JOBS=1 runs them in one process
+# make test runs the test suite in this many pytest-xdist workers: much of its time is subprocesses
+# starting (servers, tensor-parallel ranks, the CLI), which two workers overlap on two cores (478 s
+# against 666 s, fresh clones on the 2-core machine); TEST_JOBS=1 runs it in one process. The notebooks
+# run one at a time: they compute, and two at once took longer (261 s against 220 s)
 TEST_JOBS ?= 2
 TEST_JOBS_ARGS := $(if $(filter 1,$(TEST_JOBS)),,-n $(TEST_JOBS))
 # Jupyter refuses to run as root without --allow-root; as root (a container, a CI box) there is
@@ -42,7 +43,7 @@ test: setup browser
 	$(PY) -m pytest tests -q --impl=ref $(TEST_JOBS_ARGS)
 	$(PY) -m pytest tests/exercises -q --impl=solutions
 	$(PY) -m pytest tests/exercises -q --impl=exercises --expect-stubs
-	$(PY) -m pytest --nbmake notebooks -q $(TEST_JOBS_ARGS)
+	$(PY) -m pytest --nbmake notebooks -q
 
 # The Chromium that tests/test_jupyterlab.py drives (Playwright's own download host is often
 # unreachable): Debian's package, installed here rather than in setup so that `make demo` stays light.

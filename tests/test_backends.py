@@ -90,6 +90,22 @@ def test_auto_backend_choice(monkeypatch, flash_backend_imported_here):
         get_backend("flash", "cpu")
 
 
+def test_triton_on_a_cpu_needs_the_interpreter(monkeypatch):
+    """Where there is CUDA the kernels are compiled for the GPU: the triton backend on device='cpu' is then
+    refused, saying what to do, before a kernel meets a CPU tensor (it used to fail inside the first one,
+    "Pointer argument (at 0) cannot be accessed from Triton")."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from minillm.kernels import paged_attention
+    cpu = types.SimpleNamespace(device="cpu", torch_dtype=torch.float32, kvcache_block_size=16)
+    interpreted = isinstance(paged_attention.paged_decode_kernel, InterpretedFunction)
+    assert interpreted == (not torch.cuda.is_available())  # minillm.kernels turns it on where there is no CUDA
+    assert (TritonBackend.supports(cpu) is None) == interpreted
+    monkeypatch.setattr(paged_attention, "paged_decode_kernel", object())  # as compiled for a GPU
+    assert "set TRITON_INTERPRET=1 before importing minillm" in TritonBackend.supports(cpu)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        LLM(ref_path("tiny-qwen3"), **small_engine_args(attention_backend="triton", device="cpu"))
+
+
 def _run(backend: str, prompts, max_tokens: int, **engine_args):
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args(attention_backend=backend, **engine_args))
     out = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),

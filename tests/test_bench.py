@@ -13,6 +13,7 @@ import textwrap
 import time
 
 import pytest
+import torch
 
 from minillm import bench
 from minillm.cli import main as cli_main
@@ -423,5 +424,8 @@ def test_bench_cli_runs_the_triton_backend_in_a_fresh_process(tmp_path):
                            "--max-input-len", "16", "--max-output-len", "8", "--max-model-len", "64",
                            "--batch1-tokens", "0", "--json-file", str(out)],
                           capture_output=True, text=True, env=env, timeout=300)
+    if torch.cuda.is_available():  # the kernels are compiled for the GPU here: refused, saying what to do
+        assert done.returncode != 0 and "set TRITON_INTERPRET=1" in done.stderr, done.stderr[-2000:]
+        return
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(out.read_text())["engines"]["minillm-triton"]["complete"]

@@ -9,9 +9,11 @@ Decode does no host sync and no data-dependent Python, so chapter 5 can capture 
 from __future__ import annotations
 
 import torch
+from triton.runtime.interpreter import InterpretedFunction
 
 from minillm.config import EngineConfig
 from minillm.context import Context
+from minillm.kernels import paged_attention
 from minillm.kernels.paged_attention import paged_decode_attention
 from minillm.kernels.prefill_attention import prefill_attention
 from minillm.kernels.store_kvcache import store_kvcache
@@ -22,7 +24,14 @@ class TritonBackend:
 
     @staticmethod
     def supports(config: EngineConfig) -> str | None:
-        return None  # compiled on CUDA, Triton's interpreter on a CPU; any dtype and block size
+        """Any dtype and block size: compiled on CUDA, in Triton's interpreter on a CPU. The interpreter is
+        chosen when the kernels are defined (minillm.kernels turns it on where there is no CUDA); kernels
+        compiled for a GPU cannot read CPU tensors."""
+        if config.device == "cpu" and not isinstance(paged_attention.paged_decode_kernel, InterpretedFunction):
+            return ("attention_backend='triton' on a CPU runs in Triton's interpreter, which is off in this "
+                    "process (it has CUDA, so the kernels were compiled for the GPU): set TRITON_INTERPRET=1 "
+                    "before importing minillm, or use attention_backend='torch' on the CPU")
+        return None
 
     @staticmethod
     def store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
