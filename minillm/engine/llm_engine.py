@@ -182,10 +182,12 @@ class LLMEngine:
         return ModelRunner(self.config, self.model_config, model_path)
 
     # ---- requests -----------------------------------------------------------------------------
-    def add_requests(self, prompts: list, params: list[SamplingParams]) -> list[Sequence]:
+    def add_requests(self, prompts: list, params: list[SamplingParams],
+                     arrival_time: float | None = None) -> list[Sequence]:
         """Queue one request per (prompt, params), all or none: each one is checked before any is queued.
-        prompts: token-id lists (see RequestChecks.check_prompt). -> their Sequences (sample 0 of each), in order;
-        with n > 1 a Sequence's `samples` holds all n."""
+        prompts: token-id lists (see RequestChecks.check_prompt); arrival_time: when they were accepted
+        (a server accepts a request a turn before its engine thread adds it; None: now).
+        -> their Sequences (sample 0 of each), in order; with n > 1 a Sequence's `samples` holds all n."""
         if len(prompts) != len(params):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         checked = []
@@ -194,7 +196,8 @@ class LLMEngine:
                 checked.append((self.checks.check_prompt(prompt), self.checks.check_params(sp)))
             except ValueError as e:
                 raise (ValueError(f"prompt {i}: {e}") if len(prompts) > 1 else e) from None
-        seqs = [Sequence(ids, sp, self.config.kvcache_block_size, self._min_tokens_blocked(sp)) for ids, sp in checked]
+        seqs = [Sequence(ids, sp, self.config.kvcache_block_size, self._min_tokens_blocked(sp), 0, arrival_time)
+                for ids, sp in checked]
         for seq in seqs:  # n > 1: the other samples wait in sample 0 until its prompt is computed
             p = seq.params
             seq.unforked = [seq.fork(i, dataclasses.replace(p, seed=None if p.seed is None else p.seed + i))

@@ -22,9 +22,10 @@ class Sequence:
     _ids = count()
 
     def __init__(self, token_ids: list[int], params: SamplingParams, block_size: int,
-                 min_tokens_blocked: tuple[int, ...] = (), index: int = 0):
+                 min_tokens_blocked: tuple[int, ...] = (), index: int = 0, arrival_time: float | None = None):
         """min_tokens_blocked: the tokens params.min_tokens holds back (EOS unless ignore_eos, and
-        stop_token_ids: the engine knows the model's EOS); index: which of its request's n samples."""
+        stop_token_ids: the engine knows the model's EOS); index: which of its request's n samples;
+        arrival_time: when the request was accepted (time.time(); None: now)."""
         self.seq_id = next(Sequence._ids)
         self.index = index
         # n > 1: sample 0 carries the other samples until its prompt is computed, then they fork from
@@ -57,7 +58,7 @@ class Sequence:
         self.logprobs: list[dict[int, tuple[float, int]]] = []
         self.prompt_logprobs: list[dict[int, tuple[float, int]] | None] = [None]  # token 0 has none
         self.cumulative_logprob = 0.0
-        self.arrival_time = time.time()
+        self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
@@ -123,4 +124,4 @@ class Sequence:
 
     def fork(self, index: int, params: SamplingParams) -> "Sequence":
         """Another sample of the same prompt (not started: it forks from this one when its prompt is computed)."""
-        return Sequence(self.token_ids, params, self.block_size, self.min_tokens_blocked, index)
+        return Sequence(self.token_ids, params, self.block_size, self.min_tokens_blocked, index, self.arrival_time)

@@ -445,12 +445,10 @@ class AsyncLLM(EngineClient):
     def _admit(self, reqs: list[_Request]) -> None:
         for req in reqs:
             try:  # one at a time: a request the engine refuses fails alone
-                req.seq = self.engine.add_requests([req.prompt_ids], [req.params])[0]
+                req.seq = self.engine.add_requests([req.prompt_ids], [req.params], req.arrival_time)[0]
             except Exception as e:  # noqa: BLE001
                 self._end(req, EngineError(f"{type(e).__name__}: {e}"))
                 continue
-            for sample in req.seq.samples:  # its wait for this turn counts: arrival is acceptance
-                sample.arrival_time = req.arrival_time
             req.samples = [_SampleText(s, self.tokenizer) for s in req.seq.samples]
             self._live.append(req)
 
