@@ -18,6 +18,22 @@ import torch
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit is defined
 
+
+def _share_the_cores_between_workers() -> None:
+    """pytest-xdist workers (make test runs two) split the cores: torch's default, one thread per core
+    in each worker, oversubscribes them, and OpenMP's waiting threads then slow every matmul ~5x (two
+    SmolLM2 generations side by side on two cores: 22 s each, 4.2 s each with one thread apiece). The
+    environment variable carries the share to the servers and CLIs that tests start."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS: no affinity
+        threads = max(1, cores // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+_share_the_cores_between_workers()
+
 from minillm.course import grading  # noqa: E402
 from minillm.course.exercises import DEFAULT_IMPL, IMPLS, find_exercises, impl_files, load_impl  # noqa: E402
 
