@@ -39,3 +39,33 @@ def test_grader_names_the_mistake(name, request):
         test_fn(impl=impl, **args)
     assert mistake.hint in str(failure.value), (
         f"the grader caught mistake {name!r} but did not name it; its message was:\n{failure.value}")
+
+
+def test_a_bug_that_does_not_show_on_the_input_is_not_named():
+    """Graded against a reference one FLOP off (seen: torch 2.11's FLOP counter on transformers' forward
+    counts 192 more than 2.13's for tiny-qwen3), minillm's own prefill floor fails, and a decode-only bug
+    gives that same prefill floor: the grader must not name it (it once did, sending the student to fix
+    code that was right)."""
+    import torch
+
+    from minillm.config import ModelConfig
+    from minillm.course.grading import check_close
+    from helpers import ref_path
+    from mistakes import suspects_of
+    ref = load_impl("ref")
+    args = (ModelConfig.from_folder(ref_path("tiny-qwen3")), 4, [12], [1], 1e-9, 1e-12)
+
+    def prefill_floor(fn) -> torch.Tensor:
+        return torch.tensor(float(fn(*args)["floor_prefill_s"]), dtype=torch.float64)
+    decode_only = [m for m in MISTAKES.values() if "first token too" in m.hint]
+    assert decode_only and torch.equal(prefill_floor(decode_only[0].replaces["workload_floor"]), prefill_floor(
+        ref.workload_floor))  # the premise: this bug does not change a prefill-only floor
+    with pytest.raises(AssertionError) as failure:
+        check_close(prefill_floor(ref.workload_floor), prefill_floor(ref.workload_floor) + 1, "5.4", atol=0,
+                    rtol=1e-9, suspects=suspects_of("workload_floor", prefill_floor))
+    assert "looks like a known bug" not in str(failure.value), str(failure.value)
+    with pytest.raises(AssertionError) as failure:  # where the bug does show, it is still named
+        wrong = prefill_floor(decode_only[0].replaces["workload_floor"])
+        check_close(wrong, wrong + 1, "5.4", atol=0, rtol=1e-9,
+                    suspects={decode_only[0].hint: lambda: wrong})
+    assert decode_only[0].hint in str(failure.value)

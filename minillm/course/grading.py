@@ -4,7 +4,8 @@ notebook section explains it.
 A graded test compares the student's output with a reference. When they differ, it can name the
 bug: `suspects` maps a diagnosis (what the bug is and how to fix it) to what a function with that
 bug returns on the same input (a value, or a zero-argument callable computed only on failure).
-If the student's output equals one of them, the failure message leads with that diagnosis.
+If the student's output equals one of them, the failure message leads with that diagnosis; a bug that
+gives the reference's own answer on this input is not named (the difference lies elsewhere).
 
     check_close(got, want, "2.3", "apply_rotary(q)",
                 suspects={"the rotation's sign is flipped: ...": lambda: buggy_rotary(q, pos, cs)})
@@ -28,7 +29,7 @@ def check_close(actual, expected, exercise_id: str, what: str = "output", atol: 
     """Assert two tensors match (shape, dtype, values within atol + rtol * |expected|)."""
     problem = _close_problem(actual, expected, atol, rtol)
     if problem is not None:
-        diagnosis = _diagnose(actual, suspects, lambda a, s: _close_problem(a, s, atol, rtol) is None)
+        diagnosis = _diagnose(actual, expected, suspects, lambda a, s: _close_problem(a, s, atol, rtol) is None)
         _fail(exercise_id, what, problem, diagnosis)
 
 
@@ -36,7 +37,7 @@ def check_equal(actual, expected, exercise_id: str, what: str = "output", suspec
     """Assert exact equality (token ids, slot numbers, block tables, ...)."""
     if not _equal(actual, expected):
         problem = f"is wrong.\n  got:      {_short(actual)}\n  expected: {_short(expected)}"
-        _fail(exercise_id, what, problem, _diagnose(actual, suspects, _equal))
+        _fail(exercise_id, what, problem, _diagnose(actual, expected, suspects, _equal))
 
 
 def require_written(impl: str, exercise_id: str) -> None:
@@ -94,12 +95,13 @@ def _equal(actual, expected) -> bool:
         return False
 
 
-def _diagnose(actual, suspects: Suspects | None, same: Callable[[Any, Any], bool]) -> str | None:
-    """The first diagnosis whose buggy output equals the student's, if any."""
+def _diagnose(actual, expected, suspects: Suspects | None, same: Callable[[Any, Any], bool]) -> str | None:
+    """The first diagnosis whose buggy output equals the student's and differs from the expected one, if any:
+    a bug that does not change this output (a decode-only bug on a prefill count) explains nothing here."""
     for diagnosis, produced in (suspects or {}).items():
         try:
             value = produced() if callable(produced) else produced
-            if same(actual, value):
+            if same(actual, value) and not same(expected, value):
                 return diagnosis
         except Exception:  # a suspect that cannot run on this input simply does not match
             continue
