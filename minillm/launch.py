@@ -31,7 +31,12 @@ def main(argv: list[str] | None = None) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cuda = torch.cuda.is_available()
     if cuda:  # before the group forms: NCCL binds each rank to its GPU
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        local_rank, gpus = int(os.environ.get("LOCAL_RANK", rank)), torch.cuda.device_count()
+        if local_rank >= gpus:
+            raise SystemExit(f"minillm.launch: rank {rank} (local rank {local_rank}) has no GPU: this node has {gpus}. "
+                             f"Start at most {gpus} ranks per node, or set CUDA_VISIBLE_DEVICES= to run every rank "
+                             f"on the CPU (gloo)")
+        torch.cuda.set_device(local_rank)
     join_group(rank, world, "cuda" if cuda else "cpu")
     tp._TORCHRUN = channel = tp.BroadcastChannel()
     clean = False

@@ -250,17 +250,24 @@ assert again.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=6, i
 """
 
 
-def run_torchrun(device: str) -> list:
-    """Run TORCHRUN_SCRIPT under torchrun, two ranks on `device`; -> rank 0's tokens."""
+def torchrun(device: str, nproc: int = 2) -> subprocess.CompletedProcess:
+    """TORCHRUN_SCRIPT under torchrun through minillm.launch, `nproc` ranks on `device`."""
     script = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"minillm_torchrun_{os.getpid()}.py")
     with open(script, "w") as f:
         f.write(f"DEVICE = {device!r}\n" + TORCHRUN_SCRIPT)
+    # ranks on the CPU even where there is a GPU: minillm.launch binds each rank to a GPU when it sees one
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else None
     try:
-        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                              "--nproc_per_node=2", "-m", "minillm.launch", script],
-                             capture_output=True, text=True, timeout=180, cwd=REPO)
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc_per_node={nproc}", "-m", "minillm.launch", script],
+                              capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
     finally:
         os.remove(script)
+
+
+def run_torchrun(device: str) -> list:
+    """Two ranks on `device` -> rank 0's tokens."""
+    out = torchrun(device)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "terminate called" not in out.stderr, out.stderr[-3000:]
     return eval(out.stdout.split("TOKENS", 1)[1].strip().splitlines()[0])
@@ -274,6 +281,18 @@ def test_torchrun_launch():
     assert got == tokens(ref, ["Hello", "The capital of France is"],
                          SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
     ref.shutdown()
+
+
+@pytest.mark.gpu
+def test_torchrun_with_more_ranks_than_gpus_says_what_to_do():
+    """A rank past the node's last GPU stops before any group forms, saying how many GPUs there are and how
+    to run on the CPU instead (it failed in torch.cuda.set_device: 'invalid device ordinal')."""
+    import torch
+    gpus = torch.cuda.device_count()
+    out = torchrun("cuda", nproc=gpus + 1)
+    assert out.returncode != 0
+    assert f"has no GPU: this node has {gpus}" in out.stderr and "CUDA_VISIBLE_DEVICES=" in out.stderr, \
+        out.stderr[-3000:]
 
 
 def test_torchrun_without_the_launcher_says_how_to_start(monkeypatch):
