@@ -724,14 +724,15 @@ def run_bench(args) -> dict:
     # the requests HF runs when it runs only some, fresh: the other engines run them after the whole
     # workload, whose cached prefixes they must not reuse
     subset = work.first(n_sub).fresh() if n_sub else None
-    ceil = device_ceilings(dtype)  # measured before any engine holds memory
+    device = "cpu" if args.device == "cpu" else None  # a CPU run on a GPU machine: the CPU's ceilings
+    ceil = device_ceilings(dtype, device)  # measured before any engine holds memory
     floors = {n: workload_floor(mc, dtype.itemsize, map(len, work.prompts[:n]), work.output_lens[:n],
                                 ceil.copy_gbps, ceil.matmul_tflops) for n in {work.num_seqs, n_sub or work.num_seqs}}
     weights, _, _ = model_bytes(mc, dtype.itemsize)
     batch1_floor_ms = weights / (ceil.copy_gbps * 1e9) * 1e3
     full = floors[work.num_seqs]
     result = {
-        "device": describe_device(), "model": args.model, "dtype": str(dtype).removeprefix("torch."),
+        "device": describe_device(device), "model": args.model, "dtype": str(dtype).removeprefix("torch."),
         "tensor_parallel_size": args.tensor_parallel_size,
         "workload": {"num_seqs": work.num_seqs, "seed": 0, "prompt_tokens": work.prompt_tokens,
                      "output_tokens": work.output_tokens, "min_len": args.min_len,

@@ -18,17 +18,22 @@ from typing import Callable, Sequence
 import torch
 
 
-def describe_device() -> str:
-    """'NVIDIA H200 (cuda, torch 2.11.0+cu130, triton 3.6.0)' or 'cpu (...)'."""
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def describe_device(device: str | None = None) -> str:
+    """'NVIDIA H200 (cuda, torch 2.11.0+cu130, triton 3.6.0)' or 'cpu (...)'; device: this machine's
+    GPU when it has one, unless 'cpu'."""
     import triton
     versions = f"torch {torch.__version__}, triton {triton.__version__}"
-    if torch.cuda.is_available():
+    if (device or default_device()) != "cpu":
         return f"{torch.cuda.get_device_name()} (cuda, {versions})"
     return f"cpu ({torch.get_num_threads()} threads, {versions})"
 
 
 def time_fn(fn: Callable, *arg_sets: Sequence, warmup: int = 5, rep: int = 50, max_seconds: float = 2.0,
-            graph: bool = False) -> float:
+            graph: bool = False, device: str | None = None) -> float:
     """Median milliseconds of one call of fn(*args), rotating through arg_sets (fn() when none).
 
     On CUDA, one timing covers several back-to-back calls (about 1 ms of work, every arg set at least
@@ -36,12 +41,13 @@ def time_fn(fn: Callable, *arg_sets: Sequence, warmup: int = 5, rep: int = 50, m
     then the GPU's time alone, with no Python or launch overhead, which for a 30-microsecond kernel is
     most of what an eager timing shows. Use it only for pure device work (kernels on tensors that
     stay alive): a graph replays fixed addresses, so host copies, allocations of pinned memory,
-    random numbers or host syncs inside fn are wrong or fatal there. On CPU: perf_counter per call.
+    random numbers or host syncs inside fn are wrong or fatal there. On CPU (or device='cpu' on a machine
+    with a GPU): perf_counter per call.
     """
     arg_sets = arg_sets or ((),)
     for i in range(warmup):
         fn(*arg_sets[i % len(arg_sets)])
-    if not torch.cuda.is_available():
+    if (device or default_device()) == "cpu":
         times, start_all = [], time.perf_counter()
         for i in range(rep):
             t0 = time.perf_counter()
@@ -95,28 +101,29 @@ class Ceilings:
 _CEILINGS: dict = {}
 
 
-def device_ceilings(dtype: torch.dtype | None = None) -> Ceilings:
-    """Measure (once per process) the two ceilings every timing is compared with:
-    a large copy (bytes read + written) and a large random matmul."""
-    cuda = torch.cuda.is_available()
+def device_ceilings(dtype: torch.dtype | None = None, device: str | None = None) -> Ceilings:
+    """Measure (once per process and device) the two ceilings every timing is compared with:
+    a large copy (bytes read + written) and a large random matmul. device: this machine's GPU when it
+    has one, unless 'cpu' (a CPU run on a GPU machine is held to the CPU's ceilings)."""
+    dev = "cpu" if (device or default_device()) == "cpu" else "cuda"
+    cuda = dev == "cuda"
     dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
-    if dtype in _CEILINGS:
-        return _CEILINGS[dtype]
-    dev = "cuda" if cuda else "cpu"
+    if (dev, dtype) in _CEILINGS:
+        return _CEILINGS[dev, dtype]
     n_copy = (1 << 30) if cuda else (1 << 25)  # 2 GiB (bf16) on GPU, far beyond the L2
     src = torch.randn(n_copy, device=dev, dtype=dtype)
     dst = torch.empty_like(src)
     # no graph: inside a CUDA graph a plain copy becomes a copy-engine (DMA) node, about a third
     # slower than the SM copy kernel eager PyTorch launches; 2 ms calls need no graph anyway
-    ms = time_fn(lambda: dst.copy_(src), rep=20)
+    ms = time_fn(lambda: dst.copy_(src), rep=20, device=dev)
     copy_gbps = 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
     del src, dst
     n = 8192 if cuda else 512
     a = torch.randn(n, n, device=dev, dtype=dtype)
     b = torch.randn(n, n, device=dev, dtype=dtype)
-    ms = time_fn(lambda: a @ b, rep=20)
-    c = Ceilings(describe_device(), copy_gbps, 2 * n ** 3 / (ms * 1e-3) / 1e12)
-    _CEILINGS[dtype] = c
+    ms = time_fn(lambda: a @ b, rep=20, device=dev)
+    c = Ceilings(describe_device(dev), copy_gbps, 2 * n ** 3 / (ms * 1e-3) / 1e12)
+    _CEILINGS[dev, dtype] = c
     return c
 
 

@@ -429,3 +429,15 @@ def test_bench_cli_runs_the_triton_backend_in_a_fresh_process(tmp_path):
         return
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(out.read_text())["engines"]["minillm-triton"]["complete"]
+
+
+def test_a_cpu_run_on_a_gpu_machine_is_held_to_the_cpus_ceilings(monkeypatch):
+    """`bench --device cpu` where there is a GPU: the floor comes from the CPU's copy and matmul, measured on
+    the CPU (it measured the GPU's, and a CPU run then read 0.0% of its floor)."""
+    from minillm import timing
+    monkeypatch.setattr(timing, "_CEILINGS", {})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine, as the timers see it
+    monkeypatch.setattr(timing, "_events", lambda fn: pytest.fail("timed with CUDA events"))
+    ceil = timing.device_ceilings(torch.float32, "cpu")
+    assert ceil.device.startswith("cpu (") and 0 < ceil.copy_gbps < 5_000 and 0 < ceil.matmul_tflops < 100
+    assert timing.describe_device("cpu").startswith("cpu (")

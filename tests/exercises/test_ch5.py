@@ -786,7 +786,7 @@ def test_bench_floor_in_the_engine(impl_name, monkeypatch):
     from minillm import timing
     require_written(impl_name, "5.4")
     copy_gbps, tflops = STAND_IN_CEILINGS
-    monkeypatch.setattr(timing, "device_ceilings", lambda dtype=None: timing.Ceilings("stand-in", copy_gbps, tflops))
+    monkeypatch.setattr(timing, "device_ceilings", lambda dtype=None, device=None: timing.Ceilings("stand-in", copy_gbps, tflops))
     parser = argparse.ArgumentParser()
     bench.add_bench_args(parser)
     args = parser.parse_args(["--model", "qwen3-tiny", "--device", "cpu", "--num-seqs", "3", "--min-len", "4",
