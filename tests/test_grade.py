@@ -45,7 +45,8 @@ def repo_copy(tmp_path_factory):
 
 
 def run_in(root: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": root}
+    # root first (its minillm and exercises), then what the caller's path had (a GPU machine's carried wheels)
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     env.pop("MINILLM_IMPL", None)
     return subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True, text=True,
                           timeout=timeout)
