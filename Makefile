@@ -10,8 +10,8 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
 LAB_ARGS ?=
 # make test runs the test suite in this many pytest-xdist workers: much of its time is subprocesses
-# starting (servers, tensor-parallel ranks, the CLI), which two workers overlap on two cores (416 s
-# against 666 s, fresh clones on the 2-core machine); TEST_JOBS=1 runs it in one process. The notebooks
+# starting (servers, tensor-parallel ranks, the CLI), which two workers overlap on two cores, and the
+# workers split the cores' threads (tests/conftest.py); TEST_JOBS=1 runs it in one process. The notebooks
 # run one at a time: they compute, and two at once took longer (261 s against 220 s)
 TEST_JOBS ?= 2
 TEST_JOBS_ARGS := $(if $(filter 1,$(TEST_JOBS)),,-n $(TEST_JOBS))
