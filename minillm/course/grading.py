@@ -4,8 +4,7 @@ notebook section explains it.
 A graded test compares the student's output with a reference. When they differ, it can name the
 bug: `suspects` maps a diagnosis (what the bug is and how to fix it) to what a function with that
 bug returns on the same input (a value, or a zero-argument callable computed only on failure).
-If the student's output equals one of them, the failure message leads with that diagnosis; a bug that
-gives the reference's own answer on this input is not named (the difference lies elsewhere).
+If the student's output equals one of them, the failure message leads with that diagnosis.
 
     check_close(got, want, "2.3", "apply_rotary(q)",
                 suspects={"the rotation's sign is flipped: ...": lambda: buggy_rotary(q, pos, cs)})
@@ -29,15 +28,15 @@ def check_close(actual, expected, exercise_id: str, what: str = "output", atol: 
     """Assert two tensors match (shape, dtype, values within atol + rtol * |expected|)."""
     problem = _close_problem(actual, expected, atol, rtol)
     if problem is not None:
-        diagnosis = _diagnose(actual, expected, suspects, lambda a, s: _close_problem(a, s, atol, rtol) is None)
+        diagnosis = _diagnose(actual, suspects, lambda a, s: _close_problem(a, s, atol, rtol) is None)
         _fail(exercise_id, what, problem, diagnosis)
 
 
 def check_equal(actual, expected, exercise_id: str, what: str = "output", suspects: Suspects | None = None) -> None:
     """Assert exact equality (token ids, slot numbers, block tables, ...)."""
-    if not _equal(actual, expected):
+    if not equal(actual, expected):
         problem = f"is wrong.\n  got:      {_short(actual)}\n  expected: {_short(expected)}"
-        _fail(exercise_id, what, problem, _diagnose(actual, expected, suspects, _equal))
+        _fail(exercise_id, what, problem, _diagnose(actual, suspects, equal))
 
 
 def require_written(impl: str, exercise_id: str) -> None:
@@ -85,7 +84,8 @@ def _close_problem(actual, expected, atol: float, rtol: float) -> str | None:
             f"got {a[idx].item():.6g}, expected {e[idx].item():.6g}")
 
 
-def _equal(actual, expected) -> bool:
+def equal(actual, expected) -> bool:
+    """check_equal's test: tensors of one shape and equal values (any dtype), else ==."""
     if isinstance(actual, torch.Tensor) or isinstance(expected, torch.Tensor):
         return (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)
                 and actual.shape == expected.shape and bool((actual.cpu() == expected.cpu()).all()))
@@ -95,13 +95,12 @@ def _equal(actual, expected) -> bool:
         return False
 
 
-def _diagnose(actual, expected, suspects: Suspects | None, same: Callable[[Any, Any], bool]) -> str | None:
-    """The first diagnosis whose buggy output equals the student's and differs from the expected one, if any:
-    a bug that does not change this output (a decode-only bug on a prefill count) explains nothing here."""
+def _diagnose(actual, suspects: Suspects | None, same: Callable[[Any, Any], bool]) -> str | None:
+    """The first diagnosis whose buggy output equals the student's, if any."""
     for diagnosis, produced in (suspects or {}).items():
         try:
             value = produced() if callable(produced) else produced
-            if same(actual, value) and not same(expected, value):
+            if same(actual, value):
                 return diagnosis
         except Exception:  # a suspect that cannot run on this input simply does not match
             continue
