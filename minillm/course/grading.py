@@ -4,7 +4,9 @@ notebook section explains it.
 A graded test compares the student's output with a reference. When they differ, it can name the
 bug: `suspects` maps a diagnosis (what the bug is and how to fix it) to what a function with that
 bug returns on the same input (a value, or a zero-argument callable computed only on failure).
-If the student's output equals one of them, the failure message leads with that diagnosis.
+If the student's output equals one of them, the failure message leads with that diagnosis; if
+none does, it says what the error looks like when it has a simple shape (a sign, a scale, a shift
+by one, wrong only in some rows: minillm.course.error_patterns).
 
     check_close(got, want, "2.3", "apply_rotary(q)",
                 suspects={"the rotation's sign is flipped: ...": lambda: buggy_rotary(q, pos, cs)})
@@ -17,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from minillm.course.error_patterns import describe_error, describe_mismatch
 from minillm.course.exercises import exercise, unsolved
 
 GRADED = ""  # which implementation is under test ("your code, --impl=exercises"); set by tests/conftest.py
@@ -29,14 +32,16 @@ def check_close(actual, expected, exercise_id: str, what: str = "output", atol: 
     problem = _close_problem(actual, expected, atol, rtol)
     if problem is not None:
         diagnosis = _diagnose(actual, suspects, lambda a, s: _close_problem(a, s, atol, rtol) is None)
-        _fail(exercise_id, what, problem, diagnosis)
+        pattern = None if diagnosis else describe_error(actual, expected, atol, rtol)
+        _fail(exercise_id, what, problem, diagnosis, pattern)
 
 
 def check_equal(actual, expected, exercise_id: str, what: str = "output", suspects: Suspects | None = None) -> None:
     """Assert exact equality (token ids, slot numbers, block tables, ...)."""
     if not equal(actual, expected):
         problem = f"is wrong.\n  got:      {_short(actual)}\n  expected: {_short(expected)}"
-        _fail(exercise_id, what, problem, _diagnose(actual, suspects, equal))
+        diagnosis = _diagnose(actual, suspects, equal)
+        _fail(exercise_id, what, problem, diagnosis, None if diagnosis else describe_mismatch(actual, expected))
 
 
 def require_written(impl: str, exercise_id: str) -> None:
@@ -49,13 +54,15 @@ def require_written(impl: str, exercise_id: str) -> None:
                                   f"(see {ex.where()})")
 
 
-def _fail(exercise_id: str, what: str, problem: str, diagnosis: str | None) -> None:
+def _fail(exercise_id: str, what: str, problem: str, diagnosis: str | None, pattern: str | None = None) -> None:
     ex = exercise(exercise_id)
     head = f"Exercise {ex.id} ({', '.join(ex.stubbed)}): {what}"
     graded = f" [graded: {GRADED}]" if GRADED else ""
     lines = [f"{head} {problem}"]
     if diagnosis:
         lines.insert(0, f"Exercise {ex.id}: looks like a known bug: {diagnosis}")
+    elif pattern:  # no known bug matches: say what the error looks like (minillm.course.error_patterns)
+        lines.append(f"  the error's pattern: your {what} {pattern}")
     lines.append(f"  -- see {ex.where()}{graded}")
     raise AssertionError("\n".join(lines))
 

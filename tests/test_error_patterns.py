@@ -1,0 +1,122 @@
+"""When no known wrong version matches, the grader says what the error looks like
+(minillm.course.error_patterns). Each bug below is written here, outside the mistakes catalogue,
+against torch.nn.functional / transformers references; each must get its pattern, and results with
+no simple shape (noise) must get none: a wrong pattern would send a student after the wrong bug."""
+import os
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "exercises"))
+
+from minillm.course.error_patterns import describe_error, describe_mismatch  # noqa: E402
+from minillm.course.exercises import load_impl  # noqa: E402
+from minillm.course.grading import check_close, check_equal  # noqa: E402
+
+ATOL = RTOL = 1e-5
+
+
+def rms_ref(x, w, eps=1e-6):
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+@pytest.fixture
+def x_w():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(18, 64, generator=g) * 3, torch.randn(64, generator=g)
+
+
+def test_statistic_over_the_wrong_dimension_is_a_row_times_column_factor(x_w):
+    x, w = x_w
+    wrong = w * x * torch.rsqrt(x.pow(2).mean(dim=0, keepdim=True) + 1e-6)
+    msg = describe_error(wrong, rms_ref(x, w), ATOL, RTOL)
+    assert "a factor per row times a factor per column" in msg and "wrong dimension" in msg
+    bf16 = describe_error(wrong.bfloat16(), rms_ref(x, w).bfloat16(), 1e-2, 1e-2)  # rounded results too
+    assert "a factor per row times a factor per column" in bf16
+
+
+def test_one_factor_is_named_from_the_shape(x_w):
+    x, w = x_w
+    sum_not_mean = w * x * torch.rsqrt(x.pow(2).sum(dim=-1, keepdim=True) + 1e-6)
+    assert "times 0.125 (= 1/sqrt(64)) everywhere" in describe_error(sum_not_mean, rms_ref(x, w), ATOL, RTOL)
+    assert "times 3 everywhere" in describe_error(3 * rms_ref(x, w), rms_ref(x, w), ATOL, RTOL)
+
+
+def test_a_factor_per_row_or_per_channel(x_w):
+    x, w = x_w
+    ref = rms_ref(x, w)
+    no_weight = F.rms_norm(x, (64,), None, 1e-6)  # the weight forgotten: a signed factor per channel
+    assert "a factor per index of the last dimension" in describe_error(no_weight, ref, ATOL, RTOL)
+    per_row = ref * torch.linspace(0.5, 2, 18)[:, None]
+    assert "differs from row to row (0.5 to 2)" in describe_error(per_row, ref, ATOL, RTOL)
+
+
+def test_sign_shift_halves_transpose_and_a_confined_error(x_w):
+    x, w = x_w
+    ref = rms_ref(x, w)
+    assert "opposite sign" in describe_error(-ref, ref, ATOL, RTOL)
+    shifted = torch.cat([ref[:1], ref[:-1]])
+    assert "shifted by one along dim 0: got[i] = expected[i - 1]" in describe_error(shifted, ref, ATOL, RTOL)
+    assert "halves of the last dimension swapped" in describe_error(ref.roll(32, dims=-1), ref, ATOL, RTOL)
+    square = ref[:, :18]
+    assert "transposed" in describe_error(square.T.contiguous(), square, ATOL, RTOL)
+    late_rows = ref.clone()
+    late_rows[12:] += 1
+    assert "wrong only at indices 12-17 of dim 0 (size 18); the other 12 match" in describe_error(
+        late_rows, ref, ATOL, RTOL)
+
+
+def test_no_pattern_for_noise_or_for_too_little_evidence(x_w):
+    x, w = x_w
+    ref = rms_ref(x, w)
+    g = torch.Generator().manual_seed(1)
+    assert describe_error(ref + 0.1 * torch.randn(ref.shape, generator=g), ref, ATOL, RTOL) is None
+    assert describe_error(torch.randn(8, generator=g), torch.randn(8, generator=g), ATOL, RTOL) is None
+    assert describe_error(torch.tensor([2.0]), torch.tensor([1.0]), ATOL, RTOL) is None  # one number: no shape
+    mostly_wrong = ref + 1
+    mostly_wrong[:, 0] = ref[:, 0]  # one right column of 64 is no "confined" error
+    assert describe_error(mostly_wrong, ref, ATOL, RTOL) is None
+
+
+def test_exact_results_offsets_and_where_a_sequence_goes_wrong():
+    assert "every value is +1 off" in describe_mismatch([5, 6, 7, 9], [4, 5, 6, 8])
+    assert "every value is -16 off" in describe_mismatch(torch.tensor([[0, 1], [2, 3]]), torch.tensor([[16, 17], [18, 19]]))
+    tokens = [7, 7, 3, 9, 1]
+    assert "up to index 1 and differs at every index from 2 on" in describe_mismatch([7, 7, 4, 4, 4], tokens)
+    assert describe_mismatch("abc", "abd") is None and describe_mismatch({"a": 1}, {"a": 2}) is None
+    assert describe_mismatch([[1, 2], [3]], [[1, 2], [4]]) is None  # ragged: no tensor, no pattern
+    assert describe_mismatch((1, 2, 3), [1, 2, 3]) is None  # unequal as Python values, equal numbers
+
+
+def test_the_grader_prints_the_pattern_only_when_no_known_bug_matches(x_w):
+    x, w = x_w
+    ref = rms_ref(x, w)
+    with pytest.raises(AssertionError) as failure:
+        check_close(-ref, ref, "2.1", "rms_norm", ATOL, RTOL)
+    assert "the error's pattern: your rms_norm has the opposite sign" in str(failure.value)
+    with pytest.raises(AssertionError) as failure:
+        check_close(-ref, ref, "2.1", "rms_norm", ATOL, RTOL, suspects={"a known sign bug": -ref})
+    assert "looks like a known bug: a known sign bug" in str(failure.value)
+    assert "the error's pattern" not in str(failure.value)
+    with pytest.raises(AssertionError) as failure:
+        check_equal([1, 2, 3], [0, 1, 2], "3.1", "slot mapping")
+    assert "the error's pattern: your slot mapping every value is +1 off" in str(failure.value)
+
+
+def test_a_graded_test_names_the_pattern_of_a_bug_outside_the_catalogue():
+    """Exercise 2.1 with the mean over rows (dim 0): no known wrong version, so the pattern speaks."""
+    from test_ch2 import test_rms_norm_matches_qwen3_rmsnorm
+
+    def rms_norm_over_rows(x, weight, eps):
+        xf = x.float()
+        return weight * (xf * torch.rsqrt(xf.pow(2).mean(dim=0, keepdim=True) + eps)).to(x.dtype)
+
+    impl = types.SimpleNamespace(**{**vars(load_impl("ref")), "rms_norm": rms_norm_over_rows})
+    with pytest.raises(AssertionError) as failure:
+        test_rms_norm_matches_qwen3_rmsnorm(impl=impl, shape=(18, 64))
+    message = str(failure.value)
+    assert "looks like a known bug" not in message
+    assert "a factor per row times a factor per column" in message, message
