@@ -27,21 +27,31 @@ def _function_source(path: str, name: str) -> str:
     return m.group(0)
 
 
-@pytest.fixture(scope="module")
-def repo_copy(tmp_path_factory):
-    """The repository's tracked files, copied; exercise 3.1 solved in its exercises/ch3.py."""
-    root = tmp_path_factory.mktemp("repo")
+def _copy_repo(root) -> str:
+    """The repository's tracked files, copied into root."""
     files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO_DIR, capture_output=True, check=True).stdout
     for rel in filter(None, files.decode().split("\0")):
         if os.path.exists(os.path.join(REPO_DIR, rel)):
             os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
             shutil.copy2(os.path.join(REPO_DIR, rel), os.path.join(root, rel))
-    stub = os.path.join(root, "exercises", "ch3.py")
-    solved = _function_source(os.path.join(root, "solutions", "ch3.py"), "slot_mapping_for")
-    text = open(stub).read().replace(_function_source(stub, "slot_mapping_for"), solved)
+    return str(root)
+
+
+def _write_function(root: str, chapter: int, name: str, source: str) -> None:
+    """Replace exercise function `name` in root's exercises/chN.py by `source`."""
+    stub = os.path.join(root, "exercises", f"ch{chapter}.py")
+    text = open(stub).read().replace(_function_source(stub, name), source)
     with open(stub, "w") as f:
         f.write(text)
-    return str(root)
+
+
+@pytest.fixture(scope="module")
+def repo_copy(tmp_path_factory):
+    """The repository's tracked files, copied; exercise 3.1 solved in its exercises/ch3.py."""
+    root = _copy_repo(tmp_path_factory.mktemp("repo"))
+    _write_function(root, 3, "slot_mapping_for", _function_source(os.path.join(root, "solutions", "ch3.py"),
+                                                                  "slot_mapping_for"))
+    return root
 
 
 def run_in(root: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -93,3 +103,29 @@ def test_the_solved_exercise_alone_runs_in_the_engine(repo_copy):
     r = run_in(repo_copy, "-m", "pytest", "tests/exercises/test_ch3.py", "-k", "engine", "-m", "ex3_1", "-q",
                "-p", "no:cacheprovider")
     assert r.returncode == 0 and "passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def test_a_crash_names_the_students_line_and_the_notebook_section(tmp_path):
+    """An exercise that raises (not a failed check) is reported with the line of the student's file that
+    raised, also through Triton's interpreter, which raises its own error from the kernel's."""
+    root = _copy_repo(tmp_path)
+    _write_function(root, 2, "add_kernel", (
+        "\ndef add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):\n"
+        "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
+        "    x = tl.load(x_ptr + offs, mask=offs < n)\n"
+        "    y = tl.load(y_ptr + offs[:, None], mask=offs[:, None] < n)  # a stray [:, None]\n"
+        "    tl.store(out_ptr + offs, x + y, mask=offs < n)"))
+    _write_function(root, 3, "slot_mapping_for", (
+        "\ndef slot_mapping_for(block_table, start, end, block_size):\n"
+        "    positions = np.arange(start, end)\n"
+        "    return block_table[positions // block_size] * block_size + positions % blocksize  # a typo"))
+    lines = open(os.path.join(root, "exercises", "ch3.py")).read().splitlines()
+    crash_line = next(i for i, line in enumerate(lines, 1) if "% blocksize" in line)
+    r = run_in(root, "-m", "minillm.course.grade", "--exercise", "3.1")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "NameError" in r.stdout and f"raised at exercises/ch3.py:{crash_line} in slot_mapping_for: " in r.stdout
+    assert "positions % blocksize" in r.stdout and "-- see notebooks/03_paged_kv_cache.ipynb" in r.stdout
+    r = run_in(root, "-m", "minillm.course.grade", "--exercise", "2.7")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "raised at exercises/ch2.py:" in r.stdout and "in add_kernel: " in r.stdout, r.stdout
+    assert "-- see notebooks/02a_triton_primer.ipynb" in r.stdout, r.stdout

@@ -16,12 +16,16 @@ import io
 import json
 import os
 import sys
+import traceback
 from dataclasses import dataclass, field
+
+import pytest
 
 from minillm.course.exercises import DEFAULT_IMPL, IMPLS, REPO_DIR, exercise, find_exercises, impl_files, unsolved
 
 TESTS_DIR = os.path.join(REPO_DIR, "tests", "exercises")
 MESSAGE_LINES = 4  # lines of the first failure shown on the scoreboard (the JSON keeps all of it)
+MAX_CRASH_CHARS = 300  # of a crash's exception message, on its one line
 
 
 @dataclass
@@ -40,8 +44,19 @@ class Result:
 class _Collector:
     """A pytest plugin that records each graded test's outcome under its exercise id."""
 
-    def __init__(self, results: dict[str, Result]):
-        self.results = results
+    def __init__(self, results: dict[str, Result], files: list[str]):
+        self.results, self.files = results, files
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        """A test that crashed (not a failed check): remember the line of the graded code that raised."""
+        report = yield
+        if report.failed and call.excinfo is not None and not call.excinfo.errisinstance(
+                (AssertionError, NotImplementedError)):
+            at = raised_at(call.excinfo.value, self.files)
+            if at:
+                report.user_properties.append(("raised_at", at))
+        return report
 
     def pytest_runtest_logreport(self, report):
         # one outcome per test: its call, or its setup when that failed or skipped
@@ -55,10 +70,25 @@ class _Collector:
             if report.passed:
                 r.passed += 1
             elif not r.message:
-                r.message = _failure_text(report)
+                r.message = _failure_text(report, exercise(r.id).where())
 
 
-def _failure_text(report) -> str:
+def raised_at(exc: BaseException, files: list[str]) -> str | None:
+    """'exercises/ch2.py:164 in add_kernel: <that line>': the innermost frame in one of `files`
+    (relative to the repository) of the exception or of the exceptions it was raised from (Triton's
+    interpreter raises its own error from the one the kernel's line raised)."""
+    found, seen = None, set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for frame in traceback.extract_tb(exc.__traceback__):
+            rel = os.path.relpath(frame.filename, REPO_DIR).replace(os.sep, "/")
+            if rel in files:
+                found = f"{rel}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
+        exc = exc.__cause__ or exc.__context__
+    return found
+
+
+def _failure_text(report, where: str = "") -> str:
     """The assertion message of a failed test (what grading.check_* wrote), without the traceback."""
     if report.skipped:  # a graded test that did not run is not a pass
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -67,13 +97,15 @@ def _failure_text(report) -> str:
     text = crash.message if crash is not None else str(report.longrepr)
     for prefix in ("AssertionError: ", "NotImplementedError: "):
         text = text.removeprefix(prefix)
+    at = dict(report.user_properties).get("raised_at")
+    if at:  # a crash, not a failed check: where in the graded code, and where the notebook explains it
+        first = text.splitlines()[0] if text else ""
+        text = f"{first[:MAX_CRASH_CHARS]}\n  raised at {at}" + (f"\n  -- see {where}" if where else "")
     return f"{report.nodeid.split('::')[-1]}: {text}"
 
 
 def grade(impl: str = DEFAULT_IMPL, only: str | None = None, verbose: bool = False) -> list[Result]:
     """Run the graded tests of every written exercise (or of `only`). -> one Result per exercise."""
-    import pytest
-
     exercises = [e for e in find_exercises() if only is None or e.id == only]
     if not exercises:
         raise ValueError(f"no exercise {only!r}; exercises are {', '.join(e.id for e in find_exercises())}")
@@ -91,7 +123,7 @@ def grade(impl: str = DEFAULT_IMPL, only: str | None = None, verbose: bool = Fal
                 "-m", " or ".join(e.marker for e in to_run)]
         out = io.StringIO()
         with contextlib.redirect_stdout(sys.stdout if verbose else out):
-            code = pytest.main(args, plugins=[_Collector(results)])
+            code = pytest.main(args, plugins=[_Collector(results, impl_files(impl))])
         if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             sys.stdout.write(out.getvalue())
             raise RuntimeError(f"pytest could not run the graded tests (exit code {int(code)}); its output is above")
