@@ -70,8 +70,8 @@ lab: setup  ## JupyterLab on the notebooks, with .venv's Python as the kernel; o
 	@echo "below in a browser; Ctrl+C twice stops it. Start with notebooks/00_tour.ipynb."
 	$(PY) -m jupyterlab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
-grade: setup  ## grade your exercises (make grade EX=2.3: one exercise)
-	$(PY) -m minillm.course.grade $(if $(EX),--exercise $(EX),) $(if $(VERBOSE),--verbose,) $(if $(JSON),--json $(JSON),)
+grade: setup  ## grade your exercises (make grade EX=2.3: one exercise; TIMEOUT=600: seconds a test may run)
+	$(PY) -m minillm.course.grade $(if $(EX),--exercise $(EX),) $(if $(VERBOSE),--verbose,) $(if $(JSON),--json $(JSON),) $(if $(TIMEOUT),--timeout $(TIMEOUT),)
 
 exercises: setup  ## maintainer: regenerate exercises/ and solutions/ from minillm/
 	$(PY) -m minillm.course.exercises

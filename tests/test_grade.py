@@ -129,3 +129,25 @@ def test_a_crash_names_the_students_line_and_the_notebook_section(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "raised at exercises/ch2.py:" in r.stdout and "in add_kernel: " in r.stdout, r.stdout
     assert "-- see notebooks/02a_triton_primer.ipynb" in r.stdout, r.stdout
+
+
+def test_an_endless_loop_times_out_with_its_line_and_skips_the_exercises_other_tests(tmp_path):
+    """make grade captures pytest's output: an exercise that never returns must not hang it silently."""
+    import time
+    root = _copy_repo(tmp_path)
+    _write_function(root, 3, "slot_mapping_for", (
+        "\ndef slot_mapping_for(block_table, start, end, block_size):\n"
+        "    slots = []\n"
+        "    while len(slots) < end - start:  # never appends: an endless loop\n"
+        "        pass\n"
+        "    return slots"))
+    t0 = time.perf_counter()
+    r = run_in(root, "-m", "minillm.course.grade", "--exercise", "3.1", "--timeout", "2")
+    took = time.perf_counter() - t0
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "did not finish within 2 s (an endless loop?)" in r.stdout, r.stdout
+    assert "still running exercises/ch3.py:" in r.stdout and "in slot_mapping_for: while len(slots)" in r.stdout
+    assert "failed       0/" in r.stdout, r.stdout
+    assert took < 60, f"one timeout should end the exercise's grading: it took {took:.0f} s"
+    bad = run_in(root, "-m", "minillm.course.grade", "--timeout", "-1")
+    assert bad.returncode == 2 and "--timeout must be >= 0" in bad.stderr, bad.stdout + bad.stderr

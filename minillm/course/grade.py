@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import json
 import os
+import signal
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -26,6 +28,9 @@ from minillm.course.exercises import DEFAULT_IMPL, IMPLS, REPO_DIR, exercise, fi
 TESTS_DIR = os.path.join(REPO_DIR, "tests", "exercises")
 MESSAGE_LINES = 4  # lines of the first failure shown on the scoreboard (the JSON keeps all of it)
 MAX_CRASH_CHARS = 300  # of a crash's exception message, on its one line
+# seconds one graded test may run: the slowest takes ~8 s on the course's 2-core machine; past this an
+# endless loop in an exercise would hang `make grade`, whose output is captured, with no word
+TEST_TIMEOUT_S = 120
 
 
 @dataclass
@@ -39,13 +44,22 @@ class Result:
     total: int = 0
     message: str = ""  # the first failure, or why it was not run
     outputs: list[str] = field(default_factory=list)
+    timed_out: bool = False  # a test ran out of time: the exercise's later tests are skipped
 
 
 class _Collector:
     """A pytest plugin that records each graded test's outcome under its exercise id."""
 
-    def __init__(self, results: dict[str, Result], files: list[str]):
-        self.results, self.files = results, files
+    def __init__(self, results: dict[str, Result], files: list[str], timeout_s: float):
+        self.results, self.files, self.timeout_s = results, files, timeout_s
+
+    def _results_of(self, keywords) -> list[Result]:
+        return [self.results[k[2:].replace("_", ".")] for k in keywords
+                if k.startswith("ex") and k[2:].replace("_", ".") in self.results]
+
+    def pytest_runtest_setup(self, item):
+        if any(r.timed_out for r in self._results_of(item.keywords)):  # one endless loop is enough
+            pytest.skip(f"an earlier test of this exercise did not finish within {self.timeout_s:g} s")
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -56,16 +70,17 @@ class _Collector:
             at = raised_at(call.excinfo.value, self.files)
             if at:
                 report.user_properties.append(("raised_at", at))
+            if str(call.excinfo.value).startswith("Timeout"):  # pytest-timeout's failure
+                report.user_properties.append(("timed_out", self.timeout_s))
+                for r in self._results_of(item.keywords):
+                    r.timed_out = True
         return report
 
     def pytest_runtest_logreport(self, report):
         # one outcome per test: its call, or its setup when that failed or skipped
         if not (report.when == "call" or (report.when == "setup" and not report.passed)):
             return
-        for key in report.keywords:
-            r = self.results.get(key[2:].replace("_", ".")) if key.startswith("ex") else None
-            if r is None:
-                continue
+        for r in self._results_of(report.keywords):
             r.total += 1
             if report.passed:
                 r.passed += 1
@@ -97,15 +112,22 @@ def _failure_text(report, where: str = "") -> str:
     text = crash.message if crash is not None else str(report.longrepr)
     for prefix in ("AssertionError: ", "NotImplementedError: "):
         text = text.removeprefix(prefix)
-    at = dict(report.user_properties).get("raised_at")
+    props = dict(report.user_properties)
+    at = props.get("raised_at")
+    label = "raised at"
+    if "timed_out" in props:
+        text, label = f"did not finish within {props['timed_out']:g} s (an endless loop?)", "still running"
     if at:  # a crash, not a failed check: where in the graded code, and where the notebook explains it
         first = text.splitlines()[0] if text else ""
-        text = f"{first[:MAX_CRASH_CHARS]}\n  raised at {at}" + (f"\n  -- see {where}" if where else "")
+        text = f"{first[:MAX_CRASH_CHARS]}\n  {label} {at}" + (f"\n  -- see {where}" if where else "")
     return f"{report.nodeid.split('::')[-1]}: {text}"
 
 
-def grade(impl: str = DEFAULT_IMPL, only: str | None = None, verbose: bool = False) -> list[Result]:
-    """Run the graded tests of every written exercise (or of `only`). -> one Result per exercise."""
+def grade(impl: str = DEFAULT_IMPL, only: str | None = None, verbose: bool = False,
+          timeout_s: float = TEST_TIMEOUT_S) -> list[Result]:
+    """Run the graded tests of every written exercise (or of `only`). -> one Result per exercise.
+    A graded test running past timeout_s fails (where pytest-timeout and SIGALRM exist: not on
+    Windows), and the rest of its exercise's tests are skipped."""
     exercises = [e for e in find_exercises() if only is None or e.id == only]
     if not exercises:
         raise ValueError(f"no exercise {only!r}; exercises are {', '.join(e.id for e in find_exercises())}")
@@ -121,9 +143,11 @@ def grade(impl: str = DEFAULT_IMPL, only: str | None = None, verbose: bool = Fal
     if to_run:
         args = [TESTS_DIR, f"--impl={impl}", "-p", "no:cacheprovider", "-q", "--tb=short",
                 "-m", " or ".join(e.marker for e in to_run)]
+        if timeout_s and importlib.util.find_spec("pytest_timeout") and hasattr(signal, "SIGALRM"):
+            args += ["--timeout", f"{timeout_s:g}", "--timeout-method", "signal"]
         out = io.StringIO()
         with contextlib.redirect_stdout(sys.stdout if verbose else out):
-            code = pytest.main(args, plugins=[_Collector(results, impl_files(impl))])
+            code = pytest.main(args, plugins=[_Collector(results, impl_files(impl), timeout_s)])
         if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             sys.stdout.write(out.getvalue())
             raise RuntimeError(f"pytest could not run the graded tests (exit code {int(code)}); its output is above")
@@ -175,9 +199,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--impl", default=os.environ.get("MINILLM_IMPL", DEFAULT_IMPL), choices=IMPLS)
     p.add_argument("--json", default=None, metavar="PATH", help="also write a Gradescope-style results.json")
     p.add_argument("--verbose", "-v", action="store_true", help="show pytest's own output")
+    p.add_argument("--timeout", type=float, default=TEST_TIMEOUT_S, metavar="S",
+                   help=f"seconds one graded test may run (default {TEST_TIMEOUT_S}; 0: no limit)")
     args = p.parse_args(argv)
     try:
-        results = grade(args.impl, args.exercise, args.verbose)
+        if args.timeout < 0:
+            raise ValueError(f"--timeout must be >= 0 seconds, got {args.timeout:g}")
+        results = grade(args.impl, args.exercise, args.verbose, args.timeout)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
