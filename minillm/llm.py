@@ -21,6 +21,8 @@ from minillm.outputs import RequestOutput
 from minillm.sampling_params import SamplingParams, describe, is_integer
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
+PROMPT_KEYS = ("prompt", "prompt_token_ids")  # a prompt dict: vLLM's TextPrompt or TokensPrompt
+
 
 class LLM:
     """An engine over one model.
@@ -57,8 +59,29 @@ class LLM:
             raise ValueError(f"{self.model_path!r} has no tokenizer.json: give prompts as lists of token ids")
         return self.tokenizer
 
+    def get_tokenizer(self) -> Tokenizer:
+        """The tokenizer generate, chat and stream use (vLLM's LLM.get_tokenizer): encode, decode,
+        apply_chat_template."""
+        return self._need_tokenizer()
+
+    @staticmethod
+    def _unwrap(prompt):
+        """vLLM's prompt dicts, {"prompt": text} (TextPrompt) or {"prompt_token_ids": ids} (TokensPrompt)
+        -> the text or the ids; any other prompt as it is."""
+        if not isinstance(prompt, dict):
+            return prompt
+        keys = set(prompt)
+        if keys & {"role", "content"}:
+            raise ValueError(f"a prompt dict with keys {sorted(keys)} is a chat message: pass conversations to "
+                             f"llm.chat(messages)")
+        if len(keys) != 1 or not keys <= set(PROMPT_KEYS):
+            raise ValueError(f"a prompt dict must hold exactly one of {list(PROMPT_KEYS)} (vLLM's TextPrompt or "
+                             f"TokensPrompt); got keys {sorted(keys)}")
+        return prompt[keys.pop()]
+
     def _prompt_ids(self, prompt):
         """Text -> token ids (checked); any other prompt is passed on for the engine to check."""
+        prompt = self._unwrap(prompt)
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the prompt is empty: give a non-empty string or list of token ids")
@@ -70,10 +93,10 @@ class LLM:
         """-> the prompts as a list (one prompt: a list of one)."""
         if hasattr(prompts, "tolist") and not isinstance(prompts, (list, tuple, str)):
             prompts = prompts.tolist()  # a numpy array or torch tensor: one prompt (1-D) or several (2-D)
-        if isinstance(prompts, str):
+        if isinstance(prompts, (str, dict)):
             return [prompts]
         if not isinstance(prompts, (list, tuple)):
-            raise ValueError(f"prompts must be a string, a list of token ids, or a list of those; "
+            raise ValueError(f"prompts must be a string, a list of token ids, a prompt dict, or a list of those; "
                              f"got {describe(prompts)}")
         if not prompts:
             raise ValueError("no prompts given")
@@ -129,7 +152,8 @@ class LLM:
 
     # ---- generation --------------------------------------------------------------------------
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
-        """prompts: a string, a list of token ids, or a list of either; sampling_params: one or one per prompt.
+        """prompts: a string, a list of token ids, a prompt dict ({"prompt": text} or {"prompt_token_ids":
+        ids}, vLLM's TextPrompt / TokensPrompt), or a list of those; sampling_params: one or one per prompt.
         -> one RequestOutput per prompt, in input order (a list, also for one prompt, as vLLM's):
         out.outputs[i] is sample i (SamplingParams.n) with .text, .token_ids, .finish_reason ("stop",
         "length", or "abort" when an error elsewhere ended it early), .logprobs (minillm.outputs)."""
@@ -148,7 +172,8 @@ class LLM:
                     if not all(x.is_finished for x in s.samples):
                         still.append((i, s))
                     else:  # detokenized now, while the device runs the step just launched, not all at the end
-                        outputs[i] = engine.request_output(s, prompts[i] if isinstance(prompts[i], str) else None)
+                        text = self._unwrap(prompts[i])
+                        outputs[i] = engine.request_output(s, text if isinstance(text, str) else None)
                 done, unfinished = len(unfinished) - len(still), still
                 if done:
                     dt = time.perf_counter() - t0
@@ -211,6 +236,7 @@ class LLM:
         tok = self._need_tokenizer()
         if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
             prompt = tok.encode_chat(prompt)
+        prompt = self._unwrap(prompt)
         seq = self.engine.add_request(self._prompt_ids(prompt), sampling_params or self.get_default_sampling_params())
         return RequestStream(self.engine, seq, tok, prompt if isinstance(prompt, str) else None)
 

@@ -133,7 +133,7 @@ BAD_PROMPTS = [
     (None, "must be a string or a list of token ids"),
     (5, "must be a string or a list of token ids"),
     (5.5, "must be a string or a list of token ids"),
-    ({"a": 1}, "must be a string or a list of token ids"),
+    ({"a": 1}, "a prompt dict must hold exactly one of"),
     (b"abc", "must be a string or a list of token ids"),
     (bytearray(b"abc"), "must be a string or a list of token ids"),
     ({1, 2}, "must be a string or a list of token ids"),
@@ -165,7 +165,7 @@ def test_bad_text_prompt_queues_nothing(qwen, prompt, phrase):
 
 BAD_CALLS = [
     ([], None, "no prompts given"),
-    ({"a": 1}, None, "prompts must be a string, a list of token ids"),
+    ({"a": 1}, None, "a prompt dict must hold exactly one of"),
     (None, None, "prompts must be a string, a list of token ids"),
     (7, None, "prompts must be a string, a list of token ids"),
     (b"bytes", None, "prompts must be a string, a list of token ids"),

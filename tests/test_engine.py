@@ -52,6 +52,30 @@ def test_qwen3_tiny_with_real_vocabulary_equals_hf():
         assert o.outputs[0].text == llm.tokenizer.decode(o.outputs[0].token_ids)
 
 
+def test_vllm_prompt_dicts_and_get_tokenizer():
+    """vLLM's TextPrompt / TokensPrompt dicts run as the text or ids they hold, in generate and stream;
+    get_tokenizer() encodes as transformers' tokenizer of the same folder does."""
+    from transformers import AutoTokenizer
+    llm = LLM("qwen3-tiny", **small_engine_args())
+    text = "The capital of France is"
+    ids = AutoTokenizer.from_pretrained(llm.model_path).encode(text)
+    assert llm.get_tokenizer().encode(text) == ids
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    plain = llm.generate([text, ids], params, use_tqdm=False)
+    dicts = llm.generate([{"prompt": text}, {"prompt_token_ids": ids}], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in dicts] == [o.outputs[0].token_ids for o in plain]
+    assert dicts[0].prompt == text and dicts[1].prompt is None and dicts[1].prompt_token_ids == ids
+    one = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)  # one dict: one prompt
+    assert len(one) == 1 and one[0].outputs[0].token_ids == plain[1].outputs[0].token_ids
+    assert "".join(llm.stream({"prompt": text}, params)) == plain[0].outputs[0].text
+    for bad, says in [({"prompt": text, "prompt_token_ids": ids}, "exactly one of"),
+                      ({"prompt": text, "multi_modal_data": {}}, "exactly one of"),
+                      ({"role": "user", "content": text}, "llm.chat"), ({"prompt": ""}, "empty")]:
+        with pytest.raises(ValueError, match=says):
+            llm.generate(bad, params, use_tqdm=False)
+    llm.shutdown()
+
+
 def test_smollm2_greedy_equals_hf_for_32_tokens():
     llm = LLM("smollm2-135m", **small_engine_args(max_model_len=512))
     hf = AutoModelForCausalLM.from_pretrained(llm.model_path, dtype=torch.float32).eval()
