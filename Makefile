@@ -9,6 +9,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
 LAB_ARGS ?=
+OS_NAME ?= $(shell uname -s)
 # make test runs the test suite in this many pytest-xdist workers: much of its time is subprocesses
 # starting (servers, tensor-parallel ranks, the CLI), which two workers overlap on two cores, and the
 # workers split the cores' threads (tests/conftest.py); TEST_JOBS=1 runs it in one process. The notebooks
@@ -24,6 +25,11 @@ LAB_ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root --no-browser,)
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
+	@# Triton (the kernels: compiled on a GPU, interpreted on a CPU) publishes wheels for Linux only
+	@if [ "$(OS_NAME)" != Linux ]; then \
+	  echo "minillm needs Linux ($(OS_NAME) here): Triton, which runs its kernels (compiled on a GPU, interpreted"; \
+	  echo "on a CPU), publishes wheels for Linux only. On macOS use a Linux container or virtual machine, on"; \
+	  echo "Windows WSL2, or a hosted notebook (README: Run it on a GPU)."; exit 1; fi
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: a bare range can resolve to a multi-GB CUDA build on a CPU machine
 	$(PIP) "torch==2.13.0"

@@ -39,3 +39,14 @@ def test_ci_runs_the_readme_test_command():
     ci = open(os.path.join(ROOT, ".ci", "run")).read()
     readme = open(os.path.join(ROOT, "README.md")).read()
     assert "make test" in ci and "make test" in readme and "make demo" in readme
+
+
+def test_setup_off_linux_stops_at_once_and_says_why(tmp_path):
+    """Triton publishes Linux wheels only: on macOS `make setup` used to fail inside pip ('No matching
+    distribution found for triton'). It stops before creating anything and names the ways that work."""
+    import subprocess
+    venv = tmp_path / "venv"
+    r = subprocess.run(["make", "-s", "setup", "OS_NAME=Darwin", f"VENV={venv}"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0 and not venv.exists(), r.stdout + r.stderr
+    assert "minillm needs Linux (Darwin here)" in r.stdout and "WSL2" in r.stdout and "hosted notebook" in r.stdout
