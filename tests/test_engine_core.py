@@ -56,6 +56,10 @@ def test_n_samples_and_logprobs(client, offline):
     served.test_n_samples_and_logprobs(client, offline)
 
 
+def test_a_list_of_prompts_is_one_request_each(server, client, offline):
+    served.test_a_list_of_prompts_is_one_request_each(server, client, offline)
+
+
 def test_64_concurrent_streaming_clients_get_their_offline_tokens(server, offline):
     served.test_64_concurrent_streaming_clients_get_their_offline_tokens(server, offline)
 

@@ -161,6 +161,35 @@ def test_n_samples_and_logprobs(client, offline):
     assert r.usage.completion_tokens == sum(len(c.token_ids) for c in want.outputs)
 
 
+def test_a_list_of_prompts_is_one_request_each(server, client, offline):
+    """OpenAI's completions take a list of prompts (strings or token-id lists): prompt p's samples are
+    choices p * n .. p * n + n - 1, each equal to that prompt's own offline request."""
+    prompts = [PROMPTS[3], offline.tokenizer.encode(PROMPTS[4]), PROMPTS[5]]
+    params = dict(max_tokens=6, temperature=1.0, seed=11, n=2)
+    want = [offline.generate(p, params_for(offline, **params), use_tqdm=False)[0] for p in prompts]
+    r = client.completions.create(model=MODEL, prompt=prompts, **params)
+    assert [c.index for c in r.choices] == list(range(6))
+    assert [c.text for c in r.choices] == [o.text for w in want for o in w.outputs]
+    assert r.usage.prompt_tokens == sum(len(w.prompt_token_ids) for w in want)
+    assert r.usage.completion_tokens == sum(len(o.token_ids) for w in want for o in w.outputs)
+    chunks = list(client.completions.create(model=MODEL, prompt=prompts, stream=True,
+                                            stream_options={"include_usage": True}, **params))
+    texts, finished = {}, {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            finished[c.index] = c.finish_reason
+    assert [texts[i] for i in range(6)] == [c.text for c in r.choices]
+    assert [finished[i] for i in range(6)] == [c.finish_reason for c in r.choices]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    # a refused prompt refuses the whole list: the prompts before it are not left running
+    r = httpx.post(server.base_url + "/v1/completions", json={"prompt": [PROMPTS[6], "", PROMPTS[7]],
+                                                              "max_tokens": 64}, timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("prompt 1: "), r.text
+    wait_for(lambda: metrics(server.base_url)["minillm_num_requests_running"] == 0
+             and metrics(server.base_url)["minillm_num_requests_waiting"] == 0, "no request left in the engine")
+
+
 # ---- many clients at once ------------------------------------------------------------------------
 def test_64_concurrent_streaming_clients_get_their_offline_tokens(server, offline):
     """Continuous batching across clients: each answer equals LLM.generate's (greedy or seeded)."""
@@ -488,7 +517,10 @@ BAD = [
     ("completions", {"prompt": "Hi", "stream_options": {"include_usage": True}}, 400, "only allowed with stream",
      "stream_options"),
     ("completions", {"prompt": ""}, 400, "empty", "prompt"),
-    ("completions", {"prompt": ["a", "b"]}, 400, "one prompt per request", "prompt"),
+    ("completions", {"prompt": ["a", 3]}, 400, "or a non-empty list of those", "prompt"),
+    ("completions", {"prompt": ["a", []]}, 400, "or a non-empty list of those", "prompt"),
+    ("completions", {"prompt": []}, 400, "or a non-empty list of those", "prompt"),
+    ("completions", {"prompt": ["a", ""]}, 400, "prompt 1: the prompt is empty", "prompt"),
     ("completions", {"prompt": [1, 999999999]}, 400, "outside the vocabulary", "prompt"),
     ("completions", {}, 400, "prompt must be", "prompt"),
     ("chat/completions", {"messages": []}, 400, "messages must be", "messages"),

@@ -101,17 +101,20 @@ def sampling_params(body: dict, defaults: SamplingParams, chat: bool) -> Samplin
         raise bad_request(str(e), param=param) from None
 
 
-def completion_prompt(body: dict):
-    """-> the prompt: a string or a list of token ids."""
+def _token_ids(p) -> bool:
+    return isinstance(p, list) and bool(p) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+
+
+def completion_prompts(body: dict) -> list:
+    """-> the prompts, as OpenAI's completions take them: one (a string, or a list of token ids) or
+    several (a list of strings and token-id lists); each becomes a request of its own."""
     prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        raise bad_request("one prompt per request: send a string or a list of token ids", param="prompt")
-    raise bad_request(f"prompt must be a non-empty string or a non-empty list of token ids, got {describe(prompt)}",
-                      param="prompt")
+    if isinstance(prompt, str) or _token_ids(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or _token_ids(p) for p in prompt):
+        return list(prompt)
+    raise bad_request(f"prompt must be a non-empty string, a non-empty list of token ids, or a non-empty list of "
+                      f"those, got {describe(prompt)}", param="prompt")
 
 
 def chat_messages(body: dict) -> list[dict]:

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP server (FastAPI + uvicorn, server-sent events): `python -m minillm serve`.
 
     GET  /v1/models             the one model served
-    POST /v1/completions        prompt (text or token ids) -> text; "stream": true for SSE chunks
+    POST /v1/completions        prompt (text or token ids, or a list of them) -> text; "stream": true for SSE chunks
     POST /v1/chat/completions   messages -> the assistant's reply; the same sampling fields
     GET  /health, GET /metrics (Prometheus text), GET / (the chat page, static/index.html)
 
@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from minillm.serving.async_engine import AsyncStream, EngineClient, EngineError, QueueFullError
 from minillm.serving.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_BODY_BYTES, APIError, bad_request,
                                       chat_logprobs, chat_messages, check_fields, completion_logprobs,
-                                      completion_prompt, merge, sampling_params, stream_flags, usage)
+                                      completion_prompts, merge, sampling_params, stream_flags, usage)
 from minillm.serving.sse import sse_event
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
@@ -48,17 +48,51 @@ def _sse(obj) -> str:
 
 
 class _EventStream(StreamingResponse):
-    """Server-sent events whose request is aborted however the response ends (a client gone mid-stream)."""
+    """Server-sent events whose requests are aborted however the response ends (a client gone mid-stream)."""
 
-    def __init__(self, events, stream: AsyncStream):
+    def __init__(self, events, streams: list[AsyncStream]):
         super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self.stream = stream
+        self.streams = streams
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.stream.abort()  # a no-op once the request has finished
+            for stream in self.streams:
+                stream.abort()  # a no-op once the request has finished
+
+
+async def _outputs(streams: list[AsyncStream]):
+    """(prompt number, output) as each request's outputs arrive: one request's straight from its stream,
+    several through one queue (the completions of a list of prompts)."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(p: int, stream: AsyncStream) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((p, out, None))
+            queue.put_nowait((p, None, None))
+        except Exception as e:  # an engine error ends this request: pass it on
+            queue.put_nowait((p, None, e))
+
+    tasks = [asyncio.ensure_future(pump(p, s)) for p, s in enumerate(streams)]
+    try:
+        live = len(streams)
+        while live:
+            p, out, error = await queue.get()
+            if error is not None:
+                raise error
+            if out is None:
+                live -= 1
+            else:
+                yield p, out
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def _read_json(request: Request) -> dict:
@@ -87,20 +121,22 @@ async def _until_disconnect(request: Request) -> None:
         pass
 
 
-async def _collect(stream: AsyncStream, request: Request) -> dict | None:
-    """Every output of a non-streaming request, merged by sample index; None when the client went away
-    first (the request is aborted)."""
-    async def consume() -> dict:
+async def _collect(streams: list[AsyncStream], request: Request) -> list[dict] | None:
+    """Every output of non-streaming requests (one per prompt), each merged by sample index; None when
+    the client went away first (the requests are aborted)."""
+    async def consume(stream: AsyncStream) -> dict:
         outs: dict = {}
         async for out in stream:
             merge(outs, out.outputs)
         return outs
 
-    done_task, gone_task = asyncio.ensure_future(consume()), asyncio.ensure_future(_until_disconnect(request))
+    done_task = asyncio.ensure_future(asyncio.gather(*(consume(s) for s in streams)))
+    gone_task = asyncio.ensure_future(_until_disconnect(request))
     try:
         await asyncio.wait({done_task, gone_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        stream.abort()
+        for stream in streams:
+            stream.abort()
         for task in (done_task, gone_task):
             if not task.done():
                 task.cancel()
@@ -158,30 +194,51 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
         except EngineError as e:
             raise APIError(503, str(e), type="service_unavailable") from None
 
-    async def run(request: Request, stream: AsyncStream, params, chat: bool, stream_mode: bool, include_usage: bool):
-        rid = ("chatcmpl-" if chat else "cmpl-") + stream.request_id
+    def submit_all(prompts: list, params, param: str) -> list[AsyncStream]:
+        """One request per prompt, all or none: a refused prompt aborts the ones queued before it."""
+        streams: list[AsyncStream] = []
+        try:
+            for i, prompt in enumerate(prompts):
+                try:
+                    streams.append(submit(prompt, params, param))
+                except APIError as e:
+                    if len(prompts) > 1:
+                        e.message = f"prompt {i}: {e.message}"
+                    raise
+        except BaseException:
+            for stream in streams:
+                stream.abort()
+            raise
+        return streams
+
+    async def run(request: Request, streams: list[AsyncStream], params, chat: bool, stream_mode: bool,
+                  include_usage: bool):
+        """The response to one or more requests (a completion's list of prompts); the choices of prompt p
+        are numbered p * n + i, as OpenAI numbers them."""
+        rid = ("chatcmpl-" if chat else "cmpl-") + streams[0].request_id
         kind = "chat.completion" if chat else "text_completion"
-        k = params.logprobs
-        n_prompt = len(stream.prompt_token_ids)
+        k, n = params.logprobs, params.n
+        n_prompt = sum(len(s.prompt_token_ids) for s in streams)
         if not stream_mode:
             try:
-                outs = await _collect(stream, request)
+                results = await _collect(streams, request)
             except EngineError as e:
                 raise APIError(500, str(e), type="internal_server_error") from None
-            if outs is None:  # the client has gone: nobody reads this
+            if results is None:  # the client has gone: nobody reads this
                 return JSONResponse({}, status_code=499)
             choices = []
-            for i in sorted(outs):
-                c = outs[i]
-                if chat:
-                    choices.append({"index": i, "message": {"role": "assistant", "content": c.text},
-                                    "logprobs": chat_logprobs(c, k), "finish_reason": c.finish_reason})
-                else:
-                    choices.append({"index": i, "text": c.text, "logprobs": completion_logprobs(c, k),
-                                    "finish_reason": c.finish_reason})
+            for p, outs in enumerate(results):
+                for i in sorted(outs):
+                    c = outs[i]
+                    if chat:
+                        choices.append({"index": i, "message": {"role": "assistant", "content": c.text},
+                                        "logprobs": chat_logprobs(c, k), "finish_reason": c.finish_reason})
+                    else:
+                        choices.append({"index": p * n + i, "text": c.text, "logprobs": completion_logprobs(c, k),
+                                        "finish_reason": c.finish_reason})
+            n_tokens = sum(len(c.token_ids) for outs in results for c in outs.values())
             return JSONResponse({"id": rid, "object": kind, "created": int(time.time()), "model": model_name,
-                                 "choices": choices,
-                                 "usage": usage(n_prompt, sum(len(c.token_ids) for c in outs.values()))})
+                                 "choices": choices, "usage": usage(n_prompt, n_tokens)})
 
         async def events():
             head = {"id": rid, "object": kind + ".chunk" if chat else kind, "created": int(time.time()),
@@ -193,16 +250,17 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
                     for i in range(params.n):
                         yield _sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                          "logprobs": None, "finish_reason": None}], **extra})
-                async for out in stream:
+                async for p, out in _outputs(streams):
                     for c in out.outputs:
                         n_tokens += len(c.token_ids)
                         if chat:
                             choice = {"index": c.index, "delta": {"content": c.text} if c.text else {},
                                       "logprobs": chat_logprobs(c, k)}
                         else:
-                            choice = {"index": c.index, "text": c.text,
-                                      "logprobs": completion_logprobs(c, k, offsets.get(c.index, 0))}
-                            offsets[c.index] = offsets.get(c.index, 0) + len(c.text)
+                            index = p * n + c.index
+                            choice = {"index": index, "text": c.text,
+                                      "logprobs": completion_logprobs(c, k, offsets.get(index, 0))}
+                            offsets[index] = offsets.get(index, 0) + len(c.text)
                         choice["finish_reason"] = c.finish_reason
                         yield _sse({**head, "choices": [choice], **extra})
                 if include_usage:
@@ -211,15 +269,15 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
                 yield _sse(APIError(500, str(e), type="internal_server_error").body())
             yield sse_event("[DONE]")
 
-        return _EventStream(events(), stream)
+        return _EventStream(events(), streams)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await parse(request, COMPLETION_FIELDS)
         stream_mode, include_usage = stream_flags(body)
         params = sampling_params(body, async_llm.default_sampling_params(), chat=False)
-        stream = submit(completion_prompt(body), params, "prompt")
-        return await run(request, stream, params, False, stream_mode, include_usage)
+        streams = submit_all(completion_prompts(body), params, "prompt")
+        return await run(request, streams, params, False, stream_mode, include_usage)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -233,8 +291,7 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
             prompt = async_llm.tokenizer.encode_chat(messages)
         except ValueError as e:
             raise bad_request(str(e), param="messages") from None
-        stream = submit(prompt, params, "messages")
-        return await run(request, stream, params, True, stream_mode, include_usage)
+        return await run(request, [submit(prompt, params, "messages")], params, True, stream_mode, include_usage)
 
     @app.get("/v1/models")
     async def models(request: Request):
