@@ -151,3 +151,14 @@ def test_an_endless_loop_times_out_with_its_line_and_skips_the_exercises_other_t
     assert took < 60, f"one timeout should end the exercise's grading: it took {took:.0f} s"
     bad = run_in(root, "-m", "minillm.course.grade", "--timeout", "-1")
     assert bad.returncode == 2 and "--timeout must be >= 0" in bad.stderr, bad.stdout + bad.stderr
+
+
+def test_a_syntax_error_is_one_message_naming_the_file_and_line(tmp_path):
+    root = _copy_repo(tmp_path)
+    _write_function(root, 3, "slot_mapping_for", (
+        "\ndef slot_mapping_for(block_table, start, end, block_size):\n"
+        "    return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)"))
+    r = run_in(root, "-m", "minillm.course.grade", "--exercise", "3.1")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "error: exercises/ch3.py, line " in r.stderr and "was never closed (a syntax error" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr

@@ -303,8 +303,12 @@ def unsolved(impl: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for ch in sorted({e.chapter for e in find_exercises()}):
         path = os.path.join(REPO_DIR, impl, f"ch{ch}.py")
-        stubs = {n.name for n in ast.parse(open(path).read()).body
-                 if isinstance(n, ast.FunctionDef) and _is_stub_body(n)}
+        try:
+            tree = ast.parse(open(path).read(), filename=path)
+        except SyntaxError as e:  # a student's file mid-edit: say where, not a parser traceback
+            raise ValueError(f"{impl}/ch{ch}.py, line {e.lineno}: {e.msg} (a syntax error: fix it, then run again)"
+                             f"\n    {(e.text or '').strip()}") from None
+        stubs = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and _is_stub_body(n)}
         for e in find_exercises():
             if e.chapter == ch:
                 todo = [f for f in e.stubbed if f in stubs]
