@@ -83,7 +83,8 @@ def test_no_pattern_for_noise_or_for_too_little_evidence(x_w):
 
 def test_exact_results_offsets_and_where_a_sequence_goes_wrong():
     assert "every value is +1 off" in describe_mismatch([5, 6, 7, 9], [4, 5, 6, 8])
-    assert "every value is -16 off" in describe_mismatch(torch.tensor([[0, 1], [2, 3]]), torch.tensor([[16, 17], [18, 19]]))
+    grid = torch.tensor([[0, 1], [2, 3]])
+    assert "every value is -16 off" in describe_mismatch(grid, grid + 16)
     tokens = [7, 7, 3, 9, 1]
     assert "up to index 1 and differs at every index from 2 on" in describe_mismatch([7, 7, 4, 4, 4], tokens)
     assert describe_mismatch("abc", "abd") is None and describe_mismatch({"a": 1}, {"a": 2}) is None

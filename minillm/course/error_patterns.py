@@ -103,8 +103,8 @@ def _confined(bad: torch.Tensor) -> str | None:
     if best is None:
         return None
     _, dim, n, hit = best
-    return (f"is wrong only at {'index' if len(hit) == 1 else 'indices'} {_ranges(hit)} of dim {dim} (size {n}); the other {n - len(hit)} "
-            f"match (a loop bound, a mask or an offset?)")
+    where = f"{'index' if len(hit) == 1 else 'indices'} {_ranges(hit)} of dim {dim} (size {n})"
+    return f"is wrong only at {where}; the other {n - len(hit)} match (a loop bound, a mask or an offset?)"
 
 
 def _scale(a: torch.Tensor, e: torch.Tensor, slack: float) -> str | None:
@@ -112,6 +112,7 @@ def _scale(a: torch.Tensor, e: torch.Tensor, slack: float) -> str | None:
     a product of the two (rows: every index but the last dimension's; columns: the last's). Elements
     near zero in either result (within the checker's tolerance) say nothing about a ratio and are
     left out; they must be fewer than half."""
+    shape = a.shape
     rows, cols = (1, a.numel()) if a.dim() < 2 else (a.numel() // a.shape[-1], a.shape[-1])
     a, e = a.reshape(rows, cols), e.reshape(rows, cols)
     valid = (a.abs() > slack) & (e.abs() > slack)
@@ -130,11 +131,14 @@ def _scale(a: torch.Tensor, e: torch.Tensor, slack: float) -> str | None:
         if two or cols == 1:
             r = ((log_ratio - c) * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1)
             sr = torch.where((sign * sc).sum(1, keepdim=True) < 0, -1.0, 1.0).double()
-    if float(((log_ratio - r - c).abs() * w).max()) > math.log1p(FIT_RTOL) or bool(((sign != sr * sc) & valid).any()):
+    misfit = float(((log_ratio - r - c).abs() * w).max())
+    if misfit > math.log1p(FIT_RTOL) or bool(((sign != sr * sc) & valid).any()):
         return None
     row_f = ((r + c.mean()).exp() * sr).flatten()
     col_f = ((c - c.mean()).exp() * sc).flatten()
-    varies = lambda f: float(f.abs().max() / f.abs().min()) > 1 + FIT_RTOL or bool((f < 0).any() and (f > 0).any())  # noqa: E731
+    def varies(f: torch.Tensor) -> bool:  # in size, or in sign
+        return float(f.abs().max() / f.abs().min()) > 1 + FIT_RTOL or bool((f < 0).any() and (f > 0).any())
+
     if varies(row_f) and varies(col_f):
         if rows * cols < 2 * (rows + cols):
             return None  # too few elements for two sets of factors to say anything
@@ -151,7 +155,7 @@ def _scale(a: torch.Tensor, e: torch.Tensor, slack: float) -> str | None:
     factor = float(row_f.mean() * col_f.mean())
     if abs(factor - 1) <= FIT_RTOL:
         return None
-    return f"is the reference times {factor:.4g}{_name_factor(factor, a.shape)} everywhere (a scale missing or extra?)"
+    return f"is the reference times {factor:.4g}{_name_factor(factor, shape)} everywhere (a scale missing or extra?)"
 
 
 def _span(f: torch.Tensor) -> str:

@@ -173,7 +173,8 @@ def scoreboard(results: list[Result], impl: str) -> str:
         msg = r.message.splitlines()
         lines += ["", f"{r.id} {r.title}: first failure", *("    " + m for m in msg[:MESSAGE_LINES])]
         if len(msg) > MESSAGE_LINES:
-            lines.append(f"    ... (make grade EX={r.id} VERBOSE=1, or pytest tests/exercises -m ex{r.id.replace('.', '_')})")
+            marker = "ex" + r.id.replace(".", "_")
+            lines.append(f"    ... (make grade EX={r.id} VERBOSE=1, or pytest tests/exercises -m {marker})")
     counts = {s: sum(r.status == s for r in results) for s in ("passed", "failed", "not started")}
     lines += ["", f"{counts['passed']} passed, {counts['failed']} failed, {counts['not started']} not started "
                   f"(of {len(results)})"]

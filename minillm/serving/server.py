@@ -19,7 +19,6 @@ import logging
 import os
 import sys
 import time
-import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
