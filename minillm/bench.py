@@ -739,7 +739,7 @@ def run_bench(args) -> dict:
                      "max_input_len": args.max_input_len, "max_output_len": args.max_output_len,
                      "temperature": args.temperature, "ignore_eos": True},
         "hf_num_seqs": n_sub,
-        "copy_gbps": round(ceil.copy_gbps, 1), "matmul_tflops": round(ceil.matmul_tflops, 1),
+        "copy_gbps": round(ceil.copy_gbps, 1), "matmul_tflops": _round_rate(ceil.matmul_tflops),
         "floor_s": round(full["floor_s"], 3), "floor_tok_s": round(full["floor_tok_s"], 1),
         "floor_prefill_s": round(full["floor_prefill_s"], 3), "floor_decode_s": round(full["floor_decode_s"], 3),
         "batch1_floor_ms_per_token": round(batch1_floor_ms, 4),
@@ -821,6 +821,17 @@ def _write_json(path: str | None, result: dict, complete: bool) -> None:
             json.dump({**result, "complete": complete}, f, indent=1)
 
 
+
+def _round_rate(x: float) -> float:
+    """A measured rate for the JSON: one decimal, or three significant digits below 1 (a CPU's ~0.2 TFLOP/s)."""
+    return round(x, 1) if x >= 1 else float(f"{x:.3g}")
+
+
+def _rate_text(x: float) -> str:
+    """A measured rate for the table: whole numbers from 10 up, two significant digits below (0.2, not 0)."""
+    return f"{x:,.0f}" if x >= 10 else f"{x:.2g}"
+
+
 def format_table(result: dict) -> str:
     """The run as a table: each engine's throughput and batch-1 time as fractions of the floor, and
     its ratio to every later engine on the requests both ran (the count in brackets)."""
@@ -828,7 +839,7 @@ def format_table(result: dict) -> str:
     lines = [f"{result['model']} ({result['dtype']}) on {result['device']}",
              f"workload: {w['num_seqs']} requests, {w['prompt_tokens']:,} prompt + {w['output_tokens']:,} output "
              f"tokens; floor {result['floor_s']:.2f} s = {result['floor_tok_s']:,.0f} tok/s "
-             f"({result['copy_gbps']:,.0f} GB/s, {result['matmul_tflops']:,.0f} TFLOP/s measured); "
+             f"({result['copy_gbps']:,.0f} GB/s, {_rate_text(result['matmul_tflops'])} TFLOP/s measured); "
              f"batch-1 floor {result['batch1_floor_ms_per_token']:.3f} ms/token"]
     names = list(result["engines"])
     ran = [n for n in names if "output_tok_s" in result["engines"][n]]

@@ -351,6 +351,9 @@ def test_bench_run_prints_every_engine_and_like_for_like_json(tmp_path, isolated
     assert json.loads(printed.out) == result
     assert json.loads(out_file.read_text()) == {**result, "complete": True}
     assert "x nanovllm" in printed.err and "nano-vLLM 0.2.0 commit " + COMMIT in printed.err
+    # a CPU's matmul rate (~0.2 TFLOP/s) is printed as it was measured, not rounded to 0
+    assert 0 < result["matmul_tflops"] < 100
+    assert f"{result['matmul_tflops']:.2g} TFLOP/s measured" in printed.err, printed.err
     package = os.path.dirname(os.path.abspath(bench.__file__))  # what ran, whatever .git says
     assert result["minillm_source_sha256"] == bench.source_digest(package)
 
