@@ -162,3 +162,10 @@ def test_a_negative_timeout_is_a_one_line_error(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--timeout", "-1"])
     assert exit_.value.code == 2 and "error: --timeout must be >= 0 seconds" in capsys.readouterr().err
+
+
+def test_the_notebook_switch_says_which_code_runs_and_how_to_check_it(repo_copy):
+    r = run_in(repo_copy, "-c", "from minillm.course.exercises import use_my_code; use_my_code(3, True)")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "running your exercises/ for: 3.1 slot_mapping_for" in r.stdout, r.stdout
+    assert "check yours first: make grade EX=3.1" in r.stdout, r.stdout

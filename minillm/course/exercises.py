@@ -349,8 +349,11 @@ class Swap:
     def describe(self) -> str:
         names = lambda ids: ", ".join(f"{i} {'/'.join(exercise(i).stubbed)}" for i in ids) or "none"  # noqa: E731
         src = {"ref": "minillm itself", "solutions": "solutions/", "exercises": "your exercises/"}[self.impl]
-        return (f"running {src} for: {names(self.swapped)}\n"
+        text = (f"running {src} for: {names(self.swapped)}\n"
                 f"running minillm's reference for (not started): {names(self.fallback)}")
+        if self.impl == "exercises" and self.swapped:  # a wrong one runs here as readily as a right one
+            text += f"\ncheck yours first: make grade EX={self.swapped[0]} (one exercise) or make grade (all)"
+        return text
 
 
 def swap_in(impl: str, exercises: set[str] | None = None, chapters: set[int] | None = None) -> Swap:
