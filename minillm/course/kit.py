@@ -134,7 +134,10 @@ def mistakes_section(notebook: str) -> str:
     lines = [f"{total} known wrong versions of this notebook's {len(exercises)} exercises "
              f"({', '.join(f'`{f}`' for f in files)}). When a student's output equals one of them on the graded "
              f"input, `make grade` prints its diagnosis, quoted here after the mistake's name, followed by the "
-             f"graded test that catches it."]
+             f"graded test that catches it. A wrong output that equals none of them still gets the shape of its "
+             f"error when it has a simple one (a sign, a scale, a factor per row, a shift by one, wrong only at "
+             f"some indices: `minillm/course/error_patterns.py`), and a crash or an endless loop the student's "
+             f"line."]
     for ex_id in sorted(exercises, key=_exercise_key):
         ex = exercises[ex_id]
         lines += ["", f"**{ex_id} {', '.join(f'`{f}`' for f in ex.stubbed)}** ({ex.section})", ""]
