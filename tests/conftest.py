@@ -117,12 +117,20 @@ def pytest_collection_modifyitems(config, items):
                                          "`pytest tests -m gpu` runs the GPU tests, with compiled kernels")
     else:
         no_gpu = None
+    # an endless loop in a student's exercise fails its test at the grader's time limit instead of hanging
+    # the run (make grade passes its own --timeout, which this leaves alone)
+    limit = None
+    if config.pluginmanager.hasplugin("timeout") and not config.getoption("timeout", None):
+        from minillm.course.grade import TEST_TIMEOUT_S
+        limit = pytest.mark.timeout(TEST_TIMEOUT_S)
     for item in items:
         if "gpu" in item.keywords and no_gpu is not None:
             item.add_marker(no_gpu)
         graded = os.sep + "exercises" + os.sep in str(item.fspath)
         if graded and not _exercise_markers(item):
             raise pytest.UsageError(f"graded test {item.nodeid} carries no exercise marker (exN_M)")
+        if graded and limit is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(limit)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -54,9 +54,10 @@ def repo_copy(tmp_path_factory):
     return root
 
 
-def run_in(root: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_in(root: str, *args: str, timeout: float = 600, **extra_env: str) -> subprocess.CompletedProcess:
     # root first (its minillm and exercises), then what the caller's path had (a GPU machine's carried wheels)
-    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, **ONE_THREAD, **extra_env,
+           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     env.pop("MINILLM_IMPL", None)
     return subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True, text=True,
                           timeout=timeout)
@@ -140,6 +141,11 @@ def test_a_crash_or_an_endless_loop_names_the_students_line_and_the_notebook_sec
     rows = {line.split()[0]: line for line in r.stdout.splitlines()
             if re.match(r"\d\.\d+ ", line) and "first failure" not in line}
     assert all(" failed " in rows[ex] and " 0/" in rows[ex] for ex in ("1.1", "2.7", "3.1")), r.stdout
+    # a plain pytest has the same limit (MINILLM_TEST_TIMEOUT_S, default 120 s): the loop fails, it does not hang
+    plain = run_in(root, "-m", "pytest", "tests/exercises", "-m", "ex1_1", "-x", "-q", "-p", "no:cacheprovider",
+                   MINILLM_TEST_TIMEOUT_S="2")
+    assert plain.returncode == 1 and "Timeout" in plain.stdout, plain.stdout[-3000:]
+    assert "while len(ids) < len(piece)" in plain.stdout, plain.stdout[-3000:]
     assert "NameError" in r.stdout and f"raised at exercises/ch3.py:{crash_line} in slot_mapping_for: " in r.stdout
     assert "positions % blocksize" in r.stdout and "-- see notebooks/03_paged_kv_cache.ipynb" in r.stdout
     assert "raised at exercises/ch2.py:" in r.stdout and "in add_kernel: " in r.stdout, r.stdout
