@@ -120,7 +120,7 @@ def pytest_collection_modifyitems(config, items):
     # an endless loop in a student's exercise fails its test at the grader's time limit instead of hanging
     # the run (make grade passes its own --timeout, which this leaves alone)
     limit = None
-    if config.pluginmanager.hasplugin("timeout") and not config.getoption("timeout", None):
+    if config.pluginmanager.hasplugin("timeout") and config.getoption("timeout", None) is None:
         from minillm.course.grade import TEST_TIMEOUT_S
         limit = pytest.mark.timeout(TEST_TIMEOUT_S)
     for item in items:
