@@ -821,7 +821,6 @@ def _write_json(path: str | None, result: dict, complete: bool) -> None:
             json.dump({**result, "complete": complete}, f, indent=1)
 
 
-
 def _round_rate(x: float) -> float:
     """A measured rate for the JSON: one decimal, or three significant digits below 1 (a CPU's ~0.2 TFLOP/s)."""
     return round(x, 1) if x >= 1 else float(f"{x:.3g}")

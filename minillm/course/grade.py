@@ -54,8 +54,9 @@ class _Collector:
         self.results, self.files, self.timeout_s = results, files, timeout_s
 
     def _results_of(self, keywords) -> list[Result]:
-        return [self.results[k[2:].replace("_", ".")] for k in keywords
-                if k.startswith("ex") and k[2:].replace("_", ".") in self.results]
+        """The exercises a test grades, from its exN_M markers."""
+        ids = (k[2:].replace("_", ".") for k in keywords if k.startswith("ex"))
+        return [self.results[i] for i in ids if i in self.results]
 
     def pytest_runtest_setup(self, item):
         if any(r.timed_out for r in self._results_of(item.keywords)):  # one endless loop is enough
