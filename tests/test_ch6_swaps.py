@@ -50,7 +50,8 @@ def test_a_wrong_version_swapped_in_fails_the_in_engine_test(case, server, monke
     right_load = exercises.load_impl
     replaces = all_mistakes()[wrong].replaces if isinstance(wrong, str) else wrong
     mistake = type("Wrong", (), {"replaces": replaces})
-    monkeypatch.setattr(exercises, "load_impl", lambda impl: with_mistake(right_load(impl), mistake))
+    monkeypatch.setattr(exercises, "load_impl",
+                        lambda impl, chapters=None: with_mistake(right_load(impl, chapters), mistake))
     args = {"impl_name": "ref"}
     for name in test_fn.__code__.co_varnames[:test_fn.__code__.co_argcount]:
         if name == "server":

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -253,33 +254,67 @@ def impl_files(impl: str) -> list[str]:
     return [f"{impl}/ch{ch}.py" for ch in sorted({e.chapter for e in find_exercises()})]
 
 
-def load_impl(impl: str) -> types.SimpleNamespace:
-    """A namespace of every exercise function, taken from minillm (ref) or the generated files."""
+def load_impl(impl: str, chapters: set[int] | None = None) -> types.SimpleNamespace:
+    """A namespace of every exercise function (of `chapters`, default all), taken from minillm (ref)
+    or the generated files. A chapter file that does not import (a student's typo, a missing module)
+    fails only its own exercises: each of its functions raises, when called, an ImportError whose
+    cause is the file's own error, so the other chapters still grade and run."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     ns = {}
     exs = find_exercises()
-    for ch in sorted({e.chapter for e in exs}):
+    for ch in sorted({e.chapter for e in exs if chapters is None or e.chapter in chapters}):
+        names = [n for e in exs if e.chapter == ch for n in e.functions]
         if impl == "ref":
             for e in (e for e in exs if e.chapter == ch):
                 mod = importlib.import_module(e.module)
                 ns.update({n: getattr(mod, n) for n in e.functions})
-        else:
+            continue
+        path = f"{impl}/ch{ch}.py"
+        try:
             mod = _import_generated(impl, ch)
-            for e in (e for e in exs if e.chapter == ch):
-                ns.update({n: getattr(mod, n) for n in e.functions})
+        except Exception as err:  # noqa: BLE001 - the student's module code, whatever it raised
+            ns.update({n: _failing(n, f"{path} does not import, so {n} cannot run: {type(err).__name__}: {err}",
+                                   err) for n in names})
+            continue
+        for n in names:
+            ns[n] = getattr(mod, n, None) or _failing(
+                n, f"{path} defines no function {n}: put back its def line (the stub's is in git: "
+                   f"git show HEAD:{path})", None)
     return types.SimpleNamespace(**ns)
 
 
+def _failing(name: str, message: str, cause: BaseException | None):
+    """A stand-in for an exercise function that cannot run: calling it raises ImportError(message)."""
+    def fail(*args, **kwargs):
+        raise ImportError(message) from cause
+    fail.__name__ = fail.__qualname__ = name
+    return fail
+
+
+_IMPORTED: dict[str, str] = {}  # generated module name -> sha256 of the source it was executed from
+
+
 def _import_generated(impl: str, chapter: int):
+    """exercises/chN.py (or solutions/) as module `impl.chN`, executed again whenever the file has
+    changed since: a notebook's switch re-run after an edit must run the edited code, not the copy
+    imported the first time. A file that fails to import is not kept, so the next call tries again."""
     name = f"{impl}.ch{chapter}"
-    if name in sys.modules:
-        return sys.modules[name]
     path = os.path.join(REPO_DIR, impl, f"ch{chapter}.py")
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    if name in sys.modules and _IMPORTED.get(name) == digest:
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    sys.modules[name] = mod  # before running it: its own code (dataclasses, pickling by name) looks itself up
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(name, None)
+        _IMPORTED.pop(name, None)
+        raise
+    _IMPORTED[name] = digest
     return mod
 
 
@@ -295,13 +330,14 @@ def _is_stub_body(fn: ast.FunctionDef) -> bool:
     return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
 
 
-def unsolved(impl: str) -> dict[str, list[str]]:
+def unsolved(impl: str, chapters: set[int] | None = None) -> dict[str, list[str]]:
     """exercise id -> the functions a student still has to write (their body is still the stub's
-    `raise NotImplementedError`), read from the files without running them. Empty for ref."""
+    `raise NotImplementedError`), read from the files (of `chapters`, default all) without running
+    them. Empty for ref. A file with a syntax error raises ValueError naming its line."""
     if impl == "ref":
         return {}
     out: dict[str, list[str]] = {}
-    for ch in sorted({e.chapter for e in find_exercises()}):
+    for ch in sorted({e.chapter for e in find_exercises() if chapters is None or e.chapter in chapters}):
         path = os.path.join(REPO_DIR, impl, f"ch{ch}.py")
         try:
             tree = ast.parse(open(path).read(), filename=path)
@@ -319,7 +355,7 @@ def unsolved(impl: str) -> dict[str, list[str]]:
 
 def status(impl: str, exercise_id: str) -> str:
     """'not started' (every function still a stub), 'started' (some written) or 'written' (all)."""
-    todo = unsolved(impl).get(exercise_id, [])
+    todo = unsolved(impl, {exercise(exercise_id).chapter}).get(exercise_id, [])
     if not todo:
         return "written"
     return "not started" if len(todo) == len(exercise(exercise_id).stubbed) else "started"
@@ -332,6 +368,7 @@ class Swap:
     impl: str
     swapped: list[str]  # exercise ids whose written functions now run in the engine
     fallback: list[str]  # exercise ids left on minillm's reference (not started)
+    written: dict[str, list[str]] = field(default_factory=dict)  # exercise id -> its functions swapped in
     patched: list[tuple[object, str, object, object]] = field(default_factory=list, repr=False)  # module, name, ref, new
 
     def restore(self) -> None:
@@ -347,10 +384,16 @@ class Swap:
         self.patched.clear()
 
     def describe(self) -> str:
-        names = lambda ids: ", ".join(f"{i} {'/'.join(exercise(i).stubbed)}" for i in ids) or "none"  # noqa: E731
+        """Which code runs: per exercise, the functions swapped in; a partly written exercise also
+        names the functions of it that still run minillm's reference."""
+        def swapped(i: str) -> str:
+            mine = self.written.get(i, exercise(i).stubbed)
+            rest = [f for f in exercise(i).stubbed if f not in mine]
+            return f"{i} {'/'.join(mine)}" + (f" ({'/'.join(rest)} not written yet: minillm's runs)" if rest else "")
         src = {"ref": "minillm itself", "solutions": "solutions/", "exercises": "your exercises/"}[self.impl]
-        text = (f"running {src} for: {names(self.swapped)}\n"
-                f"running minillm's reference for (not started): {names(self.fallback)}")
+        fallback = ", ".join(f"{i} {'/'.join(exercise(i).stubbed)}" for i in self.fallback) or "none"
+        text = (f"running {src} for: {', '.join(swapped(i) for i in self.swapped) or 'none'}\n"
+                f"running minillm's reference for (not started): {fallback}")
         if self.impl == "exercises" and self.swapped:  # a wrong one runs here as readily as a right one
             text += f"\ncheck yours first: make grade EX={self.swapped[0]} (one exercise) or make grade (all)"
         return text
@@ -362,14 +405,18 @@ def swap_in(impl: str, exercises: set[str] | None = None, chapters: set[int] | N
     written are swapped: a stub still raising NotImplementedError leaves minillm's own function in
     place, so one solved exercise runs in the engine while the rest are not started.
     exercises: ids to swap (default all); chapters: restrict to these chapters."""
-    chosen, todo = load_impl(impl), unsolved(impl)
-    swap = Swap(impl, [], [])
+    wanted = {e.chapter for e in find_exercises()
+              if (chapters is None or e.chapter in chapters) and (exercises is None or e.id in exercises)}
+    chosen, todo = load_impl(impl, wanted), unsolved(impl, wanted)  # only those files: another chapter's
+    swap = Swap(impl, [], [])                                          # broken file does not matter here
     modules = [m for k, m in list(sys.modules.items()) if k.startswith("minillm") and m is not None]
     for e in find_exercises():
         if (chapters is not None and e.chapter not in chapters) or (exercises is not None and e.id not in exercises):
             continue
         written = [n for n in e.stubbed if n not in todo.get(e.id, [])]
         (swap.swapped if written else swap.fallback).append(e.id)
+        if written:
+            swap.written[e.id] = written
         ref_mod = importlib.import_module(e.module)
         if ref_mod not in modules:
             modules.append(ref_mod)

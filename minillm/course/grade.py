@@ -132,12 +132,19 @@ def grade(impl: str = DEFAULT_IMPL, only: str | None = None, verbose: bool = Fal
     exercises = [e for e in find_exercises() if only is None or e.id == only]
     if not exercises:
         raise ValueError(f"no exercise {only!r}; exercises are {', '.join(e.id for e in find_exercises())}")
-    todo = unsolved(impl)
+    todo, unreadable = {}, {}
+    for ch in sorted({e.chapter for e in exercises}):  # a syntax error fails its own chapter, not the rest
+        try:
+            todo.update(unsolved(impl, {ch}))
+        except ValueError as err:
+            unreadable[ch] = str(err)
     results = {e.id: Result(e.id, f"{', '.join(e.stubbed)}") for e in exercises}
     to_run = []
     for e in exercises:
         missing = todo.get(e.id, [])
-        if len(missing) == len(e.stubbed):
+        if e.chapter in unreadable:
+            results[e.id].status, results[e.id].message = "failed", unreadable[e.chapter]
+        elif len(missing) == len(e.stubbed):
             results[e.id].message = f"{', '.join(missing)} in {impl}/ch{e.chapter}.py still raise NotImplementedError"
         else:
             to_run.append(e)

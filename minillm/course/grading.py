@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from minillm.course.error_patterns import describe_error, describe_mismatch
@@ -44,10 +45,43 @@ def check_equal(actual, expected, exercise_id: str, what: str = "output", suspec
         _fail(exercise_id, what, problem, diagnosis, None if diagnosis else describe_mismatch(actual, expected))
 
 
+def check_unmodified(original, after, exercise_id: str, function: str, arg: str,
+                     suspects: Suspects | None = None, instead: str | None = None) -> None:
+    """Assert that `function` left its input `arg` as it was: `original` is the input as the caller
+    made it, `after` the tensor (or numpy array) the function was given, after the call. A
+    function whose contract is to return a new value must not write into its inputs: the caller
+    (the engine, the next layer, the grader's reference) still reads them. suspects: diagnosis ->
+    what a known wrong version leaves in that input; instead: what to do (default: compute a new
+    tensor or array)."""
+    problem = _modified(original, after)
+    if problem is not None:
+        instead = instead or f"compute a new {'array' if isinstance(original, np.ndarray) else 'tensor'} instead"
+        diagnosis = _diagnose(after, suspects, lambda a, s: _modified(a, s) is None)
+        _fail(exercise_id, f"{function} modified its input `{arg}` in place; {instead}", problem, diagnosis)
+
+
+def check_type(actual, expected: type, exercise_id: str, what: str, suspects: Suspects | None = None) -> None:
+    """Assert isinstance(actual, expected) before its values are compared (a list where a numpy array
+    is due would otherwise be reported by its values or dtype). what: e.g. "slot_mapping_for must
+    return a numpy array"; suspects: diagnosis -> the type NAME a known wrong version returns."""
+    if not isinstance(actual, expected):
+        name = type(actual).__name__
+        diagnosis = _diagnose(name, suspects, equal)
+        _fail(exercise_id, f"{what}, got {name}", f"({_short(actual)})", diagnosis)
+
+
+def check_that(problem: str | None, exercise_id: str, what: str, actual=None, suspects: Suspects | None = None) -> None:
+    """Fail with `what` and `problem` when problem is not None: for a check that words its own failure
+    ("dropped tokens must be -inf" and "(got -1e+09 at row 0, token 3)"). The diagnosis compares
+    `actual` with each suspect as check_equal does."""
+    if problem is not None:
+        _fail(exercise_id, what, problem, _diagnose(actual, suspects, equal))
+
+
 def require_written(impl: str, exercise_id: str) -> None:
     """For a test that swaps one exercise into the engine: while its functions are still stubs the
     swap would silently run minillm's own code, so fail the way the stub does."""
-    todo = unsolved(impl).get(exercise_id)
+    todo = unsolved(impl, {exercise(exercise_id).chapter}).get(exercise_id)
     if todo:
         ex = exercise(exercise_id)
         raise NotImplementedError(f"Exercise {ex.id}: implement {', '.join(todo)} in {impl}/ch{ex.chapter}.py "
@@ -89,6 +123,24 @@ def _close_problem(actual, expected, atol: float, rtol: float) -> str | None:
     return (f"differs from the reference at {int(bad.sum())} of {bad.numel()} elements; max abs error "
             f"{err.max().item():.3g} (atol {atol:g}, rtol {rtol:g}); first at index {idx}: "
             f"got {a[idx].item():.6g}, expected {e[idx].item():.6g}")
+
+
+def _modified(original, after) -> str | None:
+    """None when `after` holds exactly `original` (NaN where it had NaN), else where it changed."""
+    if not isinstance(after, (torch.Tensor, np.ndarray)):
+        return f"(it is now a {type(after).__name__})"
+    a, b = (torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x.detach().cpu()
+            for x in (original, after))
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return f"(it was {tuple(a.shape)} {a.dtype}, it is now {tuple(b.shape)} {b.dtype})"
+    changed = a != b
+    if a.is_floating_point() or a.is_complex():
+        changed &= ~(a.isnan() & b.isnan())
+    if not changed.any():
+        return None
+    idx = tuple(int(i) for i in changed.nonzero()[0])
+    return (f"({int(changed.sum())} of {changed.numel()} elements changed; first at index {idx}: it was "
+            f"{a[idx].item():.6g}, it is now {b[idx].item():.6g})")
 
 
 def equal(actual, expected) -> bool:
