@@ -46,28 +46,30 @@ def check_equal(actual, expected, exercise_id: str, what: str = "output", suspec
 
 
 def check_unmodified(original, after, exercise_id: str, function: str, arg: str,
-                     suspects: Suspects | None = None, instead: str | None = None) -> None:
+                     suspects: Suspects | None = None, instead: str | None = None, where: str = "") -> None:
     """Assert that `function` left its input `arg` as it was: `original` is the input as the caller
     made it, `after` the tensor (or numpy array) the function was given, after the call. A
     function whose contract is to return a new value must not write into its inputs: the caller
     (the engine, the next layer, the grader's reference) still reads them. suspects: diagnosis ->
     what a known wrong version leaves in that input; instead: what to do (default: compute a new
-    tensor or array)."""
+    tensor or array); where: e.g. " on rank 1"."""
     problem = _modified(original, after)
     if problem is not None:
         instead = instead or f"compute a new {'array' if isinstance(original, np.ndarray) else 'tensor'} instead"
         diagnosis = _diagnose(after, suspects, lambda a, s: _modified(a, s) is None)
-        _fail(exercise_id, f"{function} modified its input `{arg}` in place; {instead}", problem, diagnosis)
+        _fail(exercise_id, f"{function} modified its input `{arg}`{where} in place; {instead}", problem, diagnosis)
 
 
-def check_type(actual, expected: type, exercise_id: str, what: str, suspects: Suspects | None = None) -> None:
+def check_type(actual, expected: type, exercise_id: str, what: str, call: str = "",
+               suspects: Suspects | None = None) -> None:
     """Assert isinstance(actual, expected) before its values are compared (a list where a numpy array
     is due would otherwise be reported by its values or dtype). what: e.g. "slot_mapping_for must
-    return a numpy array"; suspects: diagnosis -> the type NAME a known wrong version returns."""
+    return a numpy array"; call: the call that returned `actual`, for the message; suspects:
+    diagnosis -> the type NAME a known wrong version returns."""
     if not isinstance(actual, expected):
         name = type(actual).__name__
         diagnosis = _diagnose(name, suspects, equal)
-        _fail(exercise_id, f"{what}, got {name}", f"({_short(actual)})", diagnosis)
+        _fail(exercise_id, f"{what}, got {name}", f"({call or 'it'} returned {_short(actual)})", diagnosis)
 
 
 def check_that(problem: str | None, exercise_id: str, what: str, actual=None, suspects: Suspects | None = None) -> None:

@@ -16,15 +16,17 @@ from __future__ import annotations
 import functools
 import glob
 import importlib
+import inspect
 import os
 import types
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 from minillm.course.exercises import load_impl
-from minillm.course.grading import equal
+from minillm.course.grading import check_unmodified, equal
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,47 @@ def all_mistakes() -> dict[str, Mistake]:
 
 def suspects(function: str, *args, **kwargs) -> dict[str, Callable]:
     """diagnosis -> a zero-argument callable giving each known wrong version's output of `function`
-    on these arguments (computed only if the student's output is wrong)."""
-    return {m.hint: (lambda fn=m.replaces[function]: fn(*args, **kwargs))
+    on these arguments (computed only if the student's output is wrong). Each runs on copies of the
+    tensor and array arguments, so one that writes into its inputs cannot change what the next sees."""
+    return {m.hint: (lambda fn=m.replaces[function]: on_copies(fn)(*args, **kwargs))
             for m in all_mistakes().values() if function in m.replaces}
+
+
+def copied(x):
+    """A copy of a tensor or numpy array (any other argument as it is)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    return x.copy() if isinstance(x, np.ndarray) else x
+
+
+def on_copies(fn: Callable) -> Callable:
+    """fn, called on copies of its tensor and array arguments (the caller's stay as they were)."""
+    return lambda *args, **kwargs: fn(*map(copied, args), **{k: copied(v) for k, v in kwargs.items()})
+
+
+def call_pure(fn: Callable, function: str, exercise_id: str, *args, **kwargs):
+    """fn(*args, **kwargs) -> its result, for an exercise function `function` that must leave its
+    inputs alone (rms_norm, causal_attention, slot_mapping_for, ...). fn gets copies of the tensor and
+    array arguments, so whatever it does to them, the reference and the known wrong versions computed
+    after it see the inputs as the test made them; then an input it changed fails the test, naming
+    the argument (and the known wrong version that changes it the same way, if one does)."""
+    names = list(inspect.signature(getattr(load_impl("ref"), function)).parameters)
+    given = {**dict(zip(names, args)), **kwargs}
+    copies = {name: copied(value) for name, value in given.items()}
+    result = fn(*(copies[name] for name in names[:len(args)]), **{k: copies[k] for k in kwargs})
+    wrong = wrong_versions(function)
+
+    def left_in(wrong_fn, name):
+        """What wrong_fn leaves in input `name` when it runs on fresh copies of the inputs."""
+        fresh = {k: copied(v) for k, v in given.items()}
+        wrong_fn(*(fresh[k] for k in names[:len(args)]), **{k: fresh[k] for k in kwargs})
+        return fresh[name]
+
+    for name, value in given.items():
+        if isinstance(value, (torch.Tensor, np.ndarray)):
+            check_unmodified(value, copies[name], exercise_id, function, name,
+                             suspects={hint: (lambda w=w, name=name: left_in(w, name)) for hint, w in wrong.items()})
+    return result
 
 
 def suspects_of(function: str, run: Callable) -> dict[str, Callable]:

@@ -42,6 +42,21 @@ def bpe_highest_rank(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
         parts[i:i + 2] = [parts[i] + parts[i + 1]]
 
 
+def bpe_rightmost_tie(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
+    """Picks the lowest rank with <=, so of two equal pairs (one rank) the RIGHTMOST merges first."""
+    parts = [piece[i:i + 1] for i in range(len(piece))]
+    while len(parts) > 1:
+        best, best_rank = -1, None
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1])
+            if rank is not None and (best_rank is None or rank <= best_rank):
+                best, best_rank = i, rank
+        if best < 0:
+            break
+        parts[best:best + 2] = [parts[best] + parts[best + 1]]
+    return [ranks[p] for p in parts]
+
+
 def bpe_returns_bytes(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]:
     """Merges correctly but returns the merged byte strings, not their token ids."""
     parts = [piece[i:i + 1] for i in range(len(piece))]
@@ -246,6 +261,11 @@ MISTAKES: list[Mistake] = [
     Mistake("ch1_bpe_highest_rank", "1.1", {"bpe_encode": bpe_highest_rank},
             "merges the pair of HIGHEST rank first: a lower rank means the merge was learned earlier and must "
             "happen first, so pick the minimum rank, not the maximum", BPE),
+    Mistake("ch1_bpe_rightmost_tie", "1.1", {"bpe_encode": bpe_rightmost_tie},
+            "when the same pair occurs twice (b\"aaaaa\": four pairs b\"aa\", one rank), the rightmost is merged "
+            "first: a comparison rank <= best_rank lets each later equal pair replace the one found before. Keep the "
+            "leftmost (rank < best_rank), as tiktoken does: b\"aaaaa\" is [b\"aaaa\", b\"a\"], not "
+            "[b\"a\", b\"aaaa\"]", BPE),
     Mistake("ch1_bpe_returns_bytes", "1.1", {"bpe_encode": bpe_returns_bytes},
             "returns the merged byte strings instead of token ids: finish with [ranks[part] for part in parts]",
             BPE),

@@ -38,6 +38,14 @@ def rms_norm_sum_not_mean(x, weight, eps):
     return weight * (xf * torch.rsqrt(xf.pow(2).sum(dim=-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def rms_norm_scales_x_in_place(x, weight, eps):
+    """Normalizes with x.mul_ on x.float(), which for an fp32 x is x itself: the caller's tensor changes."""
+    orig_dtype = x.dtype
+    x = x.float()
+    x.mul_(torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps))
+    return weight * x.to(orig_dtype)
+
+
 # ---- 2.2 fused add + RMSNorm ---------------------------------------------------------------------
 def add_rms_norm_returns_old_residual(x, residual, weight, eps):
     """Normalizes the sum but returns the residual it was given, not the sum."""
@@ -120,6 +128,18 @@ def attention_without_scale(q, k, v, scale):
     return _attention(q, k, v, 1.0)
 
 
+def attention_scales_q_in_place(q, k, v, scale):
+    """Scales the queries with q.mul_(scale) on q.float(), which for an fp32 q is q itself."""
+    dtype, q = q.dtype, q.float()
+    q.mul_(scale)
+    return _attention(q, k, v, 1.0).to(dtype)
+
+
+def attention_returns_fp32(q, k, v, scale):
+    """Returns the fp32 result: no .to(q.dtype) at the end."""
+    return _attention(q.float(), k, v, scale)
+
+
 # ---- 2.5 SiLU-and-mul ----------------------------------------------------------------------------
 def silu_on_up(x):
     """Applies SiLU to the second half (up) and multiplies by the first (gate)."""
@@ -198,6 +218,16 @@ def add_store_unmasked(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     x = tl.load(x_ptr + offsets, mask=mask)
     y = tl.load(y_ptr + offsets, mask=mask)
     tl.store(out_ptr + offsets, x + y)
+
+
+@triton.jit
+def add_load_unmasked(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Masks the load of x and the store but not the load of y: the last program reads y past its end."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets)
+    tl.store(out_ptr + offsets, x + y, mask=mask)
 
 
 @triton.jit
@@ -503,6 +533,7 @@ TRITON_NORM = "test_ch2.py::test_triton_add_rms_norm_matches_qwen3_rmsnorm"
 PRIMER = "test_ch2_primer.py::"
 ADD_GUARDED = PRIMER + "test_vector_add_writes_only_its_n_elements"
 ADD = PRIMER + "test_vector_add_matches_torch"
+ADD_READS = PRIMER + "test_vector_add_reads_only_its_n_elements"
 SOFTMAX_GUARDED = PRIMER + "test_softmax_of_strided_rows_writes_only_its_rows"
 SOFTMAX = PRIMER + "test_softmax_rows_matches_torch"
 GATHER_GUARDED = PRIMER + "test_gather_from_a_strided_cache_writes_only_its_tokens"
@@ -521,6 +552,10 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_rms_norm_sum_not_mean", "2.1", {"rms_norm": rms_norm_sum_not_mean},
             "rms_norm divides by the root of the SUM of squares (the L2 norm): RMS is the root of their MEAN, "
             "x.pow(2).mean(dim=-1, keepdim=True)", NORM, {"shape": (18, 64)}),
+    Mistake("ch2_rms_norm_scales_x_in_place", "2.1", {"rms_norm": rms_norm_scales_x_in_place},
+            "rms_norm writes into its input: for an fp32 x, x.float() is x itself, so x.mul_(...) (or x *= ...) "
+            "normalizes the caller's tensor in place; write x = x * torch.rsqrt(...), a new tensor", NORM,
+            {"shape": (18, 64)}),
     Mistake("ch2_add_rms_norm_returns_old_residual", "2.2", {"add_rms_norm": add_rms_norm_returns_old_residual},
             "add_rms_norm returns the residual it was given: return the new residual x + residual, the "
             "stream the next block adds to", ADD_NORM),
@@ -560,6 +595,14 @@ MISTAKES: list[Mistake] = [
             "repeat_interleave(H // Hkv, dim=1) gives", PREFILL_ATTN, {"heads": (4, 2)}),
     Mistake("ch2_attention_without_scale", "2.4", {"causal_attention": attention_without_scale},
             "the scores are never multiplied by scale: softmax(q . k * scale)", PREFILL_ATTN, {"heads": (4, 4)}),
+    Mistake("ch2_attention_scales_q_in_place", "2.4", {"causal_attention": attention_scales_q_in_place},
+            "causal_attention scales the caller's queries in place: for an fp32 q, q.float() is q itself, so "
+            "q.mul_(scale) (or q *= scale) changes the q the caller still holds; multiply the scores by scale, or "
+            "make a new tensor, q.float() * scale", PREFILL_ATTN, {"heads": (4, 4)}),
+    Mistake("ch2_attention_returns_fp32", "2.4", {"causal_attention": attention_returns_fp32},
+            "causal_attention returns its fp32 result: cast the output back to q.dtype (.to(q.dtype)), so a bf16 "
+            "model gets bf16 activations; only the math runs in fp32",
+            "test_ch2.py::test_causal_attention_bf16_keeps_dtype_and_matches"),
     Mistake("ch2_silu_on_up", "2.5", {"silu_and_mul": silu_on_up},
             "SiLU is applied to the wrong half: x is [gate | up], so silu(first half) * second half", MLP,
             {"shape": (18, 64)}),
@@ -588,6 +631,12 @@ MISTAKES: list[Mistake] = [
                                                                          add_store_unmasked)},
             "the store has no mask: the last program writes all BLOCK lanes, past element n-1 into whatever "
             "lies after the output; pass mask=offsets < n to tl.store as to the loads", ADD_GUARDED),
+    Mistake("ch2_primer_add_load_unmasked", "2.7",
+            {"add_kernel": add_load_unmasked, "vector_add": with_kernel(primer.vector_add, "add_kernel",
+                                                                        add_load_unmasked)},
+            "a load has no mask: the last program reads all BLOCK lanes of y, past element n-1 into memory that "
+            "is not y's (on a GPU possibly an unmapped page: an illegal memory access); the masked store hides "
+            "it in the output. Pass mask=offsets < n to every tl.load as to the store", ADD_READS),
     Mistake("ch2_primer_add_offsets_without_program", "2.7",
             {"add_kernel": add_offsets_without_program,
              "vector_add": with_kernel(primer.vector_add, "add_kernel", add_offsets_without_program)},

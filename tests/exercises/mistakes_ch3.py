@@ -38,6 +38,11 @@ def slot_mapping_block_id_as_row(block_table, start, end, block_size):
     return block_table[pos // block_size].astype(np.int64) + pos % block_size  # the bug: no * block_size
 
 
+def slot_mapping_as_list(block_table, start, end, block_size):
+    pos = np.arange(start, end, dtype=np.int64)
+    return (block_table[pos // block_size].astype(np.int64) * block_size + pos % block_size).tolist()  # the bug
+
+
 # ---- 3.2 prefix caching ----------------------------------------------------------------------------
 def block_hash_unchained(token_ids, prefix_hash):
     h = hashlib.blake2b(digest_size=8)  # the bug: prefix_hash never fed in
@@ -78,8 +83,10 @@ def match_prefix_trusts_the_hash(token_ids, block_size, hash_to_block_id, block_
 
 # ---- 3.3 paged decode attention in torch -------------------------------------------------------------
 def _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, *, heads_tiled=False, zero_hidden=True,
-                  key_count_error=0):
+                  key_count_error=0, clamp_in_place=False):
     """paged_decode_torch with one bug switched on."""
+    if clamp_in_place:  # the bug: the caller's block tables lose their -1 padding
+        block_tables.clamp_min_(0)
     blocks = block_tables.long().clamp_min(0)
     visible = torch.arange(blocks.shape[1] * k_cache.shape[1]) < context_lens[:, None] + key_count_error
     k = k_cache[blocks].flatten(1, 2)  # [B, L, Hkv, D]
@@ -108,6 +115,10 @@ def paged_decode_masks_without_zeroing(q, k_cache, v_cache, block_tables, contex
 
 def paged_decode_one_key_too_few(q, k_cache, v_cache, block_tables, context_lens, scale):
     return _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, key_count_error=-1)
+
+
+def paged_decode_clamps_the_table_in_place(q, k_cache, v_cache, block_tables, context_lens, scale):
+    return _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, clamp_in_place=True)
 
 
 # ---- running a buggy kernel through minillm's own launch wrapper -------------------------------------
@@ -266,7 +277,7 @@ paged_decode_attention_lse_natural_log = _decode_with(DECODE_LSE_NATURAL_LOG)
 # ---- 3.6 one scheduler step -----------------------------------------------------------------------------
 def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, *,
                    skip_ahead=False, preempt_oldest=False, may_append=True, forget_computed=False,
-                   no_decode_first=False, spare_half_prefilled=False):
+                   no_decode_first=False, spare_half_prefilled=False, victim_at_the_back=False):
     """schedule_step with one bug switched on."""
     scheduled, preempted, num_tokens = [], [], 0
     head = waiting[0] if waiting else None
@@ -309,7 +320,10 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
                 victim = seq
             victim.status = SequenceStatus.WAITING
             block_manager.deallocate(victim)
-            waiting.appendleft(victim)
+            if victim_at_the_back:  # the bug: the victim queues behind every waiting sequence
+                waiting.append(victim)
+            else:
+                waiting.appendleft(victim)
             preempted.append(victim)
             if victim is seq:
                 break
@@ -351,6 +365,12 @@ def schedule_step_spares_the_half_prefilled(waiting: deque, running: deque, bloc
                           spare_half_prefilled=True)
 
 
+def schedule_step_victim_at_the_back(waiting: deque, running: deque, block_manager, max_num_seqs,
+                                     max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens,
+                          victim_at_the_back=True)
+
+
 # ---- the list ------------------------------------------------------------------------------------------
 MISTAKES: list[Mistake] = [
     # 3.1
@@ -370,6 +390,10 @@ MISTAKES: list[Mistake] = [
             "slot = block_table[pos // block_size] * block_size + pos % block_size",
             "test_ch3.py::test_slot_mapping_for_positions", {"block_size": 16}),
     # 3.2
+    Mistake("ch3_slot_mapping_returns_list", "3.1", {"slot_mapping_for": slot_mapping_as_list},
+            "slot_mapping_for returns a Python list (.tolist()): return the int64 numpy array itself, which the "
+            "engine concatenates and copies to the device as it is",
+            "test_ch3.py::test_slot_mapping_for_positions", {"block_size": 16}),
     Mistake("ch3_block_hash_unchained", "3.2", {"compute_block_hash": block_hash_unchained},
             "compute_block_hash ignores prefix_hash: the same block after different prefixes gets the same hash, "
             "so a cache hit could hand a sequence K/V computed after another prefix. Feed prefix_hash into the "
@@ -402,6 +426,12 @@ MISTAKES: list[Mistake] = [
     Mistake("ch3_paged_decode_one_key_too_few", "3.3", {"paged_decode_torch": paged_decode_one_key_too_few},
             "each sequence attends to context_lens[b] - 1 keys, leaving out the newest: its K/V was stored "
             "before attention runs and context_lens[b] counts it. Key position p is visible iff p < context_lens[b]",
+            "test_ch3.py::test_paged_decode_torch_matches_sdpa", {"dtype": torch.float32, "case": 0}),
+    Mistake("ch3_paged_decode_clamps_the_table_in_place", "3.3",
+            {"paged_decode_torch": paged_decode_clamps_the_table_in_place},
+            "the caller's block tables are clamped in place (block_tables.clamp_min_(0) or clamp_): their -1 "
+            "padding becomes block 0, a real block, for whoever reads the tables after this step; clamp a copy, "
+            "block_tables.long().clamp_min(0)",
             "test_ch3.py::test_paged_decode_torch_matches_sdpa", {"dtype": torch.float32, "case": 0}),
     # 3.4
     Mistake("ch3_store_stores_skipped_slots", "3.4", {"store_kvcache": store_kvcache_stores_skipped_slots},
@@ -442,6 +472,11 @@ MISTAKES: list[Mistake] = [
     Mistake("ch3_schedule_preempts_the_oldest", "3.6", {"schedule_step": schedule_step_preempts_the_oldest},
             "the oldest running sequence is preempted (off the left of `running`): preempt the one admitted "
             "last, running.pop() (the right end), and only the sequence itself when no other is left",
+            "test_ch3.py::test_schedule_step_preempts_the_newest"),
+    Mistake("ch3_schedule_victim_at_the_back", "3.6", {"schedule_step": schedule_step_victim_at_the_back},
+            "a preempted sequence joins the back of `waiting` (waiting.append): it was admitted before every "
+            "waiting sequence, so it goes back to the FRONT, waiting.appendleft(victim), and is readmitted first "
+            "when blocks free up",
             "test_ch3.py::test_schedule_step_preempts_the_newest"),
     Mistake("ch3_schedule_without_may_append", "3.6", {"schedule_step": schedule_step_without_may_append},
             "a decoding sequence is scheduled without block_manager.may_append(seq): when its new token starts a "

@@ -82,6 +82,15 @@ def vocab_embed_without_all_reduce(token_ids, weight_shard, vocab_start, group):
     return y.masked_fill(~mask.unsqueeze(-1), 0)  # the bug: other ranks' rows stay zero here
 
 
+def vocab_embed_shifts_ids_in_place(token_ids, weight_shard, vocab_start, group):
+    token_ids -= vocab_start  # the bug: the caller's ids are shifted (on every rank but the first)
+    mask = (token_ids >= 0) & (token_ids < weight_shard.shape[0])
+    y = F.embedding(torch.where(mask, token_ids, 0), weight_shard)
+    y = y.masked_fill(~mask.unsqueeze(-1), 0)
+    dist.all_reduce(y, group=group)
+    return y
+
+
 # ---- 4.4 the parallel LM head ------------------------------------------------------------------------
 def lm_head_concatenates_rows(hidden, weight_shard, group):
     logits = F.linear(hidden, weight_shard)
@@ -147,6 +156,11 @@ MISTAKES: list[Mistake] = [
     Mistake("ch4_vocab_embed_without_all_reduce", "4.3", {"vocab_parallel_embed": vocab_embed_without_all_reduce},
             "no all-reduce: each rank holds only the rows of the ids it owns (zeros for the others). "
             "torch.distributed.all_reduce(y, group=group) sums the ranks, so every row comes from its one owner",
+            "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
+    Mistake("ch4_vocab_embed_shifts_ids_in_place", "4.3", {"vocab_parallel_embed": vocab_embed_shifts_ids_in_place},
+            "the caller's token ids were shifted in place (token_ids -= vocab_start): on every rank but the first "
+            "the caller's tensor now holds other ids, and whatever reads it after the embedding gets them. "
+            "Compute local = token_ids - vocab_start, a new tensor",
             "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
     # 4.4
     Mistake("ch4_lm_head_concatenates_rows", "4.4", {"parallel_lm_head": lm_head_concatenates_rows},

@@ -128,14 +128,22 @@ def top_p_drops_the_crossing_token(logits, top_k, top_p):
     return _mask(logits, top_k, top_p, mass_with_self=True)
 
 
+def top_k_top_p_fills_minus_1e9(logits, top_k, top_p):
+    masked = _mask(logits, top_k, top_p)
+    return masked.masked_fill(torch.isneginf(masked), -1e9)  # the bug: a large negative number, not -inf
+
+
 def _gumbel(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None, *,
-            temperature_after_noise=False, noise_sign=1.0, mask_before_temperature=False, use_generators=True):
+            temperature_after_noise=False, noise_sign=1.0, mask_before_temperature=False, use_generators=True,
+            divide_in_place=False):
     """gumbel_sample with one bug switched on (the noise is drawn exactly as the right version draws it)."""
     greedy = logits.argmax(dim=-1) if any_greedy is not False else None
     t = temperatures.clamp_min(1e-6)[:, None]
     if mask_before_temperature and (top_k is not None or top_p is not None):
         logits = right_top_k_top_p(logits, top_k, top_p)
-    if not temperature_after_noise:
+    if divide_in_place:  # the bug: the caller's logits are divided
+        logits.div_(t)
+    elif not temperature_after_noise:
         logits = logits / t
     if not mask_before_temperature and (top_k is not None or top_p is not None):
         logits = right_top_k_top_p(logits, top_k, top_p)
@@ -165,6 +173,10 @@ def gumbel_mask_before_temperature(logits, temperatures, top_k=None, top_p=None,
 
 def gumbel_ignores_generators(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None):
     return _gumbel(logits, temperatures, top_k, top_p, generators, any_greedy, use_generators=False)
+
+
+def gumbel_divides_in_place(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None):
+    return _gumbel(logits, temperatures, top_k, top_p, generators, any_greedy, divide_in_place=True)
 
 
 # ---- 5.4 the bench's floor ---------------------------------------------------------------------------
@@ -266,6 +278,11 @@ MISTAKES = [
             "when the mass of the tokens ranked strictly before it is < top_p (probs.cumsum(-1) - probs), so "
             "the kept set's mass reaches top_p and the best token always stays",
             "test_ch5.py::test_top_k_top_p_masks_match_transformers"),
+    Mistake("ch5_top_k_top_p_fills_minus_1e9", "5.3", {"apply_top_k_top_p": top_k_top_p_fills_minus_1e9},
+            "dropped tokens are set to -1e9, not -inf: -1e9 is still a finite logit (isfinite() counts it as kept, "
+            "and it changes under another division or a cast to fp16); fill with float(\"-inf\"), as "
+            "transformers' warpers do, which softmax and exp turn into exactly 0",
+            "test_ch5.py::test_top_k_top_p_masks_match_transformers"),
     Mistake("ch5_gumbel_temperature_after_noise", "5.3", {"gumbel_sample": gumbel_temperature_after_noise},
             "the temperature divides logits + noise, which does not change the argmax: every temperature samples "
             "softmax(logits). Divide the logits by T first, then add the Gumbel noise",
@@ -283,6 +300,11 @@ MISTAKES = [
             "batch: replace row b's noise with torch.rand(V, generator=generators[b], device=...) when "
             "generators[b] is not None",
             "test_ch5.py::test_seeded_rows_ignore_the_rest_of_the_batch"),
+    Mistake("ch5_gumbel_divides_in_place", "5.3", {"gumbel_sample": gumbel_divides_in_place},
+            "the caller's logits are divided by the temperature in place (logits.div_ or logits /= ...): the "
+            "sampler computes the logprobs from those same logits after sampling, so they come out tempered; "
+            "divide into a new tensor, logits = logits / temperatures.clamp_min(1e-6)[:, None]",
+            "test_ch5.py::test_greedy_rows_and_top_k_1_take_the_argmax"),
     # 5.4
     Mistake("ch5_bytes_reads_the_embedding", "5.4", {"model_bytes": model_bytes_reads_the_embedding},
             "a decode step reads the embedding table whole: it reads only the B rows of the batch's tokens "

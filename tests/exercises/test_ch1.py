@@ -25,7 +25,7 @@ from minillm.course.runtime_v0 import one_sequence_runner, prefill_batch
 from minillm.model_zoo import QWEN_PATTERN, QWEN_SPECIAL, qwen_tiktoken_file
 from minillm.models.qwen3 import Qwen3ForCausalLM
 
-from mistakes import suspects, then
+from mistakes import call_pure, suspects, then, wrong_versions
 
 CH1 = ref_path("ch1")
 
@@ -49,11 +49,23 @@ SPECIAL = {t: 151643 + i for i, t in enumerate(QWEN_SPECIAL)}
 
 @pytest.mark.ex1_1
 def test_bpe_encode_pieces_match_tiktoken(impl):
+    """Every stored piece, against tiktoken. A known wrong version is named only when it gives the
+    student's ids on EVERY piece: two bugs can agree on one piece (merging the leftmost pair and
+    merging the highest rank both turn " aaaa" into [83465, 64])."""
     ranks = _ranks()
-    for piece, want in _bpe_ref()["pieces"]:
-        data = piece.encode("utf-8")
-        check_equal(impl.bpe_encode(data, ranks), want, "1.1", f"bpe_encode({piece!r})",
-                    suspects=suspects("bpe_encode", data, ranks))
+    pieces = [(piece, piece.encode("utf-8"), want) for piece, want in _bpe_ref()["pieces"]]
+    got = [impl.bpe_encode(data, ranks) for _, data, _ in pieces]
+
+    def everywhere_like_yours(fn, data):
+        """fn's ids for data, if fn gives your ids on every piece (else it is not your bug)."""
+        if [fn(d, ranks) for _, d, _ in pieces] != got:
+            raise LookupError("this wrong version differs from yours on another piece")
+        return fn(data, ranks)
+
+    for (piece, data, want), ids in zip(pieces, got):
+        check_equal(ids, want, "1.1", f"bpe_encode({piece!r})",
+                    suspects={hint: (lambda fn=fn, data=data: everywhere_like_yours(fn, data))
+                              for hint, fn in wrong_versions("bpe_encode").items()})
 
 
 @pytest.mark.ex1_1
@@ -332,7 +344,7 @@ def test_forward_pipeline_matches_transformers_logits(impl, name):
             want = hf(torch.tensor([prompt])).logits[0]
             input_ids, positions = runner.load_batch(prefill_batch(prompt))
             try:  # checked while the attention context is set: the wrong versions run on failure
-                got = impl.forward_pipeline(runner.model, input_ids, positions)
+                got = call_pure(impl.forward_pipeline, "forward_pipeline", "1.4", runner.model, input_ids, positions)
                 check_close(got, want, "1.4", f"logits of {name} for a {len(prompt)}-token prompt", atol=1e-4,
                             rtol=1e-4, suspects=suspects("forward_pipeline", runner.model, input_ids, positions))
             finally:

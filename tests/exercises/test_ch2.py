@@ -18,12 +18,12 @@ from transformers.models.qwen3.modeling_qwen3 import (Qwen3Attention, Qwen3Decod
 from helpers import greedy_reference, ref_path, small_engine_args
 from minillm import LLM, SamplingParams
 from minillm.course.exercises import use_impl
-from minillm.course.grading import check_close, check_equal, require_written
+from minillm.course.grading import check_close, check_equal, check_unmodified, require_written
 from minillm.layers.attention import varlen_attention
 from minillm.layers.layernorm import rms_norm as rms_norm_ref
 from minillm.layers.rotary import apply_rotary as apply_rotary_ref, rope_cos_sin as rope_cos_sin_ref
 from minillm.models.qwen3 import DecoderLayerParams
-from mistakes import suspects, then, wrong_versions
+from mistakes import call_pure, on_copies, suspects, then, wrong_versions
 
 # named fp32 tolerances (absolute, relative): the same math in another order differs by a few ulps
 TOL_NORM = dict(atol=1e-5, rtol=1e-5)  # one reduction over d
@@ -93,7 +93,8 @@ def test_rms_norm_matches_qwen3_rmsnorm(impl, shape):
     ref = seeded(Qwen3RMSNorm(shape[-1], eps=1e-6))
     x = randn(*shape) * 3
     with torch.no_grad():
-        check_close(impl.rms_norm(x, ref.weight, 1e-6), ref(x), "2.1", f"rms_norm of {list(shape)}", **TOL_NORM,
+        check_close(call_pure(impl.rms_norm, "rms_norm", "2.1", x, ref.weight, 1e-6), ref(x), "2.1",
+                    f"rms_norm of {list(shape)}", **TOL_NORM,
                     suspects=suspects("rms_norm", x, ref.weight, 1e-6))
 
 
@@ -102,7 +103,8 @@ def test_rms_norm_bf16_keeps_dtype_and_matches(impl):
     ref = seeded(Qwen3RMSNorm(64, eps=1e-6)).to(torch.bfloat16)
     x = randn(18, 64, dtype=torch.bfloat16)
     with torch.no_grad():
-        check_close(impl.rms_norm(x, ref.weight, 1e-6), ref(x), "2.1", "rms_norm in bf16", **TOL_BF16,
+        check_close(call_pure(impl.rms_norm, "rms_norm", "2.1", x, ref.weight, 1e-6), ref(x), "2.1",
+                    "rms_norm in bf16", **TOL_BF16,
                     suspects=suspects("rms_norm", x, ref.weight, 1e-6))
 
 
@@ -113,8 +115,9 @@ def test_rms_norm_fp16_large_activations(impl):
     ref = seeded(Qwen3RMSNorm(64, eps=1e-6)).to(torch.float16)
     x = (randn(18, 64, seed=26) * LARGE).to(torch.float16)
     with torch.no_grad():
-        check_close(impl.rms_norm(x, ref.weight, 1e-6), ref(x), "2.1", f"rms_norm in fp16 of activations near "
-                    f"{LARGE:g}", **TOL_FP16, suspects=suspects("rms_norm", x, ref.weight, 1e-6))
+        check_close(call_pure(impl.rms_norm, "rms_norm", "2.1", x, ref.weight, 1e-6), ref(x), "2.1",
+                    f"rms_norm in fp16 of activations near {LARGE:g}", **TOL_FP16,
+                    suspects=suspects("rms_norm", x, ref.weight, 1e-6))
 
 
 @pytest.mark.ex2_1
@@ -122,7 +125,8 @@ def test_rms_norm_uses_eps(impl):
     ref = seeded(Qwen3RMSNorm(64, eps=0.5))
     x = randn(4, 64) * 0.1  # small activations: eps matters
     with torch.no_grad():
-        check_close(impl.rms_norm(x, ref.weight, 0.5), ref(x), "2.1", "rms_norm with eps=0.5", **TOL_NORM,
+        check_close(call_pure(impl.rms_norm, "rms_norm", "2.1", x, ref.weight, 0.5), ref(x), "2.1",
+                    "rms_norm with eps=0.5", **TOL_NORM,
                     suspects=suspects("rms_norm", x, ref.weight, 0.5))
 
 
@@ -186,17 +190,17 @@ def test_apply_rotary_on_a_packed_batch_matches_transformers(impl, offsets):
     cache = rope_cos_sin_ref(16, 512, 10000.0)
     cos, sin = rot(q, positions[None])  # [1, N, D]
     want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
-    check_close(impl.apply_rotary(q, positions, cache), want_q[0].transpose(0, 1), "2.3", "rotated q", **TOL_ROPE,
-                suspects=suspects("apply_rotary", q, positions, cache))
-    check_close(impl.apply_rotary(k, positions, cache), want_k[0].transpose(0, 1), "2.3", "rotated k", **TOL_ROPE,
-                suspects=suspects("apply_rotary", k, positions, cache))
+    check_close(call_pure(impl.apply_rotary, "apply_rotary", "2.3", q, positions, cache), want_q[0].transpose(0, 1),
+                "2.3", "rotated q", **TOL_ROPE, suspects=suspects("apply_rotary", q, positions, cache))
+    check_close(call_pure(impl.apply_rotary, "apply_rotary", "2.3", k, positions, cache), want_k[0].transpose(0, 1),
+                "2.3", "rotated k", **TOL_ROPE, suspects=suspects("apply_rotary", k, positions, cache))
 
 
 @pytest.mark.ex2_3
 def test_apply_rotary_keeps_dtype(impl):
     cache = rope_cos_sin_ref(16, 64, 10000.0)
     q = randn(5, 2, 16, seed=7, dtype=torch.bfloat16)
-    out = impl.apply_rotary(q, torch.arange(5), cache)
+    out = call_pure(impl.apply_rotary, "apply_rotary", "2.3", q, torch.arange(5), cache)
     check_equal(out.dtype, torch.bfloat16, "2.3", "apply_rotary's output dtype (must be x.dtype)")
 
 
@@ -213,7 +217,8 @@ def sdpa(q, k, v, scale, mask=None, causal=False):
 def test_causal_attention_prefill_matches_sdpa(impl, heads):
     H, Hkv = heads
     q, k, v = randn(9, H, 16, seed=8), randn(9, Hkv, 16, seed=9), randn(9, Hkv, 16, seed=10)
-    check_close(impl.causal_attention(q, k, v, 0.25), sdpa(q, k, v, 0.25, causal=True), "2.4",
+    check_close(call_pure(impl.causal_attention, "causal_attention", "2.4", q, k, v, 0.25),
+                sdpa(q, k, v, 0.25, causal=True), "2.4",
                 f"attention of 9 queries, {H} query heads, {Hkv} KV heads", **TOL_ATTN,
                 suspects=suspects("causal_attention", q, k, v, 0.25))
 
@@ -224,8 +229,20 @@ def test_causal_attention_with_fewer_queries_than_keys_matches_sdpa(impl, lq):
     lk = 11
     q, k, v = randn(lq, 4, 16, seed=11), randn(lk, 2, 16, seed=12), randn(lk, 2, 16, seed=13)
     visible = torch.ones(lq, lk, dtype=torch.bool).tril(diagonal=lk - lq)  # query i sits at lk - lq + i
-    check_close(impl.causal_attention(q, k, v, 0.25), sdpa(q, k, v, 0.25, mask=visible), "2.4",
+    check_close(call_pure(impl.causal_attention, "causal_attention", "2.4", q, k, v, 0.25),
+                sdpa(q, k, v, 0.25, mask=visible), "2.4",
                 f"attention of {lq} queries over {lk} keys", **TOL_ATTN,
+                suspects=suspects("causal_attention", q, k, v, 0.25))
+
+
+@pytest.mark.ex2_4
+def test_causal_attention_bf16_keeps_dtype_and_matches(impl):
+    """The engine runs attention in bf16: the result must come back in q.dtype (the math in fp32),
+    compared with SDPA on the same bf16 values in fp32, rounded to bf16 once."""
+    q, k, v = (randn(9, h, 16, seed=s, dtype=torch.bfloat16) for h, s in ((4, 29), (2, 30), (2, 31)))
+    want = sdpa(q.float(), k.float(), v.float(), 0.25, causal=True).to(torch.bfloat16)
+    check_close(call_pure(impl.causal_attention, "causal_attention", "2.4", q, k, v, 0.25), want, "2.4",
+                "attention in bf16 of 9 queries, 4 query heads, 2 KV heads (must be q.dtype)", **TOL_BF16,
                 suspects=suspects("causal_attention", q, k, v, 0.25))
 
 
@@ -249,8 +266,9 @@ def test_attention_block_on_a_packed_batch_matches_qwen3_attention(impl):
             return F.linear(o.reshape(18, 64), attn.o_proj.weight)
 
         wrong = wrong_versions("causal_attention")
-        check_close(block(impl.causal_attention), want, "2.4", "attention block output", **TOL_ATTN,
-                    suspects={hint: (lambda fn=fn: block(fn)) for hint, fn in wrong.items()})
+        got = block(lambda *args: call_pure(impl.causal_attention, "causal_attention", "2.4", *args))
+        check_close(got, want, "2.4", "attention block output", **TOL_ATTN,
+                    suspects={hint: (lambda fn=fn: block(on_copies(fn))) for hint, fn in wrong.items()})
 
 
 # ---- 2.5 SiLU-and-mul ----------------------------------------------------------------------------
@@ -262,7 +280,7 @@ def test_silu_and_mul_makes_qwen3_mlp(impl, shape):
     gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])  # packed [gate | up], as the engine loads it
     with torch.no_grad():
         packed = F.linear(x, gate_up)
-        got = F.linear(impl.silu_and_mul(packed), mlp.down_proj.weight)
+        got = F.linear(call_pure(impl.silu_and_mul, "silu_and_mul", "2.5", packed), mlp.down_proj.weight)
         check_close(got, mlp(x), "2.5", "down_proj(silu_and_mul(gate_up_proj(x)))", **TOL_MLP,
                     suspects=then(suspects("silu_and_mul", packed), lambda out: F.linear(out, mlp.down_proj.weight)))
 
@@ -299,7 +317,8 @@ def test_decoder_layer_on_a_packed_batch_matches_qwen3_decoder_layer(impl, first
                                positions, rot)
         hook.remove()
         params = layer_params(layer, cfg)
-        mlp_out, new_residual = impl.decoder_layer(positions, hidden, residual, params)
+        mlp_out, new_residual = call_pure(impl.decoder_layer, "decoder_layer", "2.6", positions, hidden, residual,
+                                          params)
         suspected = suspects("decoder_layer", positions, hidden, residual, params)
         check_close(new_residual, torch.cat(mid), "2.6", "returned residual (the stream after attention)",
                     **TOL_LAYER, suspects=then(suspected, lambda out: out[1]))
@@ -319,7 +338,7 @@ def test_decoder_layer_without_qk_norm(impl):
     with torch.no_grad():
         want = hf_per_sequence(lambda h, pe, m: layer(h, attention_mask=m, position_embeddings=pe), hidden,
                                positions, rot)
-        mlp_out, new_residual = impl.decoder_layer(positions, hidden, None, params)
+        mlp_out, new_residual = call_pure(impl.decoder_layer, "decoder_layer", "2.6", positions, hidden, None, params)
         check_close(mlp_out + new_residual, want, "2.6", "layer output without QK-norm", **TOL_LAYER,
                     suspects=then(suspects("decoder_layer", positions, hidden, None, params),
                                    lambda out: out[0] + out[1]))
@@ -354,13 +373,16 @@ def test_triton_kernel_reads_strided_rows_and_writes_only_its_rows(impl):
     guard = 77.0
 
     def launch(kernel):
-        """Run `kernel` into fresh guarded buffers. -> (out buffer, residual_out buffer), guards included."""
+        """Run `kernel` on fresh copies of the inputs, into fresh guarded buffers. -> (out buffer,
+        residual_out buffer, guards included; the copies of the wide x and residual after the launch)."""
+        x_in, res_in = wide.clone(), wide_res.clone()
         out_buf, res_buf = torch.full((n * d + 256,), guard), torch.full((n * d + 256,), guard)
         out, res_out = out_buf[:n * d].view(n, d), res_buf[:n * d].view(n, d)
-        kernel[(n,)](x, res, w, out, res_out, d, x.stride(0), res.stride(0), 1e-6, HAS_RESIDUAL=True, BLOCK_N=block)
-        return out_buf, res_buf
+        kernel[(n,)](x_in[:, :d], res_in[:, :d], w, out, res_out, d, x_in.stride(0), res_in.stride(0), 1e-6,
+                     HAS_RESIDUAL=True, BLOCK_N=block)
+        return out_buf, res_buf, x_in, res_in
 
-    out_buf, res_buf = launch(impl.add_rms_norm_kernel)
+    out_buf, res_buf, x_after, res_after = launch(impl.add_rms_norm_kernel)
     out, res_out = out_buf[:n * d].view(n, d), res_buf[:n * d].view(n, d)
     wrong = wrong_versions("add_rms_norm_kernel")  # run on failure only, each into its own guarded buffers
 
@@ -368,16 +390,20 @@ def test_triton_kernel_reads_strided_rows_and_writes_only_its_rows(impl):
         return {hint: (lambda k=k: part(*launch(k))) for hint, k in wrong.items()}
 
     check_close(out_buf[n * d:], torch.full((256,), guard), "2.12", "guard region after out (masked stores?)",
-                **EXACT, suspects=suspected(lambda o, r: o[n * d:]))
+                **EXACT, suspects=suspected(lambda o, r, *_: o[n * d:]))
     check_close(res_buf[n * d:], torch.full((256,), guard), "2.12", "guard region after residual_out", **EXACT,
-                suspects=suspected(lambda o, r: r[n * d:]))
+                suspects=suspected(lambda o, r, *_: r[n * d:]))
+    for name, before, after, k in (("x_ptr", wide, x_after, 2), ("residual_ptr", wide_res, res_after, 3)):
+        check_unmodified(before, after, "2.12", "add_rms_norm_kernel", name,
+                         suspects=suspected(lambda *launched, k=k: launched[k]),
+                         instead="x and residual are read-only: store only into out_ptr and residual_out_ptr")
     ref = Qwen3RMSNorm(d, eps=1e-6)
     with torch.no_grad():
         ref.weight.copy_(w)
         check_close(res_out, x + res, "2.12", "residual_out from strided rows", **TOL_NORM,
-                    suspects=suspected(lambda o, r: r[:n * d].view(n, d)))
+                    suspects=suspected(lambda o, r, *_: r[:n * d].view(n, d)))
         check_close(out, ref(x + res), "2.12", "out from strided rows", **TOL_NORM,
-                    suspects=suspected(lambda o, r: o[:n * d].view(n, d)))
+                    suspects=suspected(lambda o, r, *_: o[:n * d].view(n, d)))
 
 
 @pytest.mark.ex2_12
@@ -385,7 +411,7 @@ def test_triton_kernel_reads_strided_rows_and_writes_only_its_rows(impl):
 def test_triton_add_rms_norm_matches_qwen3_rmsnorm(impl, d):
     ref = seeded(Qwen3RMSNorm(d, eps=1e-6))
     x, res = randn(7, d, seed=19), randn(7, d, seed=20) * 3
-    normed, new_res = impl.rms_norm_triton(x, ref.weight.detach(), 1e-6, res)
+    normed, new_res = call_pure(impl.rms_norm_triton, "rms_norm_triton", "2.12", x, ref.weight.detach(), 1e-6, res)
     suspected = suspects("rms_norm_triton", x, ref.weight.detach(), 1e-6, res)
     with torch.no_grad():
         check_close(new_res, x + res, "2.12", f"new residual, d={d}", **TOL_NORM,
@@ -401,7 +427,7 @@ def test_triton_rms_norm_fp16_large_activations(impl):
     ref = seeded(Qwen3RMSNorm(64, eps=1e-6)).to(torch.float16)
     x, res = (randn(7, 64, seed=27) * LARGE).to(torch.float16), (randn(7, 64, seed=28) * LARGE).to(torch.float16)
     w = ref.weight.detach()
-    normed, new_res = impl.rms_norm_triton(x, w, 1e-6, res)
+    normed, new_res = call_pure(impl.rms_norm_triton, "rms_norm_triton", "2.12", x, w, 1e-6, res)
     suspected = suspects("rms_norm_triton", x, w, 1e-6, res)
     with torch.no_grad():
         check_close(new_res, x + res, "2.12", "new residual in fp16", **TOL_FP16,
@@ -415,6 +441,7 @@ def test_triton_rms_norm_without_residual_per_head(impl):
     ref = seeded(Qwen3RMSNorm(16, eps=1e-6))
     x = randn(6, 4, 16, seed=21)
     with torch.no_grad():
-        check_close(impl.rms_norm_triton(x, ref.weight.detach(), 1e-6), ref(x), "2.12",
+        check_close(call_pure(impl.rms_norm_triton, "rms_norm_triton", "2.12", x, ref.weight.detach(), 1e-6), ref(x),
+                    "2.12",
                     "QK-norm shape [N, heads, head_dim] without residual", **TOL_NORM,
                     suspects=suspects("rms_norm_triton", x, ref.weight.detach(), 1e-6))

@@ -7,18 +7,23 @@ block. References nobody here wrote: torch itself (x + y, torch.softmax, tensor 
 The interpreter does not catch out-of-bounds access, so every tensor a kernel sees sits in a buffer
 with guard regions before and after it, filled with SENTINEL: outputs must leave their guards
 untouched, and a read past an input's end reads the guard (known values, not junk or an unmapped
-page), so a wrong kernel's output is the same on every run and the grader can name its bug.
+page), so a wrong kernel's output is the same on every run and the grader can name its bug. A read
+past the end whose lanes are never stored changes no output: for the vector add, the test records
+the address of every lane each tl.load reads (the interpreter's loads, their masks applied) and
+requires them all inside x and y.
 
     pytest tests/exercises/test_ch2_primer.py --impl=exercises -m ex2_7
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
+import numpy as np
 import pytest
 import torch
 
-from minillm.course.grading import check_close
+from minillm.course.grading import check_close, check_equal
 from mistakes import then, wrong_versions
 
 SENTINEL = 77.0  # what every guard region holds
@@ -106,6 +111,67 @@ def test_vector_add_matches_torch(impl, n):
     launch, want = add_launch(n)
     check_guarded("2.7", f"vector_add of {n} elements in blocks of {ADD_BLOCK}", launch, "vector_add", (n,), want,
                   impl.vector_add, **EXACT)
+
+
+@contextlib.contextmanager
+def loads_recorded():
+    """Record the byte address of every lane the kernels launched inside read with tl.load (masked-off
+    lanes left out): Triton's interpreter funnels every load (plain, masked, block pointer,
+    descriptor) through one builder method, which this wraps. -> a list that fills with arrays of
+    addresses."""
+    from triton.runtime import interpreter
+    builder, addresses = interpreter.interpreter_builder, []
+    real, patched_before = builder.create_masked_load, "create_masked_load" in vars(builder)
+
+    def recording(ptrs, mask, *args, **kwargs):
+        where = np.asarray(ptrs.data)
+        addresses.append(where[np.broadcast_to(np.asarray(mask.data, dtype=bool), where.shape)].astype(np.int64))
+        return real(ptrs, mask, *args, **kwargs)
+
+    builder.create_masked_load = recording
+    try:
+        yield addresses
+    finally:
+        if patched_before:
+            builder.create_masked_load = real
+        else:
+            del builder.create_masked_load  # the class's own method again
+
+
+def read_outside(addresses: list, inputs: dict[str, torch.Tensor]) -> dict[str, str]:
+    """For each contiguous input: which of its elements past either end were read (by their index,
+    from -GUARD to numel + GUARD); 'none' when every read lies inside it or another input."""
+    read = np.unique(np.concatenate(addresses)) if addresses else np.zeros(0, dtype=np.int64)
+    inside = np.zeros(len(read), dtype=bool)
+    for t in inputs.values():
+        inside |= (read >= t.data_ptr()) & (read < t.data_ptr() + t.numel() * t.element_size())
+    described = {}
+    for name, t in inputs.items():
+        index = (read[~inside] - t.data_ptr()) // t.element_size()
+        near = index[(index >= -GUARD) & (index < t.numel() + GUARD)]
+        described[name] = (f"{len(near)} elements, indices {near.min()}..{near.max()}" if len(near) else "none")
+    return described
+
+
+@pytest.mark.ex2_7
+def test_vector_add_reads_only_its_n_elements(impl):
+    """The lanes past n must not load either (x[i], y[i] for i >= n are another tensor's memory, or
+    an unmapped page on a GPU). Their values never reach the output, so the test records what the
+    kernel reads."""
+    n = 1000
+
+    def reads_of(vector_add: Callable) -> dict[str, str]:
+        _, x = guarded(randn(n, seed=n))
+        _, y = guarded(randn(n, seed=n + 1))
+        _, out = guarded_output((n,))
+        with loads_recorded() as addresses:
+            vector_add(x, y, block=ADD_BLOCK, out=out)
+        return read_outside(addresses, {"x": x, "y": y})
+
+    check_equal(reads_of(impl.vector_add), {"x": "none", "y": "none"}, "2.7",
+                f"elements read past the ends of x and y by vector_add of {n} elements in blocks of {ADD_BLOCK} "
+                f"(a load without its mask?)",
+                suspects={hint: (lambda fn=fn: reads_of(fn)) for hint, fn in wrong_versions("vector_add").items()})
 
 
 # ---- 2.8 softmax, one program per row ------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 import threading
 
 import pytest
@@ -26,10 +27,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from minillm.course.exercises import load_impl
-from minillm.course.grading import check_close, check_equal
+from minillm.course.grading import check_close, check_equal, check_unmodified
 from minillm.course.ranks import run_on_ranks
 from minillm.distributed import tensor_parallel
-from mistakes import suspects, suspects_of
+from mistakes import call_pure, copied, suspects, suspects_of, wrong_versions
 
 TP = 2
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 64, 96, 4, 2, 16, 512
@@ -117,28 +118,52 @@ def rank_error(fn, rank_calls: list[tuple]) -> str | None:
     return None
 
 
+def copies_of(rank_calls: list[tuple]) -> list[tuple]:
+    """Each rank's arguments with its own copy of every tensor (ranks may be given one shared tensor)."""
+    return [tuple(map(copied, call)) for call in rank_calls]
+
+
 def graded_on_thread_ranks(impl, name: str, rank_calls: list[tuple], exercise_id: str) -> list:
-    """Your `name` on thread ranks -> the ranks' outputs. An error a rank raises (other than a stub's
-    NotImplementedError) fails the test, naming a known bug that raises the same error; an error that
-    minillm's own version raises too is this machine's, and is raised as it is."""
+    """Your `name` on thread ranks -> the ranks' outputs. Each rank gets its own copies of the tensors
+    of rank_calls, which it must leave as they were (a rank that writes into an input fails the test,
+    naming the input). An error a rank raises (other than a stub's NotImplementedError) fails the
+    test, naming a known bug that raises the same error; an error that minillm's own version raises
+    too is this machine's, and is raised as it is."""
+    given = copies_of(rank_calls)
     try:
-        return on_thread_ranks(getattr(impl, name), rank_calls)
+        outputs = on_thread_ranks(getattr(impl, name), given)
     except NotImplementedError:
         raise
     except Exception as e:  # noqa: BLE001
-        ref_error = rank_error(getattr(load_impl("ref"), name), rank_calls)
+        ref_error = rank_error(getattr(load_impl("ref"), name), copies_of(rank_calls))
         if ref_error is not None:
             raise RuntimeError(f"thread ranks fail here for minillm's own {name} as well ({ref_error}): this "
                                f"machine's torch.distributed, not the code under test") from e
         check_equal(f"{type(e).__name__}: {e}", "no error", exercise_id,
                     f"what {name} did on {len(rank_calls)} ranks (the error's traceback is above)",
-                    suspects=suspects_of(name, lambda fn: rank_error(fn, rank_calls)))
+                    suspects=suspects_of(name, lambda fn: rank_error(fn, copies_of(rank_calls))))
         raise  # not reached: check_equal has failed
+    names = list(inspect.signature(getattr(load_impl("ref"), name)).parameters)
+
+    def left_in(fn, rank: int, i: int):
+        """What fn leaves in argument i of rank `rank` when the ranks run it on fresh copies."""
+        fresh = copies_of(rank_calls)
+        on_thread_ranks(fn, fresh)
+        return fresh[rank][i]
+
+    for rank, (call, after) in enumerate(zip(rank_calls, given)):
+        for i, (before, now) in enumerate(zip(call, after)):
+            if isinstance(before, torch.Tensor):
+                check_unmodified(before, now, exercise_id, name, names[i], where=f" on rank {rank}",
+                                 suspects={hint: (lambda fn=fn, rank=rank, i=i: left_in(fn, rank, i))
+                                           for hint, fn in wrong_versions(name).items()})
+    return outputs
 
 
 def rank_suspects(name: str, rank_calls: list[tuple], rank: int) -> dict:
-    """diagnosis -> rank `rank`'s output of each known wrong version of `name` on thread ranks."""
-    return suspects_of(name, lambda fn: on_thread_ranks(fn, rank_calls)[rank])
+    """diagnosis -> rank `rank`'s output of each known wrong version of `name` on thread ranks (each
+    run on fresh copies of the inputs)."""
+    return suspects_of(name, lambda fn: on_thread_ranks(fn, copies_of(rank_calls))[rank])
 
 
 @contextlib.contextmanager
@@ -223,7 +248,8 @@ def test_shard_weight_and_packed_match_torch_chunk(impl):
     for shape, dim, n in (((12, 8), 0, 2), ((12, 8), 1, 4), ((6,), 0, 3), ((4, 6, 10), 2, 5)):
         w = torch.randn(shape)
         for r in range(n):
-            check_equal(impl.shard_weight(w, dim, r, n), w.chunk(n, dim=dim)[r], "4.1",
+            check_equal(call_pure(impl.shard_weight, "shard_weight", "4.1", w, dim, r, n), w.chunk(n, dim=dim)[r],
+                        "4.1",
                         f"shard_weight(shape {shape}, dim={dim}, rank={r}, world_size={n})",
                         suspects=suspects("shard_weight", w, dim, r, n))
     with pytest.raises(ValueError):
@@ -232,7 +258,7 @@ def test_shard_weight_and_packed_match_torch_chunk(impl):
     for r in range(2):
         want = torch.cat([q.chunk(2)[r], k.chunk(2)[r], v.chunk(2)[r]])
         packed = torch.cat([q, k, v])
-        check_equal(impl.shard_packed(packed, [8, 4, 4], r, 2), want, "4.1",
+        check_equal(call_pure(impl.shard_packed, "shard_packed", "4.1", packed, [8, 4, 4], r, 2), want, "4.1",
                     f"shard_packed([q | k | v], rank={r}): rank r's heads of q, then of k, then of v",
                     suspects=suspects("shard_packed", packed, [8, 4, 4], r, 2))
 

@@ -35,13 +35,13 @@ from minillm import LLM, SamplingParams
 from minillm.config import ModelConfig
 from minillm.context import reset_context
 from minillm.course.exercises import use_impl
-from minillm.course.grading import check_close, check_equal, require_written
+from minillm.course.grading import check_close, check_equal, check_that, require_written
 from minillm.engine.cuda_graph import DecodeGraphs
 from minillm.engine.llm_engine import append_placeholders as right_append, fill_placeholders as right_fill
 from minillm.engine.sequence import PLACEHOLDER_TOKEN
 from minillm.layers import sampler as sampler_module
 from minillm.model_zoo import QWEN3_06B, QWEN3_8B, resolve_model
-from mistakes import suspects, suspects_of
+from mistakes import call_pure, suspects, suspects_of
 from properties import for_all, outcome
 
 EXACT = dict(atol=0.0, rtol=0.0)
@@ -402,9 +402,24 @@ def mask_case() -> torch.Tensor:
     return torch.stack([base[torch.randperm(len(MASK_PROBS), generator=g)] + i for i in range(len(MASK_ROWS))])
 
 
+def not_minus_inf(mask_fn, logits: torch.Tensor, top_k: list[int], top_p: list[float], want: torch.Tensor) -> list:
+    """[(row, token, value)] where mask_fn changed a logit that transformers drops (want: -inf there) to
+    anything but -inf: a finite fill such as -1e9 (whose softmax weight is not exactly 0 in every dtype)."""
+    got = mask_fn(logits.clone(), torch.tensor(top_k), torch.tensor(top_p, dtype=torch.float32))
+    bad = torch.isneginf(want) & ~torch.isneginf(got) & (got != logits)
+    return [(int(r), int(t), float(got[r, t])) for r, t in bad.nonzero()]
+
+
 def check_masks(impl, logits: torch.Tensor, top_k: list[int], top_p: list[float], what: str) -> None:
-    """impl.apply_top_k_top_p against transformers' warpers, row by row: which tokens stay, then their values."""
+    """impl.apply_top_k_top_p against transformers' warpers, row by row: dropped tokens at -inf, which tokens
+    stay, then their values."""
     want = torch.stack([warped(row, 0.0, k, p) for row, k, p in zip(logits, top_k, top_p)])
+    fills = lambda fn: outcome(lambda: not_minus_inf(fn, logits, top_k, top_p, want))  # noqa: E731
+    filled = fills(impl.apply_top_k_top_p)
+    if isinstance(filled, list) and filled:  # (a string: what it raised, which the check below reports)
+        (r, t, value), more = filled[0], len(filled) - 1
+        check_that(f"(got {value:g} at row {r}, token {t}" + (f", and at {more} more dropped tokens" if more else "") + ")", "5.3",
+                   f"dropped tokens must be -inf {what}", filled, suspects=suspects_of("apply_top_k_top_p", fills))
     kept = lambda fn: outcome(lambda: kept_by(fn, logits, top_k, top_p))  # noqa: E731
     check_equal(kept(impl.apply_top_k_top_p), torch.isfinite(want).tolist(), "5.3",
                 f"tokens kept (True) {what} (vs transformers' TopKLogitsWarper then TopPLogitsWarper)",
@@ -555,11 +570,12 @@ def test_greedy_rows_and_top_k_1_take_the_argmax(impl):
         torch.manual_seed(SAMPLER_SEED)
         return fn(logits[rows], temps[rows], top_k[rows], top_p[rows], None, any_greedy).tolist()
 
-    check_equal(run(impl.gumbel_sample), logits.argmax(-1).tolist(), "5.3",
+    pure = lambda *args: call_pure(impl.gumbel_sample, "gumbel_sample", "5.3", *args)  # noqa: E731
+    check_equal(run(pure), logits.argmax(-1).tolist(), "5.3",
                 "tokens of rows with temperature 0 or top_k = 1 (the argmax, whatever the noise)",
                 suspects=suspects_of("gumbel_sample", run))
     hot = slice(2, 4)  # no greedy row: the caller says any_greedy=False
-    check_equal(run(impl.gumbel_sample, False, hot), logits[hot].argmax(-1).tolist(), "5.3",
+    check_equal(run(pure, False, hot), logits[hot].argmax(-1).tolist(), "5.3",
                 "tokens of top_k = 1 rows when any_greedy=False", suspects=suspects_of(
                     "gumbel_sample", lambda fn: run(fn, False, hot)))
 

@@ -27,6 +27,9 @@ TEXTS = [
     "Ελληνικά, русский текст, עברית, العربية, हिन्दी",
     "!!!???... ---- **** ==== ####",
     "https://example.com/path?query=1&other=two#frag",
+    # repeated characters: one pair occurs several times with one rank, and the leftmost merges first
+    # (merging the rightmost gives [64, 28458] for "aaaaa", not tiktoken's [28458, 64])
+    "aaaaa aaaa aaaaaaa\neeeee\nooooo\nzzzzz\n!!!!!! ??????",
 ]
 
 
