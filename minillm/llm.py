@@ -19,7 +19,7 @@ from minillm.engine.sequence import Sequence
 from minillm.model_zoo import resolve_model
 from minillm.outputs import RequestOutput
 from minillm.sampling_params import SamplingParams, describe, is_integer
-from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
+from minillm.tokenizer import IncrementalDetokenizer, Tokenizer, text_content
 
 PROMPT_KEYS = ("prompt", "prompt_token_ids")  # a prompt dict: vLLM's TextPrompt or TokensPrompt
 
@@ -157,7 +157,12 @@ class LLM:
         -> one RequestOutput per prompt, in input order (a list, also for one prompt, as vLLM's):
         out.outputs[i] is sample i (SamplingParams.n) with .text, .token_ids, .finish_reason ("stop",
         "length", or "abort" when an error elsewhere ended it early), .logprobs (minillm.outputs)."""
-        prompts = self._prompt_list(prompts)
+        return self._generate(self._prompt_list(prompts), sampling_params, use_tqdm)
+
+    def _generate(self, prompts: list, sampling_params, use_tqdm: bool,
+                  texts: list[str] | None = None) -> list[RequestOutput]:
+        """generate's work; texts: each prompt's text for RequestOutput.prompt (chat: the rendered
+        template, its prompts being token ids), else a prompt given as text."""
         seqs = self._add(prompts, sampling_params)
         engine = self.engine
         bar = tqdm(total=len(seqs), desc="Generating", disable=not use_tqdm, dynamic_ncols=True)
@@ -172,7 +177,7 @@ class LLM:
                     if not all(x.is_finished for x in s.samples):
                         still.append((i, s))
                     else:  # detokenized now, while the device runs the step just launched, not all at the end
-                        text = self._unwrap(prompts[i])
+                        text = texts[i] if texts is not None else self._unwrap(prompts[i])
                         outputs[i] = engine.request_output(s, text if isinstance(text, str) else None)
                 done, unfinished = len(unfinished) - len(still), still
                 if done:
@@ -192,13 +197,14 @@ class LLM:
              chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False, tools: list[dict] | None = None):
         """messages: one conversation [{"role", "content"}, ...] or a list of them -> one RequestOutput
-        per conversation (a list, also for one, as vLLM's).
+        per conversation (a list, also for one, as vLLM's), its prompt the rendered template's text.
+        A content is a string or OpenAI's list of text parts [{"type": "text", "text": ...}] (joined).
         The template options are transformers' and vLLM's: chat_template (a Jinja string) replaces the
         model's; chat_template_kwargs go to the template (Qwen3: {"enable_thinking": False});
         continue_final_message continues the last message instead of opening a new assistant turn
         (then add_generation_prompt=False); tools: JSON-schema tool definitions for the template."""
         convs = self._conversations(messages)
-        tok = self._need_tokenizer()
+        self._need_tokenizer()
         if chat_template is not None and not isinstance(chat_template, str):
             raise ValueError(f"chat_template must be a Jinja template string or None, got {describe(chat_template)}")
         if chat_template_kwargs is not None and not (isinstance(chat_template_kwargs, dict) and all(
@@ -215,13 +221,26 @@ class LLM:
                 raise ValueError(f"{name} must be True or False, got {describe(flag)}")
         options = dict(chat_template_kwargs or {}, chat_template=chat_template, tools=tools,
                        add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message)
-        prompts = []
+        texts, prompts = [], []
         for i, conv in enumerate(convs):
             try:
-                prompts.append(tok.encode_chat(conv, **options))
+                text, ids = self._render_chat(conv, **options)
             except ValueError as e:
                 raise (ValueError(f"conversation {i}: {e}") if len(convs) > 1 else e) from None
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+            texts.append(text)
+            prompts.append(ids)
+        return self._generate(prompts, sampling_params, use_tqdm, texts)  # prompt: the rendered text, as vLLM's
+
+    def _render_chat(self, conversation, **template_options) -> tuple[str, list[int]]:
+        """One conversation -> (the prompt text its chat template renders, that text's token ids). A
+        message's content may be a string or OpenAI's list of text parts, as the server takes it."""
+        tok = self._need_tokenizer()
+        if isinstance(conversation, (list, tuple)):
+            conversation = [dict(m, content=text_content(m["content"], f"messages[{i}]['content']"))
+                            if isinstance(m, dict) and isinstance(m.get("content"), list) else m
+                            for i, m in enumerate(conversation)]
+        text = tok.apply_chat_template(conversation, **template_options)
+        return text, tok.encode(text, add_special_tokens=False)  # the template wrote every special token
 
     def stream(self, prompt, sampling_params: SamplingParams | None = None) -> "RequestStream":
         """Queue one request (prompt: text, token ids, or a conversation) and return an iterator over its
@@ -234,11 +253,13 @@ class LLM:
             raise ValueError(f"stream() streams one sample; got SamplingParams.n={sampling_params.n}: "
                              f"use generate() for several")
         tok = self._need_tokenizer()
-        if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
-            prompt = tok.encode_chat(prompt)
-        prompt = self._unwrap(prompt)
-        seq = self.engine.add_request(self._prompt_ids(prompt), sampling_params or self.get_default_sampling_params())
-        return RequestStream(self.engine, seq, tok, prompt if isinstance(prompt, str) else None)
+        if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):  # a conversation
+            text, ids = self._render_chat(prompt)
+        else:
+            prompt = self._unwrap(prompt)
+            text, ids = (prompt if isinstance(prompt, str) else None), self._prompt_ids(prompt)
+        seq = self.engine.add_request(ids, sampling_params or self.get_default_sampling_params())
+        return RequestStream(self.engine, seq, tok, text)
 
     def shutdown(self) -> None:
         """Free everything the engine holds on the device (weights, KV cache, CUDA graphs) and stop its
@@ -326,13 +347,18 @@ class TextDeltas:
         self.num_sent = 0  # characters returned
         # a stop string may be starting in the newest characters: hold that many back until it is not
         self.hold = max((len(s) for s in seq.params.stop), default=1) - 1
+        self.stop_start: int | None = None  # LLMEngine.stop_text_start, once known (it never changes)
 
     def advance(self, engine: LLMEngine) -> tuple[list[int], str]:
         """-> (the completion token ids read back since the last call, the text not yet returned)."""
         seq = self.seq
+        # read before the tokens: another thread's step writes a stop token, then finishes its sequence
+        finished = seq.is_finished
         new = seq.resolved_completion(self.num_read)  # only the new tokens: no copy of the whole completion
+        if new and not finished and engine.is_stop_token(seq.params, new[-1]):
+            new = new[:-1]  # its sequence is being finished: its text may not show (completion()); next call
         self.num_read += len(new)
-        if seq.is_finished:
+        if finished:
             text = engine.completion(seq).text  # exactly generate()'s text
             end = len(text)
         elif self.detok is None:  # no tokenizer: token ids only
@@ -341,7 +367,12 @@ class TextDeltas:
             if new:
                 self.detok.add(new)
             text = self.detok.text
-            cut = seq.params.cut_at_stop(text) if seq.params.stop else None
+            cut = None
+            if seq.params.stop:
+                if self.stop_start is None:
+                    self.stop_start = engine.stop_text_start(seq.params, self.detok.ids)
+                if self.stop_start is not None:
+                    cut = seq.params.cut_at_stop(text, self.stop_start)
             end = len(cut) if cut is not None else max(0, len(text) - self.hold)
         # only the new characters are sliced: a copy of the whole text per token would grow with it
         delta = text[self.num_sent:end]

@@ -29,7 +29,9 @@ PositionLogprobs = dict[int, Logprob]
 
 @dataclass
 class CompletionOutput:
-    """One sample of one prompt. finish_reason: "stop" (EOS, a stop token or string), "length"
+    """One sample of one prompt. text: its text, without the stop string or the stop token (EOS or a
+    stop token id) that ended it unless SamplingParams.include_stop_str_in_output (token_ids keep a
+    stop token, as in vLLM). finish_reason: "stop" (EOS, a stop token or string), "length"
     (max_tokens or max_model_len), "abort", or None while running; stop_reason: the stop string or
     stop token id that ended it (None for EOS and the rest); logprobs: one dict per token when
     SamplingParams.logprobs was set, with cumulative_logprob the sum of the chosen tokens'."""

@@ -39,10 +39,13 @@ class SamplingParams:
     """temperature 0 is greedy; top_k -1, top_p 1.0 and min_p 0.0 keep the whole vocabulary.
 
     `seed` gives the request its own random stream, so its tokens do not depend on what else is in
-    the batch. Generation stops at max_tokens, at an EOS token (unless ignore_eos), at any of
-    stop_token_ids, or when the text produced contains one of `stop` (the text is cut before it, or
-    after it with include_stop_str_in_output). min_tokens holds EOS and stop_token_ids back until
-    that many tokens are out (stop strings still stop).
+    the batch. Generation stops at max_tokens (None: only max_model_len limits it), at an EOS token
+    (unless ignore_eos), at any of stop_token_ids, or when the text produced contains one of `stop`
+    (the text is cut before it, or after it with include_stop_str_in_output). The text leaves out the
+    token that stopped it (EOS or a stop token id; token_ids keep it) unless include_stop_str_in_output,
+    as vLLM's detokenizer does. min_tokens holds EOS and stop_token_ids back until that many tokens
+    are out, and a stop string stops only where it ends past the text of those first min_tokens
+    tokens (vLLM's rule: one wholly inside that text is ignored).
 
     Logits processors (vLLM's meaning; minillm.layers.logits_processors), applied to the logits in
     this order before temperature: logit_bias {token id: bias} added (clamped to [-100, 100]);
@@ -66,7 +69,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    max_tokens: int = 64
+    max_tokens: int | None = 64
     ignore_eos: bool = False
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
@@ -97,7 +100,8 @@ class SamplingParams:
         need(is_real(p) and math.isfinite(p) and 0.0 < p <= 1.0, "top_p", "a number in (0, 1] (1 keeps every token)", p)
         need(is_integer(k) and (k == -1 or 1 <= k <= INT64_MAX), "top_k",
              "-1 (off) or an integer in [1, 2**63 - 1]", k)
-        need(is_integer(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "an integer >= 1", self.max_tokens)
+        need(self.max_tokens is None or (is_integer(self.max_tokens) and self.max_tokens >= 1), "max_tokens",
+             "None (up to max_model_len) or an integer >= 1", self.max_tokens)
         need(isinstance(self.ignore_eos, bool), "ignore_eos", "True or False", self.ignore_eos)
         need(self.seed is None or (is_integer(self.seed) and 0 <= self.seed <= INT64_MAX), "seed",
              "None or an integer in [0, 2**63 - 1]", self.seed)
@@ -110,8 +114,9 @@ class SamplingParams:
              "a non-empty string or a list of non-empty strings", self.stop)
         need(isinstance(self.include_stop_str_in_output, bool), "include_stop_str_in_output", "True or False",
              self.include_stop_str_in_output)
-        need(is_integer(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
-             f"an integer in [0, max_tokens={self.max_tokens}]", self.min_tokens)
+        need(is_integer(self.min_tokens) and 0 <= self.min_tokens <= (self.max_tokens or INT64_MAX), "min_tokens",
+             f"an integer in [0, max_tokens={self.max_tokens}]" if self.max_tokens else "an integer >= 0",
+             self.min_tokens)
         need(is_real(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p", "a number in [0, 1] (0 keeps every token)",
              self.min_p)
         for name in ("presence_penalty", "frequency_penalty"):
@@ -130,7 +135,8 @@ class SamplingParams:
                  f"None or an integer in [0, {MAX_LOGPROBS}] (how many top tokens to return)", v)
             setattr(self, name, None if v is None else int(v))
         self.n = int(self.n)
-        self.temperature, self.top_p, self.top_k, self.max_tokens = float(t), float(p), int(k), int(self.max_tokens)
+        self.temperature, self.top_p, self.top_k = float(t), float(p), int(k)
+        self.max_tokens = None if self.max_tokens is None else int(self.max_tokens)
         self.seed = None if self.seed is None else int(self.seed)
         self.stop_token_ids, self.stop = [int(i) for i in ids], list(self.stop)
         self.min_tokens, self.min_p, self.repetition_penalty = int(self.min_tokens), float(self.min_p), float(r)
@@ -144,19 +150,29 @@ class SamplingParams:
         return bool(self.logit_bias or self.min_tokens or self.presence_penalty or self.frequency_penalty
                     or self.repetition_penalty != 1.0)
 
-    def first_stop(self, text: str) -> str | None:
-        """The stop string that ends text: the one found earliest (of two starting there, the longer)."""
-        found = [(text.find(s), -len(s), s) for s in self.stop if s in text]
+    def _stops(self, text: str, start: int) -> list[tuple[int, int, str]]:
+        """(index, -length, stop string) of the first match of each stop string that ends past text[:start]."""
+        found = []
+        for s in self.stop:
+            i = text.find(s, max(0, start - len(s) + 1))
+            if i >= 0:
+                found.append((i, -len(s), s))
+        return found
+
+    def first_stop(self, text: str, start: int = 0) -> str | None:
+        """The stop string that ends text: the one found earliest (of two starting there, the longer),
+        among matches that end past text[:start] (min_tokens: the text of the first min_tokens tokens)."""
+        found = self._stops(text, start)
         return min(found)[2] if found else None
 
-    def cut_at_stop(self, text: str) -> str | None:
-        """text cut at the first stop string in it (kept when include_stop_str_in_output), or None
-        when it holds none."""
-        stop = self.first_stop(text)
-        if stop is None:
+    def cut_at_stop(self, text: str, start: int = 0) -> str | None:
+        """text cut at the first stop string in it that ends past text[:start] (kept when
+        include_stop_str_in_output), or None when it holds none."""
+        found = self._stops(text, start)
+        if not found:
             return None
-        start = text.find(stop)
-        return text[:start + len(stop)] if self.include_stop_str_in_output else text[:start]
+        i, minus_len, _ = min(found)
+        return text[:i - minus_len] if self.include_stop_str_in_output else text[:i]
 
 
 def _checked_init(init):

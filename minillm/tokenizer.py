@@ -13,6 +13,7 @@ import regex
 from tokenizers import Tokenizer as HFTokenizer
 
 from minillm.config import read_json_object, read_text
+from minillm.sampling_params import describe
 
 
 # >>> exercise 1.1 | notebooks/01_vocab_weights_runtime.ipynb | 3. Byte-level BPE, step by step
@@ -161,6 +162,20 @@ def check_text(text, what: str = "the prompt") -> str:
         raise ValueError(f"{what} is not valid Unicode: it holds a lone surrogate {text[e.start]!r} at "
                          f"index {e.start} (invalid UTF-8 in the input?)") from None
     return text
+
+
+def text_content(content, where: str = "content") -> str:
+    """A chat message's content as a string: a string as it is, or OpenAI's list of text parts
+    [{"type": "text", "text": ...}, ...] joined by newlines, as vLLM joins them (`serve` and LLM.chat
+    both take it). Raise
+    ValueError, naming `where`, for anything else (images and other parts are not supported)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "\n".join(p["text"] for p in content)
+    raise ValueError(f"{where} must be a string or a list of text parts ({{\"type\": \"text\", \"text\": ...}}; "
+                     f"no other kind of part is supported), got {describe(content)}")
 
 
 def check_messages(messages) -> None:

@@ -205,7 +205,7 @@ BAD_PARAMS = [
     ("top_p", None), ("top_p", True),
     ("top_k", 0), ("top_k", -2), ("top_k", 10**30), ("top_k", 2**63), ("top_k", 1.5), ("top_k", 5.0),
     ("top_k", "5"), ("top_k", True), ("top_k", None),
-    ("max_tokens", 0), ("max_tokens", -1), ("max_tokens", 1.5), ("max_tokens", "10"), ("max_tokens", None),
+    ("max_tokens", 0), ("max_tokens", -1), ("max_tokens", 1.5), ("max_tokens", "10"),  # None: up to max_model_len
     ("max_tokens", True), ("max_tokens", math.inf),
     ("ignore_eos", 1), ("ignore_eos", "yes"), ("ignore_eos", None),
     ("seed", -1), ("seed", 2**64), ("seed", 2**63), ("seed", 1.5), ("seed", "42"), ("seed", True),
@@ -589,7 +589,9 @@ USER = {"role": "user", "content": "hi"}
 BAD_CHATS = [
     ([{"role": "user", "content": None}], "messages\\[0\\]\\['content'\\] must be a string, got NoneType"),
     ([{"role": "user", "content": 5}], "messages\\[0\\]\\['content'\\] must be a string, got int"),
-    ([{"role": "user", "content": ["hi"]}], "messages\\[0\\]\\['content'\\] must be a string"),
+    ([{"role": "user", "content": ["hi"]}], "messages\\[0\\]\\['content'\\] must be a string or a list of text"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}],
+     "messages\\[0\\]\\['content'\\] must be a string or a list of text parts"),
     ([USER, {"role": 5, "content": "x"}], "messages\\[1\\]\\['role'\\] must be a string"),
     ([{"role": "user"}], "messages\\[0\\] must be a \\{'role'"),
     ([{"role": "user", "content": "\ud800"}], "messages\\[0\\]\\['content'\\] is not valid Unicode"),

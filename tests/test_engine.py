@@ -292,3 +292,103 @@ def test_decode_batches_run_longest_context_first(monkeypatch):
     assert orders[0] != [len(p) for p in prompts]  # not the order the prompts came in
     one_by_one = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
     assert [o.outputs[0].token_ids for o in outs] == one_by_one
+
+
+# ---- stop tokens, stop strings with min_tokens, max_tokens=None, chat prompts (vLLM's semantics) -----
+STORY = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    llm = LLM("qwen3-tiny", **small_engine_args(max_model_len=64))
+    yield llm
+    llm.shutdown()
+
+
+def _streamed(llm, prompt, params):
+    """(the stream's text deltas joined, its final RequestOutput)."""
+    with llm.stream(prompt, params) as stream:
+        text = "".join(stream)
+    return text, stream.output
+
+
+def test_a_stop_tokens_text_is_left_out_unless_include_stop_str_in_output(qwen):
+    """vLLM's detokenizer leaves out the text of the token that stopped the sequence (a stop token id
+    or EOS); token_ids keep it. include_stop_str_in_output=True keeps its text. Streams agree."""
+    tok = qwen.get_tokenizer()
+    full = qwen.generate(STORY, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+                         use_tqdm=False)[0].outputs[0]
+    stop = next(t for t in full.token_ids[3:] if tok.decode([t]).strip())  # a token with visible text
+    ids = full.token_ids[:full.token_ids.index(stop) + 1]
+    assert tok.decode(ids[:-1]) != tok.decode(ids)
+    for include, want in ((False, tok.decode(ids[:-1])), (True, tok.decode(ids))):
+        params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop_token_ids=[stop],
+                                include_stop_str_in_output=include)
+        out = qwen.generate(STORY, params, use_tqdm=False)[0]
+        c = out.outputs[0]
+        assert (c.token_ids, c.text, c.finish_reason, c.stop_reason) == (ids, want, "stop", stop), include
+        assert _streamed(qwen, STORY, params) == (want, out)
+    engine = qwen.engine
+    eos, engine.eos_token_ids = engine.eos_token_ids, {stop}  # the same token as the model's EOS
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=16)
+        out = qwen.generate(STORY, params, use_tqdm=False)[0]
+        c = out.outputs[0]
+        assert (c.token_ids, c.text, c.finish_reason, c.stop_reason) == (ids, tok.decode(ids[:-1]), "stop", None)
+        assert _streamed(qwen, STORY, params) == (c.text, out)
+    finally:
+        engine.eos_token_ids = eos
+
+
+def test_stop_strings_count_only_past_the_first_min_tokens(qwen):
+    """vLLM checks stop strings only once more than min_tokens tokens exist, and only where they end
+    past the text of the first min_tokens tokens: one wholly inside that text does not stop, one that
+    begins there and ends after it does."""
+    tok, m = qwen.get_tokenizer(), 4
+    full = qwen.generate(STORY, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+                         use_tqdm=False)[0].outputs[0]
+    text, edge = full.text, len(tok.decode(full.token_ids[:m]))
+    inside, across = text[edge - 4:edge - 1], text[edge - 2:edge + 2]
+    assert text.count(inside) == 1 and text.count(across) == 1, (text, edge)
+
+    def run(stop, min_tokens):
+        params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=[stop], min_tokens=min_tokens)
+        out = qwen.generate(STORY, params, use_tqdm=False)[0]
+        assert _streamed(qwen, STORY, params) == (out.outputs[0].text, out)
+        return out.outputs[0]
+
+    c = run(inside, 0)  # without min_tokens it stops there
+    assert (c.text, c.finish_reason, c.stop_reason) == (text[:text.index(inside)], "stop", inside)
+    c = run(inside, m)
+    assert (c.text, c.finish_reason, c.stop_reason, len(c.token_ids)) == (text, "length", None, 16)
+    c = run(across, m)
+    assert (c.text, c.finish_reason, c.stop_reason) == (text[:edge - 2], "stop", across)
+    assert len(c.token_ids) == m + 1
+
+
+def test_max_tokens_none_runs_up_to_max_model_len(qwen):
+    params = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
+    out = qwen.generate([1, 2, 3, 4, 5], params, use_tqdm=False)[0].outputs[0]
+    assert (len(out.token_ids), out.finish_reason) == (64 - 5, "length")
+    assert SamplingParams(max_tokens=None, min_tokens=100).min_tokens == 100  # no max_tokens to bound it
+
+
+def test_chat_gives_the_rendered_prompt_and_takes_text_parts(qwen):
+    """vLLM's LLM.chat: RequestOutput.prompt is the chat template's rendering (as transformers renders
+    it); a content given as OpenAI's list of text parts is the parts joined, as the server takes it."""
+    from transformers import AutoTokenizer
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three colors."}]
+    text = AutoTokenizer.from_pretrained(qwen.model_path).apply_chat_template(messages, tokenize=False,
+                                                                              add_generation_prompt=True)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    out = qwen.chat(messages, params)[0]
+    assert out.prompt == text
+    assert out.prompt_token_ids == qwen.get_tokenizer().encode(text, add_special_tokens=False)
+    parts = [dict(m, content=[{"type": "text", "text": m["content"][:5]}, {"type": "text", "text": m["content"][5:]}])
+             for m in messages]
+    joined = [dict(m, content=m["content"][:5] + "\n" + m["content"][5:]) for m in messages]  # vLLM's join
+    want = qwen.chat(joined, params)[0]
+    assert qwen.chat(parts, params)[0] == want
+    assert _streamed(qwen, parts, params) == (want.outputs[0].text, want)
+    with pytest.raises(ValueError, match=r"messages\[1\]\['content'\] must be a string or a list of text parts"):
+        qwen.chat([messages[0], {"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], params)

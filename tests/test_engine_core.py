@@ -72,6 +72,18 @@ def test_metrics_parse_and_move(server, client):
     served.test_metrics_parse_and_move(server, client)
 
 
+def test_a_refused_list_queues_none_of_its_prompts(server, monkeypatch):
+    served.test_a_refused_list_queues_none_of_its_prompts(server, monkeypatch)
+
+
+def test_an_explicit_max_tokens_the_context_cannot_hold_is_a_400(server):
+    served.test_an_explicit_max_tokens_the_context_cannot_hold_is_a_400(server)
+
+
+def test_choices_carry_stop_reason_and_leave_a_stop_tokens_text_out(server, offline):
+    served.test_choices_carry_stop_reason_and_leave_a_stop_tokens_text_out(server, offline)
+
+
 @pytest.mark.parametrize("path, body, status, phrase, param", served.BAD, ids=served.BAD_IDS)
 def test_bad_requests_get_an_openai_error_and_the_server_goes_on(server, path, body, status, phrase, param):
     served.test_bad_requests_get_an_openai_error_and_the_server_goes_on(server, path, body, status, phrase, param)

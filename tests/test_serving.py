@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -491,6 +493,115 @@ def _thread_result(fn):
     res.thread.join(60)
 
 
+def test_a_list_longer_than_max_waiting_is_a_400_and_a_list_is_admitted_whole():
+    """A list of more prompts than --max-waiting could never be admitted, so it is a 400 naming the limit
+    (a 503 would have the client retry forever). A list that fits is admitted whole: beside requests
+    already waiting, it is refused whole (503) with none of it queued."""
+    with server_handle(MODEL, max_waiting=2, **ARGS) as s, httpx.Client(base_url=s.base_url, timeout=TIMEOUT) as c:
+        r = c.post("/v1/completions", json=dict(model=MODEL, prompt=["a", "b", "c"], max_tokens=2))
+        assert r.status_code == 400 and "retry-after" not in r.headers, r.text
+        error = r.json()["error"]
+        assert error["param"] == "prompt" and "at most 2 prompts per request" in error["message"]
+        assert "--max-waiting" in error["message"]
+        r = c.post("/v1/completions", json=dict(model=MODEL, prompt=["a", "b"], max_tokens=2))
+        assert r.status_code == 200 and len(r.json()["choices"]) == 2
+        with ExitStack() as streams:
+            with engine_held(s.async_llm):
+                first = streams.enter_context(c.stream("POST", "/v1/completions", json=dict(
+                    model=MODEL, prompt="Hello", max_tokens=4, stream=True)))
+                assert first.status_code == 200 and s.async_llm.num_waiting == 1
+                r = c.post("/v1/completions", json=dict(model=MODEL, prompt=["a", "b"], max_tokens=2))
+                assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+                assert s.async_llm.num_waiting == 1  # neither prompt of the list was queued
+            assert sse_events(first)[-1] == "[DONE]"
+        good_request(s.base_url)
+
+
+def test_a_refused_list_queues_none_of_its_prompts(server, monkeypatch):
+    """Every prompt of a list is checked (tokens, vocabulary, length, the context) before any is queued:
+    a refused list leaves /metrics as it was (no prompt tokens counted, no abort)."""
+    queued = []
+    real_queue = server.async_llm._queue
+    monkeypatch.setattr(server.async_llm, "_queue", lambda req: (queued.append(req), real_queue(req)))
+    before = metrics(server.base_url)
+    for body in ({"prompt": ["hello world foo", ""]}, {"prompt": ["hello world foo", [1, 10**9]]},
+                 {"prompt": ["hello world foo", OVER]},
+                 {"prompt": ["hello world foo", list(range(1000, 1500))], "max_tokens": 100}):
+        r = httpx.post(server.base_url + "/v1/completions", json=body, timeout=TIMEOUT)
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("prompt 1: "), r.text
+    assert queued == []
+    # a request queued after them has finished: whatever they queued has been handled by the engine by now
+    r = httpx.post(server.base_url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=TIMEOUT)
+    assert r.status_code == 200 and len(queued) == 1
+    after = wait_for(lambda: (lambda m: m if m["minillm_num_requests_running"] == 0 else None)(
+        metrics(server.base_url)), "no request left in the engine")
+    assert after["minillm_prompt_tokens_total"] == before["minillm_prompt_tokens_total"] + r.json()["usage"][
+        "prompt_tokens"]
+    for key in ('minillm_request_success_total{finished_reason="abort"}', "minillm_request_failure_total"):
+        assert after[key] == before[key], key
+
+
+def test_an_explicit_max_tokens_the_context_cannot_hold_is_a_400(server):
+    """vLLM's and OpenAI's answer: 400 context_length_exceeded naming the sizes, not a completion cut
+    short. Left out, max_tokens takes the default and the context's end stops it (finish_reason length)."""
+    url, limit = server.base_url + "/v1", ARGS["max_model_len"]
+    prompt = list(range(1000, 1500))  # 500 tokens
+    r = httpx.post(url + "/completions", json={"prompt": prompt, "max_tokens": 100}, timeout=TIMEOUT)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["param"], error["code"], error["type"]) == ("max_tokens", "context_length_exceeded",
+                                                              "invalid_request_error")
+    assert error["message"] == (f"This model's maximum context length is {limit} tokens. However, you requested "
+                                f"600 tokens (500 in the prompt, 100 in the completion). Please reduce the length "
+                                f"of the prompt or completion.")
+    messages = [{"role": "user", "content": "Hi"}]
+    n_chat = len(server.async_llm.tokenizer.encode_chat(messages))
+    r = httpx.post(url + "/chat/completions", json={"messages": messages, "max_completion_tokens": limit},
+                   timeout=TIMEOUT)
+    error = r.json()["error"]
+    assert r.status_code == 400 and (error["param"], error["code"]) == ("max_completion_tokens",
+                                                                        "context_length_exceeded"), r.text
+    assert f"({n_chat} in the messages, {limit} in the completion)" in error["message"]
+    for body in ({"max_tokens": limit - 500}, {}):  # exactly the room left; the default (64) beyond it
+        r = httpx.post(url + "/completions", json={"prompt": prompt, "ignore_eos": True, **body}, timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == limit - 500
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_choices_carry_stop_reason_and_leave_a_stop_tokens_text_out(server, offline):
+    """vLLM's stop_reason on every choice (the stop string or stop token id; None for EOS and length),
+    streamed (the last chunk) or not, completions and chat; a stop token's text is left out of the
+    text, as offline generate leaves it out."""
+    greedy = dict(max_tokens=12, temperature=0.0, ignore_eos=True)
+    messages = [{"role": "user", "content": "Name three colors."}]
+    tok = offline.get_tokenizer()
+
+    def offline_out(chat: bool, **extra):
+        params = params_for(offline, **greedy, **extra)
+        outs = offline.chat(messages, params) if chat else offline.generate(PROMPTS[8], params, use_tqdm=False)
+        return outs[0].outputs[0]
+
+    for chat in (False, True):
+        path, body = ("chat/completions", {"messages": messages}) if chat else ("completions", {"prompt": PROMPTS[8]})
+        full = offline_out(chat)
+        stop_id = next(t for t in full.token_ids[3:] if tok.decode([t]).strip())
+        stop_str = full.text[len(full.text) // 2:][:3]
+        for extra, reason in ((dict(stop_token_ids=[stop_id]), stop_id), (dict(stop=[stop_str]), stop_str), ({}, None)):
+            want = offline_out(chat, **extra)
+            assert want.stop_reason == reason and (reason != stop_id or want.text == tok.decode(want.token_ids[:-1]))
+            r = httpx.post(f"{server.base_url}/v1/{path}", json={**body, **greedy, **extra}, timeout=TIMEOUT)
+            choice = r.json()["choices"][0]
+            text = choice["message"]["content"] if chat else choice["text"]
+            assert (text, choice["finish_reason"], choice["stop_reason"]) == (want.text, want.finish_reason, reason)
+            with httpx.stream("POST", f"{server.base_url}/v1/{path}", json={**body, **greedy, **extra, "stream": True},
+                              timeout=TIMEOUT) as r:
+                chunks = [e["choices"][0] for e in sse_events(r) if e != "[DONE]"]
+            text = "".join((c["delta"].get("content") or "") if chat else c["text"] for c in chunks)
+            assert (text, chunks[-1]["finish_reason"], chunks[-1]["stop_reason"]) == (want.text, want.finish_reason,
+                                                                                      reason)
+
+
 # ---- the bad-input battery ---------------------------------------------------------------------------
 OVER = list(range(1000, 1600))  # 600 token ids: over max_model_len=512
 BAD = [
@@ -632,9 +743,9 @@ def test_serve_bad_arguments_are_one_line_errors():
 
 
 def test_sigterm_stops_the_server_and_shuts_the_engine_down():
-    """A process manager's SIGTERM: uvicorn finishes gracefully, then the engine is shut down and the
-    process exits 0 (uvicorn re-raises the signal after its shutdown; left to the default handler the
-    process would die with -15 before freeing the engine)."""
+    """A process manager's SIGTERM: the engine is shut down, uvicorn finishes, and the process exits 0
+    (uvicorn re-raises the signal after its shutdown; left to the default handler the process would die
+    with -15 before the CLI's own shutdown of the engine, which is then a no-op, and its last line)."""
     from minillm.course.serving_lab import Server
     srv = Server(MODEL, "--device", "cpu", "--max-model-len", "256").start()  # up once /health answers
     try:
@@ -644,3 +755,45 @@ def test_sigterm_stops_the_server_and_shuts_the_engine_down():
     err = srv.log_tail()
     assert returncode == 0, err
     assert "the engine is shut down" in err, err
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("engine_core, sig, status", [("thread", signal.SIGTERM, 0), ("process", signal.SIGTERM, 0),
+                                                      ("process", signal.SIGINT, 130), ("process", "group", 0)],
+                         ids=["thread-SIGTERM", "process-SIGTERM", "process-SIGINT", "process-group-SIGTERM"])
+def test_a_stop_signal_fails_the_requests_in_flight_and_the_server_exits_at_once(engine_core, sig, status):
+    """SIGTERM (or Ctrl-C) with requests in flight: before uvicorn waits for the open connections, the
+    engine stops, which fails each request as an engine error does (a stream: an error event, then
+    [DONE]; a plain request: a 500 that names the shutdown); then the process exits, long before
+    uvicorn's 5 s grace runs out, with no traceback. (Before: the stream went on for the 5 s, then was
+    cut off with neither, and the plain request got a text/plain 500.)"""
+    from minillm.course.serving_lab import Server
+    srv = Server(MODEL, "--device", "cpu", "--max-model-len", "4096", "--engine-core", engine_core).start()
+    body = dict(model=MODEL, prompt=PROMPTS[0], max_tokens=4000, ignore_eos=True)
+    try:
+        with httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c, \
+                httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c2, \
+                _thread_result(lambda: c2.post("/v1/completions", json=body)) as plain:
+            with c.stream("POST", "/v1/completions", json=dict(body, stream=True)) as r:
+                lines = r.iter_lines()
+                assert "error" not in next(line for line in lines if line.startswith("data: "))
+                wait_for(lambda: metrics(srv.url)["minillm_num_requests_running"] == 2, "both requests to run")
+                if sig == "group":  # systemd's stop, kill -- -PGID: every process of the server's group at once
+                    with open(f"/proc/{srv.proc.pid}/task/{srv.proc.pid}/children") as f:
+                        for child in map(int, f.read().split()):
+                            os.kill(child, signal.SIGTERM)
+                srv.proc.send_signal(signal.SIGTERM if sig == "group" else sig)
+                signalled = time.monotonic()
+                events = [line[6:] if line == "data: [DONE]" else json.loads(line[6:])
+                          for line in lines if line.startswith("data: ")]
+            answer = plain.result()
+        returncode = srv.proc.wait(60)
+        seconds = time.monotonic() - signalled
+    finally:
+        srv.stop()
+    log = srv.log_tail(10**6)
+    assert events[-1] == "[DONE]" and "shut down" in events[-2]["error"]["message"], (events[-3:], log)
+    assert answer.status_code == 500 and "shut down" in answer.json()["error"]["message"], answer.text
+    assert returncode == status, log
+    assert "graceful shutdown exceeded" not in log and "Traceback" not in log, log
+    assert "the engine is shut down" in log and seconds < 20, (seconds, log)

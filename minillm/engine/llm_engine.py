@@ -163,6 +163,7 @@ class LLMEngine:
         self.model_runner = self._make_runner(model_path)
         self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks)
         self.detokenizers: dict[int, IncrementalDetokenizer] = {}  # requests with stop strings
+        self.stop_starts: dict[int, int] = {}  # their stop_text_start, once known (it never changes)
         self.eos_token_ids = set(eos)
         # async scheduling needs a runner that can launch without waiting (one process)
         self.async_scheduling = config.async_scheduling and config.tensor_parallel_size == 1
@@ -274,6 +275,7 @@ class LLMEngine:
         self.scheduler.finish(seq, reason)
         self.requests.pop(seq.seq_id, None)
         self.detokenizers.pop(seq.seq_id, None)
+        self.stop_starts.pop(seq.seq_id, None)
 
     # ---- the loop -----------------------------------------------------------------------------
     # A step is launched on the device and its tokens are read back one step later (async
@@ -361,7 +363,8 @@ class LLMEngine:
         sampling = [s for s in seqs if s.num_computed_tokens >= s.num_tokens] if is_prefill else seqs
         positions, at_limit = append_placeholders([s.token_ids for s in sampling],
                                                   [s.num_prompt_tokens for s in sampling],
-                                                  [s.params.max_tokens for s in sampling], self.config.max_model_len)
+                                                  [s.params.max_tokens or self.config.max_model_len for s in sampling],
+                                                  self.config.max_model_len)  # max_tokens None: max_model_len limits
         for seq, limit in zip(sampling, at_limit):
             if limit:
                 self.scheduler.remove(seq)
@@ -396,7 +399,12 @@ class LLMEngine:
             detok = self.detokenizers.get(seq.seq_id)
             if detok is not None and outcome != "stop":
                 detok.add([tok])
-                if any(s in detok.text for s in seq.params.stop):
+                start = self.stop_starts.get(seq.seq_id)
+                if start is None:
+                    start = self.stop_text_start(seq.params, detok.ids)
+                    if start is not None:
+                        self.stop_starts[seq.seq_id] = start
+                if start is not None and seq.params.first_stop(detok.text, start) is not None:
                     outcome = "stop"
             if outcome is not None:
                 self._finish(seq, outcome)  # drops a placeholder launched after this token
@@ -413,15 +421,43 @@ class LLMEngine:
     def is_finished(self) -> bool:
         return not self.requests and self.pending is None
 
+    def stop_text_start(self, params: SamplingParams, tokens: list[int]) -> int | None:
+        """Where stop strings count in the text of a completion's tokens: a match must end past the text
+        of its first min_tokens tokens (vLLM checks stop strings only once more than min_tokens tokens
+        exist, and only in the text after them). -> that text's length (0 without min_tokens), or None
+        while there are at most min_tokens tokens (no stop string can stop it yet)."""
+        m = params.min_tokens
+        if len(tokens) <= m:
+            return None
+        if not m or self.tokenizer is None:
+            return 0
+        # a character split across tokens decodes to U+FFFD until its last byte comes: not text yet
+        return len(self.tokenizer.decode(tokens[:m]).rstrip("\ufffd"))
+
+    def is_stop_token(self, params: SamplingParams, token: int) -> bool:
+        """Whether token stops a sequence with these params: EOS (unless ignore_eos) or a stop token id."""
+        return token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids)
+
+    def stopped_by_token(self, seq: Sequence, tokens: list[int]) -> bool:
+        """Whether the last of tokens (seq's completion) stopped seq: EOS or a stop token id (a stop
+        string is found only in tokens that are neither: those stop first)."""
+        return seq.finish_reason == "stop" and bool(tokens) and self.is_stop_token(seq.params, tokens[-1])
+
     def completion(self, seq: Sequence) -> CompletionOutput:
         """One sample's result so far (final once it is finished)."""
         tokens = seq.resolved_completion()
-        text = self.tokenizer.decode(tokens) if self.tokenizer else ""
-        cut = seq.params.cut_at_stop(text)
+        params = seq.params
+        by_token = self.stopped_by_token(seq, tokens)
+        # vLLM's detokenizer leaves the stop token's text out (token_ids keep it) unless
+        # include_stop_str_in_output: '.\n' stopped by the id of '\n' reads '.'
+        text_tokens = tokens[:-1] if by_token and not params.include_stop_str_in_output else tokens
+        text = self.tokenizer.decode(text_tokens) if self.tokenizer else ""
+        start = self.stop_text_start(params, tokens) if params.stop else None
+        cut = params.cut_at_stop(text, start) if start is not None else None
         stop_reason = None
         if cut is not None:
-            stop_reason, text = seq.params.first_stop(text), cut
-        elif seq.finish_reason == "stop" and tokens and tokens[-1] in seq.params.stop_token_ids:
+            stop_reason, text = params.first_stop(text, start), cut
+        elif by_token and tokens[-1] in params.stop_token_ids:
             stop_reason = tokens[-1]
         logprobs = None
         if seq.params.logprobs is not None:

@@ -283,6 +283,12 @@ class EngineClient:
     def add_request(self, prompt, params: SamplingParams, request_id: str | None = None) -> AsyncStream:
         """Check and queue one request (prompt: text or token ids). Raises ValueError for bad input,
         QueueFullError when max_waiting requests wait, EngineError when the engine has stopped."""
+        return self.add_checked([self.check_request(prompt, params)], None if request_id is None else [request_id])[0]
+
+    def check_request(self, prompt, params: SamplingParams) -> tuple[str | None, list[int], SamplingParams]:
+        """Check one request without queueing it (prompt: text or token ids): tokenized, inside the
+        vocabulary, short enough, its sampling params valid. Raises ValueError for bad input.
+        -> (the prompt's text, or None for token ids; its token ids; a checked copy of params)."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the prompt is empty: give a non-empty string or list of token ids")
@@ -292,15 +298,35 @@ class EngineClient:
         else:
             ids = prompt
         ids = self.checks.check_prompt(ids)
-        params = self.checks.check_params(params)
-        req = _Request(request_id or uuid.uuid4().hex, prompt if isinstance(prompt, str) else None, ids, params,
-                       asyncio.get_running_loop(), self._outbox)
+        return prompt if isinstance(prompt, str) else None, ids, self.checks.check_params(params)
+
+    def add_checked(self, requests: list[tuple[str | None, list[int], SamplingParams]],
+                    request_ids: list[str] | None = None) -> list[AsyncStream]:
+        """Queue requests that check_request has checked, all or none (a completion's list of prompts):
+        QueueFullError when they do not all fit in max_waiting, EngineError when the engine has stopped."""
+        loop = asyncio.get_running_loop()
+        ids = request_ids or [uuid.uuid4().hex for _ in requests]
+        reqs = [_Request(rid, text, tokens, params, loop, self._outbox)
+                for rid, (text, tokens, params) in zip(ids, requests)]
         with self._cond:
             if self._stopping or self._dead:
                 raise EngineError(f"the engine is not running ({self._dead or 'shutting down'})")
-            admit(self._book, req)  # QueueFullError, ValueError
-            self._queue(req)
-        return AsyncStream(self, req)
+            book = self._book
+            if len(reqs) > 1 and book.num_waiting + len(reqs) > book.max_waiting:  # (admit checks one alone)
+                raise QueueFullError(f"{book.num_waiting} requests are waiting and {len(reqs)} more do not fit "
+                                     f"(max_waiting={book.max_waiting})")
+            admitted: list[_Request] = []
+            try:
+                for req in reqs:
+                    admit(book, req)  # QueueFullError, ValueError
+                    admitted.append(req)
+            except BaseException:
+                for req in admitted:  # none of them was handed to the engine
+                    finish(book, req)
+                raise
+            for req in reqs:
+                self._queue(req)
+        return [AsyncStream(self, req) for req in reqs]
 
     async def generate(self, prompt, params: SamplingParams, request_id: str | None = None):
         """vLLM's AsyncLLM.generate: an async iterator of RequestOutput deltas; closing it aborts."""

@@ -98,7 +98,10 @@ class _EngineCore(AsyncLLM):
 
 def run_engine_core(requests, outputs, model: str, llm_args: dict, core_args: dict) -> None:
     """The engine process: build the LLM, say ready (or why not), then serve the API process's messages."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the API process decides
+    # Ctrl-C, and a SIGTERM sent to the whole process group (systemd, kill -- -PGID), reach this process
+    # too: the API process decides, fails what is in flight naming the shutdown, then closes the pipe
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from minillm.llm import LLM
     try:
         llm = LLM(model, **llm_args)

@@ -11,6 +11,7 @@ import re
 
 from minillm.outputs import CompletionOutput
 from minillm.sampling_params import SamplingParams, describe
+from minillm.tokenizer import text_content
 
 MAX_BODY_BYTES = 1 << 20  # a larger request body is a 413
 
@@ -128,16 +129,10 @@ def chat_messages(body: dict) -> list[dict]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
             raise bad_request(f"messages[{i}] must be an object with a string role and a content, got {m!r:.80}",
                               param="messages")
-        content = m["content"]
-        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise bad_request(f"messages[{i}].content: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
-                                  f"are supported", param="messages")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise bad_request(f"messages[{i}].content must be a string or a list of text parts, got "
-                              f"{describe(content)}", param="messages")
+        try:  # a string, or a list of text parts: LLM.chat takes the same (minillm.tokenizer.text_content)
+            content = text_content(m["content"], f"messages[{i}].content")
+        except ValueError as e:
+            raise bad_request(str(e), param="messages") from None
         out.append({"role": m["role"], "content": content})
     return out
 
@@ -153,7 +148,8 @@ def merge(into: dict[int, CompletionOutput], deltas: list[CompletionOutput]) -> 
         if d.logprobs is not None:
             c.logprobs = (c.logprobs or []) + d.logprobs
         c.cumulative_logprob = d.cumulative_logprob
-        c.finish_reason, c.stop_reason = d.finish_reason or c.finish_reason, d.stop_reason or c.stop_reason
+        c.finish_reason = d.finish_reason or c.finish_reason
+        c.stop_reason = c.stop_reason if d.stop_reason is None else d.stop_reason  # token id 0 is a stop reason
 
 
 def _top(position: dict, k: int) -> list:

@@ -6,9 +6,11 @@
     GET  /health, GET /metrics (Prometheus text), GET / (the chat page, static/index.html)
 
 Every error is OpenAI's JSON {"error": {"message", "type", "param", "code"}}, never a traceback:
-400 bad input, 401 a missing or wrong API key, 404 an unknown model or path, 413 a body over
+400 bad input (also an explicit max_tokens the context cannot hold, and a list of more prompts than
+max_waiting), 401 a missing or wrong API key, 404 an unknown model or path, 413 a body over
 MAX_BODY_BYTES, 503 (with Retry-After) when max_waiting requests already wait, 500 an engine error
 (every request in flight fails; the server goes on). A client that disconnects aborts its request.
+Ctrl-C or SIGTERM first stops the engine, which fails what is in flight, then uvicorn closes.
 """
 from __future__ import annotations
 
@@ -182,33 +184,40 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
                            type="not_found_error", param="model", code="model_not_found")
         return body
 
-    def submit(prompt, params, param: str) -> AsyncStream:
+    def submit(prompts: list, params, body: dict, chat: bool) -> list[AsyncStream]:
+        """One request per prompt, all or none: every prompt is checked (tokens, vocabulary, length,
+        sampling, the context) before any is queued, then all are admitted together."""
+        param = "messages" if chat else "prompt"
+        if len(prompts) > async_llm.max_waiting:  # a 503 would never pass, however long the client waits
+            raise bad_request(f"{len(prompts)} prompts in one request, but this server queues at most "
+                              f"{async_llm.max_waiting} requests (--max-waiting): send at most "
+                              f"{async_llm.max_waiting} prompts per request, or start the server with a larger "
+                              f"--max-waiting", param=param)
+        # vLLM's and OpenAI's 400: an explicit max_tokens the context cannot hold is refused, not cut short
+        # (left out, the default max_tokens runs until max_model_len, finish_reason "length")
+        given = next((f for f in (("max_completion_tokens", "max_tokens") if chat else ("max_tokens",))
+                      if body.get(f) is not None), None)
+        checked = []
+        for i, prompt in enumerate(prompts):
+            where = f"prompt {i}: " if len(prompts) > 1 else ""
+            try:
+                checked.append(async_llm.check_request(prompt, params))
+            except ValueError as e:
+                raise bad_request(where + str(e), param=param) from None
+            n_prompt, limit = len(checked[-1][1]), async_llm.max_model_len
+            if given is not None and n_prompt + params.max_tokens > limit:
+                what = "messages" if chat else "prompt"
+                raise bad_request(f"{where}This model's maximum context length is {limit} tokens. However, you "
+                                  f"requested {n_prompt + params.max_tokens} tokens ({n_prompt} in the {what}, "
+                                  f"{params.max_tokens} in the completion). Please reduce the length of the {what} "
+                                  f"or completion.", param=given, code="context_length_exceeded")
         try:
-            return async_llm.add_request(prompt, params)
-        except ValueError as e:
-            raise bad_request(str(e), param=param) from None
+            return async_llm.add_checked(checked)
         except QueueFullError as e:
             raise APIError(503, f"the server is busy: {e}; retry after {RETRY_AFTER_S} s", type="server_busy",
                            code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         except EngineError as e:
             raise APIError(503, str(e), type="service_unavailable") from None
-
-    def submit_all(prompts: list, params, param: str) -> list[AsyncStream]:
-        """One request per prompt, all or none: a refused prompt aborts the ones queued before it."""
-        streams: list[AsyncStream] = []
-        try:
-            for i, prompt in enumerate(prompts):
-                try:
-                    streams.append(submit(prompt, params, param))
-                except APIError as e:
-                    if len(prompts) > 1:
-                        e.message = f"prompt {i}: {e.message}"
-                    raise
-        except BaseException:
-            for stream in streams:
-                stream.abort()
-            raise
-        return streams
 
     async def run(request: Request, streams: list[AsyncStream], params, chat: bool, stream_mode: bool,
                   include_usage: bool):
@@ -231,10 +240,11 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
                     c = outs[i]
                     if chat:
                         choices.append({"index": i, "message": {"role": "assistant", "content": c.text},
-                                        "logprobs": chat_logprobs(c, k), "finish_reason": c.finish_reason})
+                                        "logprobs": chat_logprobs(c, k), "finish_reason": c.finish_reason,
+                                        "stop_reason": c.stop_reason})
                     else:
                         choices.append({"index": p * n + i, "text": c.text, "logprobs": completion_logprobs(c, k),
-                                        "finish_reason": c.finish_reason})
+                                        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
             n_tokens = sum(len(c.token_ids) for outs in results for c in outs.values())
             return JSONResponse({"id": rid, "object": kind, "created": int(time.time()), "model": model_name,
                                  "choices": choices, "usage": usage(n_prompt, n_tokens)})
@@ -248,7 +258,8 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
                 if chat:
                     for i in range(params.n):
                         yield _sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                         "logprobs": None, "finish_reason": None}], **extra})
+                                                         "logprobs": None, "finish_reason": None,
+                                                         "stop_reason": None}], **extra})
                 async for p, out in _outputs(streams):
                     for c in out.outputs:
                         n_tokens += len(c.token_ids)
@@ -260,7 +271,8 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
                             choice = {"index": index, "text": c.text,
                                       "logprobs": completion_logprobs(c, k, offsets.get(index, 0))}
                             offsets[index] = offsets.get(index, 0) + len(c.text)
-                        choice["finish_reason"] = c.finish_reason
+                        # vLLM's stop_reason: the stop string or token id that ended it (None for EOS; until the end)
+                        choice["finish_reason"], choice["stop_reason"] = c.finish_reason, c.stop_reason
                         yield _sse({**head, "choices": [choice], **extra})
                 if include_usage:
                     yield _sse({**head, "choices": [], "usage": usage(n_prompt, n_tokens)})
@@ -275,7 +287,7 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
         body = await parse(request, COMPLETION_FIELDS)
         stream_mode, include_usage = stream_flags(body)
         params = sampling_params(body, async_llm.default_sampling_params(), chat=False)
-        streams = submit_all(completion_prompts(body), params, "prompt")
+        streams = submit(completion_prompts(body), params, body, chat=False)
         return await run(request, streams, params, False, stream_mode, include_usage)
 
     @app.post("/v1/chat/completions")
@@ -290,7 +302,8 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
             prompt = async_llm.tokenizer.encode_chat(messages)
         except ValueError as e:
             raise bad_request(str(e), param="messages") from None
-        return await run(request, [submit(prompt, params, "messages")], params, True, stream_mode, include_usage)
+        return await run(request, submit([prompt], params, body, chat=True), params, True, stream_mode,
+                         include_usage)
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -321,9 +334,24 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
 
 
 def serve(async_llm: EngineClient, model_name: str, sock, api_key: str | None = None, log_level: str = "info") -> None:
-    """Serve on an already bound socket until Ctrl-C (the caller shuts the EngineClient down)."""
+    """Serve on an already bound socket until Ctrl-C or SIGTERM. On the signal the EngineClient is shut
+    down first (what is in flight fails at once), then uvicorn closes the connections; the caller may
+    call its shutdown() again (it is idempotent)."""
     import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            # uvicorn's graceful shutdown waits (up to timeout_graceful_shutdown) for the open
+            # connections, and a stream in flight would go on until then and be cut off without an
+            # end. Stop the engine first: that fails every request in flight as an engine error does
+            # (a stream: an error event, then [DONE]; a plain request: a 500), so each response ends
+            # now. In a thread: the failures reach the streams through this event loop meanwhile.
+            try:
+                await asyncio.to_thread(async_llm.shutdown)
+            finally:
+                await super().shutdown(sockets)
+
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # process-wide: this process exists to serve
     config = uvicorn.Config(create_app(async_llm, model_name, api_key), log_level=log_level,
                             timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+    Server(config).run(sockets=[sock])
