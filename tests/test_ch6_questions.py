@@ -99,6 +99,8 @@ def test_known_wrong_answers_get_their_own_hint():
     assert "divide by the gaps" in r["q2"]
     assert "not at the largest" in r["q3"]
     assert "milliseconds" in Q.check_answers("06", {"q3": (32.5, 0.0724)}, show=False)["q3"]
+    both_in_seconds = Q.check_answers("06", {"q3": (0.0325, 0.0724)}, show=False)["q3"]
+    assert both_in_seconds.count("milliseconds") >= 2 and "sort them" not in both_in_seconds, both_in_seconds
 
 
 def test_the_expected_values_are_minillms_own_functions():

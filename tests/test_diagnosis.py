@@ -25,9 +25,8 @@ def test_every_exercise_has_named_mistakes():
     assert not thin, f"exercises with fewer than two named mistakes: {thin}"
 
 
-@pytest.mark.parametrize("name", sorted(MISTAKES))
-def test_grader_names_the_mistake(name, request):
-    mistake = MISTAKES[name]
+def graded_failure(mistake, request) -> str:
+    """The failure message of the graded test named in `mistake`, run on minillm with the mistake in it."""
     module_name, test_name = mistake.test.split("::")
     test_fn = getattr(importlib.import_module(module_name.removesuffix(".py")), test_name)
     impl = with_mistake(load_impl("ref"), mistake)
@@ -37,8 +36,40 @@ def test_grader_names_the_mistake(name, request):
             args[arg] = request.getfixturevalue(arg)
     with pytest.raises(AssertionError) as failure:
         test_fn(impl=impl, **args)
-    assert mistake.hint in str(failure.value), (
-        f"the grader caught mistake {name!r} but did not name it; its message was:\n{failure.value}")
+    return str(failure.value)
+
+
+@pytest.mark.parametrize("name", sorted(MISTAKES))
+def test_grader_names_the_mistake(name, request):
+    mistake = MISTAKES[name]
+    message = graded_failure(mistake, request)
+    assert mistake.hint in message, (
+        f"the grader caught mistake {name!r} but did not name it; its message was:\n{message}")
+
+
+# wrong versions that end in another known one's symptom, not in its result: the same exception on another rank,
+# the same (no) events for a reader from other text, the same first wrong step of an admission scenario that
+# goes on differently, the same collectives with other results. Each once got the other's hint, which told the
+# student to fix what they had right.
+SAME_SYMPTOM = {
+    "ch4_vocab_embed_mask_includes_end": "ch4_vocab_embed_without_offset",  # IndexError: on rank 0, not rank 1
+    "ch4_lm_head_all_gather_then_none": "ch4_lm_head_on_every_rank",  # an all-gather; None on rank 1 though
+    "ch6_sse_event_splitlines": "ch6_sse_event_no_blank_line",  # a reader gets nothing from sse_event('')
+    "ch6_admit_id_before_queue": "ch6_admit_one_too_many",  # ValueError where the queue is full
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAME_SYMPTOM))
+def test_a_bug_with_another_ones_symptom_is_not_named_for_it(name, request, monkeypatch):
+    """With its own entry out of the catalogue, the wrong version is not named as the one whose symptom it
+    shares: a known bug is named only where its result equals the student's (suspects_of's second look,
+    which ranks raised)."""
+    import mistakes
+    others = {k: m for k, m in MISTAKES.items() if k != name}
+    monkeypatch.setattr(mistakes, "all_mistakes", lambda: others)
+    message = graded_failure(MISTAKES[name], request)
+    assert MISTAKES[SAME_SYMPTOM[name]].hint not in message, message
+    assert "looks like a known bug" not in message, message
 
 
 def test_a_bug_that_does_not_show_on_the_input_is_not_named():

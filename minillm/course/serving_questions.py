@@ -110,7 +110,8 @@ def _questions():
             Part(lambda: ttft_median_p90()[0], Approx(), label="median",
                  hint="sort them; with ten values the median lies halfway between the 5th and the 6th",
                  traps=lambda: [(sum(Q3_TTFTS_MS) / len(Q3_TTFTS_MS), "that is the mean, which one slow request "
-                                                                      "drags up; the median is the middle value")]),
+                                                                      "drags up; the median is the middle value"),
+                                (ttft_median_p90()[0] / 1e3, "answer in milliseconds, the unit of the question")]),
             Part(lambda: ttft_median_p90()[1], Approx(), label="p90",
                  hint="numpy puts percentile q at rank q/100 x (n - 1) of the sorted values (from 0) and "
                       "interpolates between the two values around it",

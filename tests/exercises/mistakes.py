@@ -97,17 +97,27 @@ def call_pure(fn: Callable, function: str, exercise_id: str, *args, **kwargs):
     return result
 
 
-def suspects_of(function: str, run: Callable) -> dict[str, Callable]:
+def suspects_of(function: str, run: Callable, agree: tuple[Callable, Callable] | None = None) -> dict[str, Callable]:
     """diagnosis -> run(wrong version) for every known wrong version of `function` (computed only if
     the student's result is wrong): for results that are not simply function(*args). A wrong version
     whose result equals minillm's own here is left out: its bug does not show on this input (a decode-only
-    bug in a prefill count), so the difference lies elsewhere, and naming it would mislead."""
+    bug in a prefill count), so the difference lies elsewhere, and naming it would mislead.
+
+    agree: (probe, student): a second look, for a result that two different bugs can share (the events a
+    decoder reads, the first step where a scenario goes wrong): a wrong version is named only where
+    probe(it) also equals student(), the same probe of the code under test (the raw output behind the
+    derived one, the whole scenario). A student whose bug merely ends in the same symptom as a known one
+    is then not sent to fix a bug they do not have."""
     reference = functools.cache(lambda: run(getattr(load_impl("ref"), function)))
+    probe, student = agree if agree is not None else (None, None)
+    students = functools.cache(student) if student is not None else None
 
     def distinct(fn: Callable):
         value = run(fn)
         if _same(value, reference()):
             raise LookupError(f"this wrong version of {function} gives minillm's own result here")
+        if probe is not None and not _same(probe(fn), students()):
+            raise LookupError(f"this wrong version of {function} differs from the code under test elsewhere")
         return value  # (grading._diagnose skips a suspect that raises)
     return {m.hint: (lambda fn=m.replaces[function]: distinct(fn))
             for m in all_mistakes().values() if function in m.replaces}

@@ -59,6 +59,12 @@ def row_parallel_concatenates(x, weight, bias, group):
     return y if bias is None else y + bias
 
 
+def row_parallel_without_group(x, weight, bias, group):
+    y = F.linear(x, weight)
+    dist.all_reduce(y)  # the bug: no group=, so the sum runs over every rank of the default (WORLD) group
+    return y if bias is None else y + bias
+
+
 # ---- 4.3 the vocabulary-parallel embedding -----------------------------------------------------------------
 def vocab_embed_without_offset(token_ids, weight_shard, vocab_start, group):
     mask = (token_ids >= vocab_start) & (token_ids < vocab_start + weight_shard.shape[0])
@@ -91,6 +97,24 @@ def vocab_embed_shifts_ids_in_place(token_ids, weight_shard, vocab_start, group)
     return y
 
 
+def vocab_embed_mask_includes_end(token_ids, weight_shard, vocab_start, group):
+    local = token_ids - vocab_start
+    mask = (local >= 0) & (local <= weight_shard.shape[0])  # the bug: <= lets the next rank's first id in
+    y = F.embedding(torch.where(mask, local, 0), weight_shard)
+    y = y.masked_fill(~mask.unsqueeze(-1), 0)
+    dist.all_reduce(y, group=group)
+    return y
+
+
+def vocab_embed_without_group(token_ids, weight_shard, vocab_start, group):
+    local = token_ids - vocab_start
+    mask = (local >= 0) & (local < weight_shard.shape[0])
+    y = F.embedding(torch.where(mask, local, 0), weight_shard)
+    y = y.masked_fill(~mask.unsqueeze(-1), 0)
+    dist.all_reduce(y)  # the bug: no group=, so the sum runs over every rank of the default (WORLD) group
+    return y
+
+
 # ---- 4.4 the parallel LM head ------------------------------------------------------------------------
 def lm_head_concatenates_rows(hidden, weight_shard, group):
     logits = F.linear(hidden, weight_shard)
@@ -109,6 +133,21 @@ def lm_head_on_every_rank(hidden, weight_shard, group):
     parts = [torch.empty_like(logits) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, logits, group=group)  # the bug: every rank gets (and returns) the full logits
     return torch.cat(parts, dim=-1)
+
+
+def lm_head_all_gather_then_none(hidden, weight_shard, group):
+    logits = F.linear(hidden, weight_shard)
+    parts = [torch.empty_like(logits) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, logits, group=group)  # the bug: every rank receives every slice ...
+    return torch.cat(parts, dim=-1) if dist.get_rank(group) == 0 else None  # ... and all but rank 0 drop them
+
+
+def lm_head_without_group(hidden, weight_shard, group):
+    logits = F.linear(hidden, weight_shard)
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    parts = [torch.empty_like(logits) for _ in range(size)] if rank == 0 else None
+    dist.gather(logits, parts, group_dst=0)  # the bug: no group=, so the gather runs in the default (WORLD) group
+    return torch.cat(parts, dim=-1) if rank == 0 else None
 
 
 MISTAKES: list[Mistake] = [
@@ -143,6 +182,11 @@ MISTAKES: list[Mistake] = [
             "the ranks' outputs were gathered and concatenated, as column-parallel outputs are: a row-parallel "
             "layer's ranks each hold a partial sum of the SAME [N, out] output, so add them with one all_reduce",
             "test_ch4.py::test_row_parallel_linear_on_two_thread_ranks"),
+    Mistake("ch4_row_parallel_without_group", "4.2", {"row_parallel_linear": row_parallel_without_group},
+            "the all-reduce has no group=, so it sums over every rank of the default (WORLD) group: with more than "
+            "one tensor-parallel group (or pipeline stages beside it) it adds other groups' partial sums in. Pass "
+            "the group you are given: torch.distributed.all_reduce(y, group=group)",
+            "test_ch4.py::test_row_parallel_linear_on_two_thread_ranks"),
     # 4.3
     Mistake("ch4_vocab_embed_without_offset", "4.3", {"vocab_parallel_embed": vocab_embed_without_offset},
             "the shard is indexed with the global token ids: this rank's row of token t is t - vocab_start (rank "
@@ -162,6 +206,16 @@ MISTAKES: list[Mistake] = [
             "the caller's tensor now holds other ids, and whatever reads it after the embedding gets them. "
             "Compute local = token_ids - vocab_start, a new tensor",
             "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
+    Mistake("ch4_vocab_embed_mask_includes_end", "4.3", {"vocab_parallel_embed": vocab_embed_mask_includes_end},
+            "the mask lets in local == V/p (local <= weight_shard.shape[0]): that id is the first of the next rank's "
+            "slice, one row past the end of this shard, and F.embedding raises IndexError on it. This rank owns "
+            "0 <= local < weight_shard.shape[0] (a strict < at the end)",
+            "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
+    Mistake("ch4_vocab_embed_without_group", "4.3", {"vocab_parallel_embed": vocab_embed_without_group},
+            "the all-reduce has no group=, so it sums over every rank of the default (WORLD) group: with more than "
+            "one tensor-parallel group it adds the other groups' embeddings in. Pass the group you are given: "
+            "torch.distributed.all_reduce(y, group=group)",
+            "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
     # 4.4
     Mistake("ch4_lm_head_concatenates_rows", "4.4", {"parallel_lm_head": lm_head_concatenates_rows},
             "the gathered logits were concatenated on dim 0, stacking each rank's vocabulary slice as more "
@@ -174,5 +228,17 @@ MISTAKES: list[Mistake] = [
     Mistake("ch4_lm_head_on_every_rank", "4.4", {"parallel_lm_head": lm_head_on_every_rank},
             "the full logits were all-gathered to every rank: only rank 0 samples, so gather them to rank 0 "
             "alone (an all-gather sends p times more) and return None on the other ranks",
+            "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
+    Mistake("ch4_lm_head_all_gather_then_none", "4.4", {"parallel_lm_head": lm_head_all_gather_then_none},
+            "the logits are all-gathered, then dropped on every rank but 0: the results are right, but every rank "
+            "received all p slices for nothing (p times the traffic of a gather). Gather them to rank 0 alone: "
+            "torch.distributed.gather(logits, parts, group_dst=0, group=group), parts on rank 0 only (None on the "
+            "others)",
+            "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
+    Mistake("ch4_lm_head_without_group", "4.4", {"parallel_lm_head": lm_head_without_group},
+            "the gather has no group=, so it runs in the default (WORLD) group, where group_dst=0 is rank 0 of the "
+            "whole world: with more than one tensor-parallel group, another group's rank 0 is not the destination "
+            "there (torch refuses its gather_list) and every rank's slice goes to world rank 0. Pass the group you "
+            "are given: torch.distributed.gather(logits, parts, group_dst=0, group=group)",
             "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
 ]

@@ -135,9 +135,9 @@ def top_k_top_p_fills_minus_1e9(logits, top_k, top_p):
 
 def _gumbel(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None, *,
             temperature_after_noise=False, noise_sign=1.0, mask_before_temperature=False, use_generators=True,
-            divide_in_place=False):
+            divide_in_place=False, greedy_argmax=True):
     """gumbel_sample with one bug switched on (the noise is drawn exactly as the right version draws it)."""
-    greedy = logits.argmax(dim=-1) if any_greedy is not False else None
+    greedy = logits.argmax(dim=-1) if any_greedy is not False and greedy_argmax else None
     t = temperatures.clamp_min(1e-6)[:, None]
     if mask_before_temperature and (top_k is not None or top_p is not None):
         logits = right_top_k_top_p(logits, top_k, top_p)
@@ -177,6 +177,28 @@ def gumbel_ignores_generators(logits, temperatures, top_k=None, top_p=None, gene
 
 def gumbel_divides_in_place(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None):
     return _gumbel(logits, temperatures, top_k, top_p, generators, any_greedy, divide_in_place=True)
+
+
+def gumbel_greedy_by_clamp(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None):
+    # the bug: no argmax for temperature 0; logits / 1e-6 is trusted to swamp the noise (it does not between ties)
+    return _gumbel(logits, temperatures, top_k, top_p, generators, any_greedy, greedy_argmax=False)
+
+
+def fill_placeholders_overwrites_real_token(token_lists, positions, sampled, at_limit, eos_token_ids, params):
+    outcomes = []
+    for tokens, pos, tok, limit, p in zip(token_lists, positions, sampled, at_limit, params):
+        if pos >= len(tokens):  # the bug: a position that holds a real token is written over
+            outcomes.append("dropped")
+            continue
+        tokens[pos] = tok
+        if (not p.ignore_eos and tok in eos_token_ids) or tok in p.stop_token_ids:
+            del tokens[pos + 1:]
+            outcomes.append("stop")
+        elif limit and pos == len(tokens) - 1:
+            outcomes.append("length")
+        else:
+            outcomes.append(None)
+    return outcomes
 
 
 # ---- 5.4 the bench's floor ---------------------------------------------------------------------------
@@ -269,6 +291,11 @@ MISTAKES = [
             "a request whose last allowed token is a stop token finishes with 'length': check the stop tokens "
             "first; 'length' is for a last token that does not stop the request",
             "test_ch5.py::test_fill_placeholders"),
+    Mistake("ch5_fill_overwrites_real_token", "5.2", {"fill_placeholders": fill_placeholders_overwrites_real_token},
+            "only a position past the end counts as dropped: a position that holds a real token (the request "
+            "ended, and its placeholder was filled or is gone) was written over. A sequence that ended keeps no "
+            "placeholder, so drop the row also when tokens[pos] != PLACEHOLDER_TOKEN",
+            "test_ch5.py::test_fill_placeholders"),
     # 5.3
     Mistake("ch5_top_k_keeps_one_more", "5.3", {"apply_top_k_top_p": top_k_keeps_one_more},
             "top-k keeps k + 1 tokens: rank r (0 for the best) is kept when r < k",
@@ -304,6 +331,12 @@ MISTAKES = [
             "the caller's logits are divided by the temperature in place (logits.div_ or logits /= ...): the "
             "sampler computes the logprobs from those same logits after sampling, so they come out tempered; "
             "divide into a new tensor, logits = logits / temperatures.clamp_min(1e-6)[:, None]",
+            "test_ch5.py::test_greedy_rows_and_top_k_1_take_the_argmax"),
+    Mistake("ch5_gumbel_greedy_by_clamp", "5.3", {"gumbel_sample": gumbel_greedy_by_clamp},
+            "temperature 0 has no argmax of its own: logits / 1e-6 (the clamp) swamps the noise only between "
+            "logits that differ, and where the top logits tie exactly (common in bf16) the noise picks among them. "
+            "Take the plain argmax for those rows: greedy = logits.argmax(-1) before any division, then "
+            "torch.where(temperatures > 0, sampled, greedy)",
             "test_ch5.py::test_greedy_rows_and_top_k_1_take_the_argmax"),
     # 5.4
     Mistake("ch5_bytes_reads_the_embedding", "5.4", {"model_bytes": model_bytes_reads_the_embedding},

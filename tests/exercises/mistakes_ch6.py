@@ -28,6 +28,12 @@ def sse_event_raw_newlines(data):
     return f"data: {data}\n\n"  # the bug: a newline in data ends the data line early
 
 
+def sse_event_splitlines(data):
+    # the bug: str.splitlines() gives no line at all for '', drops the empty line after a final '\n', and also
+    # splits at \r, \x0b, \x0c, \x1c-\x1e, \x85, \u2028 and \u2029
+    return "".join(f"data: {line}\n" for line in data.splitlines()) + "\n"
+
+
 def _read(line, lines, value_of):
     """sse_data with the value of a data line taken by value_of(line) (None: not a data line)."""
     if not line:
@@ -75,11 +81,12 @@ def sse_data_line_per_event(line, lines):
 
 # ---- 6.2 incremental detokenization -------------------------------------------------------------------
 def _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, *, hold_back=True, drop_prefix=True,
-           read_while_holding=False, slide=True):
+           read_while_holding=False, slide=True, emit_nothing=False):
     """detokenize_incrementally with one rule switched off."""
     prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens)
     window = tokenizer.decode(ids[prefix_offset:], skip_special_tokens)
-    if len(window) > len(prefix) and (not hold_back or not window.endswith("\ufffd")):
+    longer = len(window) >= len(prefix) if emit_nothing else len(window) > len(prefix)
+    if longer and (not hold_back or not window.endswith("\ufffd")):
         return (window[len(prefix):] if drop_prefix else window), (read_offset if slide else 0), len(ids)
     return "", prefix_offset, (len(ids) if read_while_holding else read_offset)
 
@@ -114,12 +121,26 @@ def detokenize_window_never_slides(tokenizer, ids, prefix_offset, read_offset, s
     return _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, slide=False)
 
 
+def detokenize_emits_nothing(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    # the bug: >=, so tokens that add no text (a skipped special token) count as emitted and the window moves on
+    return _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, emit_nothing=True)
+
+
 # ---- 6.3 admission and abort --------------------------------------------------------------------------
 def admit_one_too_many(book, req):
     if book.num_waiting > book.max_waiting:  # the bug: > lets a request in when max_waiting already wait
         raise QueueFullError(f"{book.num_waiting} requests are waiting (max_waiting={book.max_waiting})")
     if req.request_id in book.requests:
         raise ValueError(f"request id {req.request_id!r} is already in use")
+    book.num_waiting += 1
+    book.requests[req.request_id] = req
+
+
+def admit_id_before_queue(book, req):
+    if req.request_id in book.requests:  # the bug: the id is checked first, so a full queue can answer ValueError
+        raise ValueError(f"request id {req.request_id!r} is already in use")
+    if book.num_waiting >= book.max_waiting:
+        raise QueueFullError(f"{book.num_waiting} requests are waiting (max_waiting={book.max_waiting})")
     book.num_waiting += 1
     book.requests[req.request_id] = req
 
@@ -174,6 +195,14 @@ def latency_percentiles_in_seconds(values_s, percentiles=PERCENTILES):
     return {k: v / 1e3 for k, v in right_latency_percentiles(values_s, percentiles).items()}  # the bug: no * 1000
 
 
+def ttfts_as_list(traces):
+    return [t.ttft for t in traces if t.ok]  # the bug: a list, not a numpy array
+
+
+def e2e_latencies_as_list(traces):
+    return [t.latency for t in traces if t.ok]  # the bug: a list, not a numpy array
+
+
 def _with_failed(traces):
     """Every trace that got a chunk, failed or not, as if completed."""
     return [type(t)(**{**vars(t), "error": ""}) if t.chunk_times else t for t in traces]
@@ -207,6 +236,12 @@ MISTAKES = [
             "data holding a newline is written as one `data: ` line: the newline ends that line, and the reader "
             "takes the rest for a field of its own (dropped). Write each line of data.split('\\n') as its own "
             "`data: ` line",
+            "test_ch6.py::test_sse_event_frames_decode_with_openai"),
+    Mistake("ch6_sse_event_splitlines", "6.1", {"sse_event": sse_event_splitlines},
+            "data is cut with str.splitlines(), which gives no line at all for '' (so sse_event('') has no `data: ` "
+            "line and the reader dispatches nothing: an empty line ends an event only after a data line), drops "
+            "the empty line after a final '\\n', and also splits at \\r, \\x0b, \\x0c, \\u2028, ... Cut at "
+            "'\\n' only, keeping empty lines: data.split('\\n') ('' is one empty `data: ` line)",
             "test_ch6.py::test_sse_event_frames_decode_with_openai"),
     Mistake("ch6_sse_data_strips_whitespace", "6.1", {"sse_data": sse_data_strips_whitespace},
             "the value is stripped of all whitespace: only the one space right after the colon is dropped "
@@ -254,11 +289,22 @@ MISTAKES = [
             "prefix_offset never moves on, so every step decodes the whole completion (quadratic in its length). "
             "After an emission the new prefix_offset is the old read_offset",
             "test_ch6.py::test_detokenize_window_stays_short"),
+    Mistake("ch6_detok_emits_nothing", "6.2", {"detokenize_incrementally": detokenize_emits_nothing},
+            "the offsets move on when the new tokens add no text (len(window) >= len(prefix): a skipped special "
+            "token decodes to ''): the next window then starts at that token, and a SentencePiece-style decoder "
+            "drops the space that starts the next word ('Hello' + 'world' instead of ' world'). Emit, and move "
+            "the offsets, only when the window's text is longer than the prefix's (>)",
+            "test_ch6.py::test_detokenize_a_sentencepiece_decoder"),
     # 6.3
     Mistake("ch6_admit_one_too_many", "6.3", {"admit": admit_one_too_many},
             "a request is accepted when max_waiting requests already wait (num_waiting > max_waiting is checked): "
             "max_waiting + 1 then wait. Refuse when num_waiting >= max_waiting",
             "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_admit_id_before_queue", "6.3", {"admit": admit_id_before_queue},
+            "the id is checked before the queue: when max_waiting requests wait and the id is also in use, admit "
+            "raises ValueError where the queue's QueueFullError (the server's 503: try later) comes first. Check "
+            "the queue first (num_waiting >= max_waiting), then the id",
+            "test_ch6.py::test_admission_any_operations"),
     Mistake("ch6_finish_keeps_the_waiting_slot", "6.3", {"finish": finish_keeps_the_waiting_slot},
             "a request that ends while still waiting (aborted before its first step) keeps counting in num_waiting: "
             "every such abort leaks a slot, and once max_waiting have leaked the server answers 503 forever. In "
@@ -294,5 +340,9 @@ MISTAKES = [
              "itls": itls_with_failed},
             "a failed request (trace.error set) is counted because it got chunks before it failed: only completed "
             "requests count (trace.ok)",
+            "test_ch6.py::test_latencies_by_their_definitions"),
+    Mistake("ch6_latencies_as_lists", "6.4", {"ttfts": ttfts_as_list, "e2e_latencies": e2e_latencies_as_list},
+            "the figures come back as a Python list: ttfts and e2e_latencies, like tpots and itls, return a numpy "
+            "array, np.array([...], dtype=np.float64) (an empty float64 array when no request completed)",
             "test_ch6.py::test_latencies_by_their_definitions"),
 ]

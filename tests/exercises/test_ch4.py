@@ -31,6 +31,7 @@ from minillm.course.grading import check_close, check_equal, check_unmodified
 from minillm.course.ranks import run_on_ranks
 from minillm.distributed import tensor_parallel
 from mistakes import call_pure, copied, suspects, suspects_of, wrong_versions
+from properties import outcome
 
 TP = 2
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 64, 96, 4, 2, 16, 512
@@ -62,11 +63,17 @@ def chunk(t: torch.Tensor, dim: int, rank: int) -> torch.Tensor:
     return t.chunk(TP, dim=dim)[rank].contiguous()
 
 
-def on_thread_ranks(fn, rank_calls: list[tuple]) -> list:
-    """Rank r (a thread of this process) returns fn(*rank_calls[r], group), the group being TP ranks
-    joined by torch's in-process "threaded" process group: every torch.distributed call works as
-    between processes. -> [rank 0's output, rank 1's output, ...]. The first error a rank raised is
-    raised here (the other ranks are released from any collective they wait in)."""
+TP_GROUPS = [[0, 1], [2, 3]]  # two tensor-parallel groups of TP ranks in a world of 4 (neither is WORLD)
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+               "broadcast", "gather", "reduce", "send", "recv")
+
+
+def _thread_ranks(fn, rank_calls: list[tuple], groups: list[list[int]] | None = None) -> tuple[list, list]:
+    """Rank r (a thread of this process) runs fn(*rank_calls[r], group), the ranks joined by torch's
+    in-process "threaded" process group: every torch.distributed call works as between processes.
+    group: WORLD, or with `groups` (lists of ranks covering the world) the one holding rank r, made by
+    dist.new_group on every rank. -> (the ranks' outputs, the errors they raised: None, or the error; a
+    rank released from a collective by another rank's error raises SystemExit)."""
     from torch.testing._internal.distributed.multi_threaded_pg import (ProcessLocalGroup, _install_threaded_pg,
                                                                         _uninstall_threaded_pg)
     store, size = dist.HashStore(), len(rank_calls)
@@ -76,11 +83,15 @@ def on_thread_ranks(fn, rank_calls: list[tuple]) -> list:
         try:
             dist.init_process_group("threaded", rank=rank, world_size=size, store=store)
             try:
+                group = dist.group.WORLD
+                if groups is not None:
+                    made = [dist.new_group(ranks) for ranks in groups]  # every rank makes every group, in order
+                    group = next(g for g, ranks in zip(made, groups) if rank in ranks)
                 with torch.no_grad():
-                    outputs[rank] = fn(*rank_calls[rank], dist.group.WORLD)
+                    outputs[rank] = fn(*rank_calls[rank], group)
             finally:
                 dist.destroy_process_group()
-        except BaseException as e:  # noqa: BLE001 -- raised in the caller's thread below
+        except BaseException as e:  # noqa: BLE001 -- raised in the caller's thread (on_thread_ranks)
             errors[rank] = e
             ProcessLocalGroup.exception_handle(e)  # wake the other ranks out of their collectives
 
@@ -103,19 +114,61 @@ def on_thread_ranks(fn, rank_calls: list[tuple]) -> list:
         _uninstall_threaded_pg()
         ProcessLocalGroup.reset()
         torch._C._distributed_c10d._set_thread_isolation_mode(False)
+    return outputs, errors
+
+
+def on_thread_ranks(fn, rank_calls: list[tuple], groups: list[list[int]] | None = None) -> list:
+    """fn on thread ranks (_thread_ranks) -> [rank 0's output, rank 1's output, ...]. The first error a
+    rank raised is raised here (the other ranks are released from any collective they wait in)."""
+    outputs, errors = _thread_ranks(fn, rank_calls, groups)
     for e in errors:
         if e is not None and not isinstance(e, SystemExit):  # SystemExit: a rank released by another's error
             raise e
     return outputs
 
 
-def rank_error(fn, rank_calls: list[tuple]) -> str | None:
-    """The first error a rank raised running fn on thread ranks, as 'Type: message'; None if none did."""
+def rank_error(fn, rank_calls: list[tuple], groups: list[list[int]] | None = None) -> str | None:
+    """The errors ranks raised running fn on thread ranks, as 'rank 0: Type: message' for each rank that
+    raised one of its own (not one released from a collective by another's error); None if none did.
+    Which ranks raise is part of the result: a known bug that raises the same error on other ranks is
+    another bug (an IndexError on rank 1 from unshifted ids is not one on rank 0 from a mask one too wide)."""
+    return errors_named(_thread_ranks(fn, rank_calls, groups)[1])
+
+
+def errors_named(errors: list) -> str | None:
+    """'rank 0: Type: message; ...' for each rank whose error is its own (not SystemExit); None if none is."""
+    own = [f"rank {r}: {type(e).__name__}: {e}" for r, e in enumerate(errors)
+           if e is not None and not isinstance(e, SystemExit)]
+    return "; ".join(own) or None
+
+
+@contextlib.contextmanager
+def recording_collectives():
+    """Records the torch.distributed collectives each rank calls while it lasts: -> {global rank: [the
+    names of the collectives it called, in order]} (filled in as they are called)."""
+    calls: dict[int, list[str]] = {}
+    real = {op: getattr(dist, op) for op in COLLECTIVES}
+
+    def recorded(op):
+        def call(*args, **kwargs):
+            calls.setdefault(dist.get_rank(), []).append(op)
+            return real[op](*args, **kwargs)
+        return call
+    for op in COLLECTIVES:
+        setattr(dist, op, recorded(op))
     try:
-        on_thread_ranks(fn, rank_calls)
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {e}"
-    return None
+        yield calls
+    finally:
+        for op, fn in real.items():
+            setattr(dist, op, fn)
+
+
+def collectives_on_thread_ranks(fn, rank_calls: list[tuple]) -> list | str:
+    """The collectives each rank called running fn on thread ranks: [rank 0's names, rank 1's, ...], or
+    what a rank raised."""
+    with recording_collectives() as calls:
+        error = rank_error(fn, rank_calls)
+    return error or [calls.get(r, []) for r in range(len(rank_calls))]
 
 
 def copies_of(rank_calls: list[tuple]) -> list[tuple]:
@@ -123,32 +176,36 @@ def copies_of(rank_calls: list[tuple]) -> list[tuple]:
     return [tuple(map(copied, call)) for call in rank_calls]
 
 
-def graded_on_thread_ranks(impl, name: str, rank_calls: list[tuple], exercise_id: str) -> list:
-    """Your `name` on thread ranks -> the ranks' outputs. Each rank gets its own copies of the tensors
-    of rank_calls, which it must leave as they were (a rank that writes into an input fails the test,
-    naming the input). An error a rank raises (other than a stub's NotImplementedError) fails the
-    test, naming a known bug that raises the same error; an error that minillm's own version raises
-    too is this machine's, and is raised as it is."""
+def graded_on_thread_ranks(impl, name: str, rank_calls: list[tuple], exercise_id: str,
+                           groups: list[list[int]] | None = None) -> list:
+    """Your `name` on thread ranks (groups: as _thread_ranks) -> the ranks' outputs. Each rank gets its
+    own copies of the tensors of rank_calls, which it must leave as they were (a rank that writes into an
+    input fails the test, naming the input). An error a rank raises (other than a stub's
+    NotImplementedError) fails the test, naming a known bug that raises the same errors on the same
+    ranks; an error that minillm's own version raises too is this machine's, and is raised as it is."""
     given = copies_of(rank_calls)
-    try:
-        outputs = on_thread_ranks(getattr(impl, name), given)
-    except NotImplementedError:
-        raise
-    except Exception as e:  # noqa: BLE001
-        ref_error = rank_error(getattr(load_impl("ref"), name), copies_of(rank_calls))
+    outputs, errors = _thread_ranks(getattr(impl, name), given, groups)
+    raised = [e for e in errors if e is not None and not isinstance(e, SystemExit)]
+    if raised:
+        if isinstance(raised[0], NotImplementedError):
+            raise raised[0]
+        ref_error = rank_error(getattr(load_impl("ref"), name), copies_of(rank_calls), groups)
         if ref_error is not None:
             raise RuntimeError(f"thread ranks fail here for minillm's own {name} as well ({ref_error}): this "
-                               f"machine's torch.distributed, not the code under test") from e
-        check_equal(f"{type(e).__name__}: {e}", "no error", exercise_id,
-                    f"what {name} did on {len(rank_calls)} ranks (the error's traceback is above)",
-                    suspects=suspects_of(name, lambda fn: rank_error(fn, copies_of(rank_calls))))
-        raise  # not reached: check_equal has failed
+                               f"machine's torch.distributed, not the code under test") from raised[0]
+        try:
+            check_equal(errors_named(errors), "no error", exercise_id,
+                        f"what {name} did on {len(rank_calls)} ranks{groups_named(groups)} (the error's traceback "
+                        f"is above)",
+                        suspects=suspects_of(name, lambda fn: rank_error(fn, copies_of(rank_calls), groups)))
+        except AssertionError as failure:
+            raise failure from raised[0]
     names = list(inspect.signature(getattr(load_impl("ref"), name)).parameters)
 
     def left_in(fn, rank: int, i: int):
         """What fn leaves in argument i of rank `rank` when the ranks run it on fresh copies."""
         fresh = copies_of(rank_calls)
-        on_thread_ranks(fn, fresh)
+        on_thread_ranks(fn, fresh, groups)
         return fresh[rank][i]
 
     for rank, (call, after) in enumerate(zip(rank_calls, given)):
@@ -160,10 +217,17 @@ def graded_on_thread_ranks(impl, name: str, rank_calls: list[tuple], exercise_id
     return outputs
 
 
-def rank_suspects(name: str, rank_calls: list[tuple], rank: int) -> dict:
+def groups_named(groups: list[list[int]] | None) -> str:
+    """' in the tensor-parallel groups of ranks [0, 1] and [2, 3] (...)' for a message ('' for WORLD)."""
+    return "" if groups is None else (" in the tensor-parallel groups of ranks " + " and ".join(map(str, groups)) +
+                                      ", two groups running at once (each rank is given its own group: every "
+                                      "collective needs group=group, and the rank in it is dist.get_rank(group))")
+
+
+def rank_suspects(name: str, rank_calls: list[tuple], rank: int, groups: list[list[int]] | None = None) -> dict:
     """diagnosis -> rank `rank`'s output of each known wrong version of `name` on thread ranks (each
     run on fresh copies of the inputs)."""
-    return suspects_of(name, lambda fn: on_thread_ranks(fn, copies_of(rank_calls))[rank])
+    return suspects_of(name, lambda fn: on_thread_ranks(fn, copies_of(rank_calls), groups)[rank])
 
 
 @contextlib.contextmanager
@@ -228,8 +292,7 @@ def _rank_call(impl_name: str, name: str, rank_calls: list[list[tuple]], count_c
     fn = _impl_fn(impl_name, name)
     calls = []
     if count_collectives:
-        for op in ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-                   "broadcast", "gather", "reduce", "send", "recv"):
+        for op in COLLECTIVES:
             real = getattr(dist, op)
             setattr(dist, op, lambda *a, _real=real, _op=op, **k: (calls.append(_op), _real(*a, **k))[1])
     outs = []
@@ -295,13 +358,13 @@ def test_sharded_layers_on_two_ranks_equal_transformers(impl, impl_name, hf):
 
 
 # ---- 4.2 ---------------------------------------------------------------------------------------------
-def row_parallel_case():
+def row_parallel_case(seed: int = 2):
     """The MLP as Megatron runs it, and a row-parallel layer with a bias. -> (h, down, want_mlp,
     mlp_calls, biased_calls, want_biased): h the whole intermediate activation (one rank),
     mlp_calls[r] = rank r's (its slice of h, its columns of down_proj, None), biased_calls[r] the
-    same for the biased layer (with its full bias)."""
+    same for the biased layer (with its full bias). seed: the tokens (the weights stay)."""
     mlp, _ = hf_modules()
-    torch.manual_seed(2)
+    torch.manual_seed(seed)
     x, z = torch.randn(7, HIDDEN), torch.randn(4, INTER)
     gate, up, down = (getattr(mlp, n).weight.detach() for n in ("gate_proj", "up_proj", "down_proj"))
     biased = torch.nn.Linear(INTER, HIDDEN)  # a row-parallel layer with a bias (o_proj of some models)
@@ -328,6 +391,13 @@ def test_row_parallel_linear_on_two_thread_ranks(impl):
         for r, y in enumerate(outs):
             check_close(y, want, "4.2", f"{what}, rank {r} of {TP}", ATOL, RTOL,
                         suspects=rank_suspects("row_parallel_linear", calls, r))
+    # two tensor-parallel groups at once (ranks 0-1 and 2-3 of 4), each on its own tokens: each sums its own
+    _, _, want_b, mlp_calls_b, _, _ = row_parallel_case(seed=5)
+    calls, wants = mlp_calls + mlp_calls_b, [want_mlp] * TP + [want_b] * TP
+    outs = graded_on_thread_ranks(impl, "row_parallel_linear", calls, "4.2", TP_GROUPS)
+    for r, (y, want) in enumerate(zip(outs, wants)):
+        check_close(y, want, "4.2", f"the MLP's output on rank {r} of 4{groups_named(TP_GROUPS)}, each group on "
+                    f"its own tokens", ATOL, RTOL, suspects=rank_suspects("row_parallel_linear", calls, r, TP_GROUPS))
 
 
 @pytest.mark.ex4_2
@@ -369,6 +439,15 @@ def test_vocab_parallel_embed_on_two_thread_ranks(impl):
     for r, y in enumerate(graded_on_thread_ranks(impl, "vocab_parallel_embed", calls, "4.3")):
         check_close(y, want, "4.3", f"vocab_parallel_embed on rank {r} of {TP} against nn.Embedding",
                     suspects=rank_suspects("vocab_parallel_embed", calls, r))
+    # two tensor-parallel groups at once (ranks 0-1 and 2-3 of 4), each embedding its own ids
+    ids_b = ids.flip(0)
+    calls = calls + [(ids_b, chunk(weight, 0, r), r * half) for r in range(TP)]
+    wants = [want] * TP + [F.embedding(ids_b, weight)] * TP
+    for r, (y, w) in enumerate(zip(graded_on_thread_ranks(impl, "vocab_parallel_embed", calls, "4.3", TP_GROUPS),
+                                   wants)):
+        check_close(y, w, "4.3", f"vocab_parallel_embed on rank {r} of 4{groups_named(TP_GROUPS)}, each group "
+                    f"embedding its own ids, against nn.Embedding",
+                    suspects=rank_suspects("vocab_parallel_embed", calls, r, TP_GROUPS))
 
 
 @pytest.mark.ex4_3
@@ -402,6 +481,26 @@ def test_parallel_lm_head_on_two_thread_ranks(impl):
                 suspects=rank_suspects("parallel_lm_head", calls, 0))
     check_equal(logits1, None, "4.4", "parallel_lm_head's result on rank 1 (only rank 0 samples)",
                 suspects=rank_suspects("parallel_lm_head", calls, 1))
+    returned = lambda fn: outcome(lambda: [None if y is None else tuple(y.shape)  # noqa: E731 -- what each rank
+                                           for y in on_thread_ranks(fn, copies_of(calls))])  # returned, by shape
+    check_equal(collectives_on_thread_ranks(impl.parallel_lm_head, copies_of(calls)), [["gather"]] * TP, "4.4",
+                "the collectives each rank called (rank 0 alone needs the logits: one torch.distributed.gather to "
+                "it on every rank, not an all-gather, which sends every rank all of them)",
+                suspects=suspects_of("parallel_lm_head", lambda fn: collectives_on_thread_ranks(fn, copies_of(calls)),
+                                     agree=(returned, lambda: returned(impl.parallel_lm_head))))
+    # two tensor-parallel groups at once (ranks 0-1 and 2-3 of 4), each on its own hidden states: rank 0 of
+    # each group (ranks 0 and 2) gets its group's logits
+    hidden_b = hidden.flip(0)
+    calls = calls + [(hidden_b, chunk(weight, 0, r)) for r in range(TP)]
+    wants = [want, None, F.linear(hidden_b, weight), None]
+    for r, (y, w) in enumerate(zip(graded_on_thread_ranks(impl, "parallel_lm_head", calls, "4.4", TP_GROUPS), wants)):
+        what = (f"parallel_lm_head's result on rank {r} of 4{groups_named(TP_GROUPS)}, each group on its own hidden "
+                f"states: {'None' if w is None else 'the logits'} (rank {r % TP} of its group)")
+        suspected = rank_suspects("parallel_lm_head", calls, r, TP_GROUPS)
+        if w is None:
+            check_equal(y, None, "4.4", what, suspects=suspected)
+        else:
+            check_close(y, w, "4.4", what, ATOL, RTOL, suspects=suspected)
 
 
 @pytest.mark.ex4_4
@@ -411,6 +510,9 @@ def test_parallel_lm_head_gathers_full_logits_on_rank_0(impl, impl_name):
         check_close(impl.parallel_lm_head(hidden, weight, group), want, "4.4", "parallel_lm_head with one rank",
                     ATOL, RTOL)
     rank_calls = [[(hidden, chunk(weight, 0, r))] for r in range(TP)]
-    (logits0,), (logits1,) = run_on_ranks(_rank_call, TP, impl_name, "parallel_lm_head", rank_calls)
+    ((logits0, calls0),), ((logits1, calls1),) = run_on_ranks(_rank_call, TP, impl_name, "parallel_lm_head",
+                                                              rank_calls, True)
     check_close(logits0, want, "4.4", "parallel_lm_head's logits on rank 0 (2 ranks) against nn.Linear", ATOL, RTOL)
     check_equal(logits1, None, "4.4", "parallel_lm_head's result on rank 1 (only rank 0 samples)")
+    check_equal([calls0, calls1], [["gather"]] * TP, "4.4", "the collectives each rank called (one gather to rank 0, "
+                "not an all-gather)")
