@@ -176,8 +176,8 @@ def cmd_serve(args) -> None:
             host, port = sock.getsockname()[:2]
             print(f"minillm serves {name!r} at http://{host}:{port}/v1 (OpenAI API; chat page at /, metrics at "
                   f"/metrics; Ctrl-C stops)", file=sys.stderr)
-            # uvicorn stops gracefully on SIGTERM, then raises the signal again with the handler it found:
-            # let that be an exit, so the finally below frees the engine (the default would kill the process)
+            # while it serves, serve() handles SIGTERM itself; before and after (the model loading), let
+            # a SIGTERM be an exit, so the finally below frees the engine (the default would kill the process)
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
             serve(async_llm, name, sock, api_key=args.api_key)
         finally:

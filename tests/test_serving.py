@@ -758,6 +758,30 @@ def test_sigterm_stops_the_server_and_shuts_the_engine_down():
 
 
 @pytest.mark.timeout(300)
+def test_ctrl_c_exits_130_even_when_the_server_started_with_sigint_ignored(tmp_path):
+    """A process started in the background by a non-interactive shell (`make test &`, nohup) inherits
+    SIGINT ignored. uvicorn's own signal capture then stopped on the Ctrl-C but re-raised it into that
+    ignored disposition, and the CLI exited 0 instead of 130 (a red CI once). serve() now records the
+    signal and raises KeyboardInterrupt itself."""
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "minillm", "serve", "--model", MODEL, "--device", "cpu",
+                                 "--port", "0", "--engine-core", "thread"], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        wait_for(lambda: "/v1 (OpenAI API" in log.read_text() or proc.poll() is not None, "the server to start", 120)
+        url = log.read_text().split(" at ", 1)[1].split("/v1", 1)[0]
+        assert httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "the engine is shut down" in log.read_text() and "Traceback" not in log.read_text(), log.read_text()
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("engine_core, sig, status", [("thread", signal.SIGTERM, 0), ("process", signal.SIGTERM, 0),
                                                       ("process", signal.SIGINT, 130), ("process", "group", 0)],
                          ids=["thread-SIGTERM", "process-SIGTERM", "process-SIGINT", "process-group-SIGTERM"])

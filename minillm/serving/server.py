@@ -15,11 +15,14 @@ Ctrl-C or SIGTERM first stops the engine, which fails what is in flight, then uv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 
 from fastapi import FastAPI, Request
@@ -336,10 +339,35 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
 def serve(async_llm: EngineClient, model_name: str, sock, api_key: str | None = None, log_level: str = "info") -> None:
     """Serve on an already bound socket until Ctrl-C or SIGTERM. On the signal the EngineClient is shut
     down first (what is in flight fails at once), then uvicorn closes the connections; the caller may
-    call its shutdown() again (it is idempotent)."""
+    call its shutdown() again (it is idempotent). Returns after SIGTERM; raises KeyboardInterrupt after
+    Ctrl-C (SIGINT)."""
     import uvicorn
 
     class Server(uvicorn.Server):
+        def __init__(self, config: uvicorn.Config) -> None:
+            super().__init__(config)
+            self.stop_signals: list[int] = []  # the signals that stopped it, in order
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # uvicorn's own version raises the signal again once it has shut down, and a re-raised
+            # SIGINT goes through asyncio's handler (a cancel of the main task meant to come back out as
+            # KeyboardInterrupt): a Ctrl-C once ended the CLI with status 0 instead of 130. Here the
+            # signals are only recorded, and serve() below says how the server stopped.
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+        def handle_exit(self, sig: int, frame) -> None:
+            self.stop_signals.append(sig)
+            super().handle_exit(sig, frame)
+
         async def shutdown(self, sockets=None) -> None:
             # uvicorn's graceful shutdown waits (up to timeout_graceful_shutdown) for the open
             # connections, and a stream in flight would go on until then and be cut off without an
@@ -354,4 +382,7 @@ def serve(async_llm: EngineClient, model_name: str, sock, api_key: str | None = 
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # process-wide: this process exists to serve
     config = uvicorn.Config(create_app(async_llm, model_name, api_key), log_level=log_level,
                             timeout_graceful_shutdown=5)
-    Server(config).run(sockets=[sock])
+    server = Server(config)
+    server.run(sockets=[sock])
+    if signal.SIGINT in server.stop_signals:  # Ctrl-C: the CLI exits with 130, as a shell reports it
+        raise KeyboardInterrupt
