@@ -209,10 +209,9 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
                 raise bad_request(where + str(e), param=param) from None
             n_prompt, limit = len(checked[-1][1]), async_llm.max_model_len
             if given is not None and n_prompt + params.max_tokens > limit:
-                what = "messages" if chat else "prompt"
                 raise bad_request(f"{where}This model's maximum context length is {limit} tokens. However, you "
-                                  f"requested {n_prompt + params.max_tokens} tokens ({n_prompt} in the {what}, "
-                                  f"{params.max_tokens} in the completion). Please reduce the length of the {what} "
+                                  f"requested {n_prompt + params.max_tokens} tokens ({n_prompt} in the {param}, "
+                                  f"{params.max_tokens} in the completion). Please reduce the length of the {param} "
                                   f"or completion.", param=given, code="context_length_exceeded")
         try:
             return async_llm.add_checked(checked)
@@ -350,10 +349,10 @@ def serve(async_llm: EngineClient, model_name: str, sock, api_key: str | None = 
 
         @contextlib.contextmanager
         def capture_signals(self):
-            # uvicorn's own version raises the signal again once it has shut down, and a re-raised
-            # SIGINT goes through asyncio's handler (a cancel of the main task meant to come back out as
-            # KeyboardInterrupt): a Ctrl-C once ended the CLI with status 0 instead of 130. Here the
-            # signals are only recorded, and serve() below says how the server stopped.
+            # uvicorn's own version raises the signal again once it has shut down, into the handler it
+            # found: in a process started with SIGINT ignored (a background `make test &`, nohup) that
+            # did nothing, and a Ctrl-C ended the CLI with status 0 instead of 130. Here the signals are
+            # only recorded, and serve() below says how the server stopped.
             if threading.current_thread() is not threading.main_thread():
                 yield
                 return
