@@ -1,0 +1,312 @@
+"""Batch-1 decode on one H200: how far programmatic dependent launch (PDL) runs ahead, whether staging
+the GEMVs' weights in shared memory that far ahead pays, and the GEMV launch shapes of the engine's
+step. docs/performance.md ("Running further ahead") quotes these runs.
+
+    source tests/gpu/env.sh && python tests/gpu/batch1_probes.py cascade staged configs
+
+* cascade: 12 kernels in a CUDA graph, each launched with PDL, each CTA stamping (with %globaltimer)
+  when it starts, when gdc_wait() releases it and when it ends (a 3 us spin). How many kernels have
+  started before a given one ends: the depth PDL runs ahead, at three grid sizes.
+* staged: the 112 GEMVs of a step (28 layers of Qwen3-0.6B's shapes, the engine's prologues: add+RMSNorm
+  before qkv_proj and gate_up_proj, SiLU-and-mul before down_proj, no attention), in a CUDA graph:
+  the engine's kernels against a Gluon GEMV that copies its whole weight slab into shared memory with
+  cp.async *before* gdc_wait(), so later kernels hold their weights on chip while earlier ones run.
+  Then one staged chain again with every CTA stamping start, release, weights landed and end.
+* configs: the engine's batch-1 step (qwen3-0.6b-random, the bench's 128-token prompt then 256 and
+  3,800 decode tokens) captured again with each GEMV launch shape of CONFIG_PLANS, two interleaved
+  rounds of replays; the logits compared to the bit with the engine's.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+from minillm.kernels import gemv as G
+from minillm.timing import device_ceilings, time_fn
+
+DEV, DT = "cuda", torch.bfloat16
+SPIN_NS = 3000  # cascade: each kernel's work after its release
+LAYERS = 28
+SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)]  # qkv, o, gate_up, down: (N, K)
+NAMES = ["qkv", "o", "gate_up", "down"]
+NONE, RMSNORM, ADD_RMSNORM, SILU_MUL = G.NONE, G.RMSNORM, G.ADD_RMSNORM, G.SILU_MUL
+STAGED_PLANS = {  # (BLOCK_N, num_warps) per shape of SHAPES
+    "16 rows, 4 warps; down 8 warps": [(16, 4), (8, 4), (16, 4), (8, 8)],
+    "16 rows, 8 warps": [(16, 8)] * 4,
+    "32/8/32/8 rows, 8 warps": [(32, 8), (8, 8), (32, 8), (8, 8)],
+    "32/16/32/16 rows, 8 warps": [(32, 8), (16, 8), (32, 8), (16, 8)],
+}
+CONFIG_PLANS = {  # the engine's GEMV (BLOCK_N, num_warps) per shape of SHAPES
+    "8 rows (the rule before 2026-12-03)": [(8, 4), (8, 8), (8, 4), (4, 8)],
+    "16 rows for 1k-long rows (the rule now)": [(16, 4), (8, 8), (16, 4), (4, 8)],
+    "16 rows everywhere, 8 for down": [(16, 4), (16, 8), (16, 4), (8, 8)],
+    "16 rows but gate_up 8": [(16, 4), (16, 8), (8, 4), (8, 8)],
+    "8 rows, 2/4 warps": [(8, 2), (8, 4), (8, 2), (4, 4)],
+}
+
+
+def graph_us(fn) -> float:
+    """Microseconds per replay of fn captured in a CUDA graph (median of CUDA-event timings)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return 1e3 * time_fn(g.replay, warmup=10)
+
+
+# ------------------------------------------------------------------------------------------------ cascade
+@triton.jit
+def _stamp_kernel(buf, i, SPIN: tl.constexpr):
+    t0 = tl.extra.cuda.globaltimer()
+    tl.extra.cuda.gdc_launch_dependents()
+    tl.extra.cuda.gdc_wait()
+    t1 = tl.extra.cuda.globaltimer()
+    t = t1
+    while t - t1 < SPIN:
+        t = tl.extra.cuda.globaltimer()
+    base = buf + (i * tl.num_programs(0) + tl.program_id(0)) * 3
+    tl.store(base, t0)
+    tl.store(base + 1, t1)
+    tl.store(base + 2, t)
+
+
+def cascade(n: int = 12) -> None:
+    print("== cascade: kernels launched with PDL, each spinning 3 us after its release")
+    for ctas, warps in ((132, 1), (264, 4), (1024, 4)):
+        buf = torch.zeros(n, ctas, 3, dtype=torch.int64, device=DEV)
+
+        def run():
+            for i in range(n):
+                _stamp_kernel[(ctas,)](buf, i, SPIN=SPIN_NS, num_warps=warps, launch_pdl=True)
+        run()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            run()
+        g.replay()
+        torch.cuda.synchronize()
+        b = buf.cpu().double()
+        b -= b[0, :, 0].min()
+        ahead = [sum(1 for j in range(i + 1, n) if b[j, :, 0].min() < b[i, :, 2].max()) for i in range(n)]
+        gaps = [(b[i + 1, :, 1].min() - b[i, :, 2].max()).item() / 1e3 for i in range(n - 1)]
+        print(f"  {ctas} CTAs of {warps} warp(s): kernel 12 started {b[-1, :, 0].min() / 1e3:.2f} us into the chain "
+              f"(the first ended at {b[0, :, 2].max() / 1e3:.2f}); kernels started before the first ended: {ahead[0]}, "
+              f"most ahead of any: {max(ahead)}; release after the kernel before ends: "
+              f"{sum(gaps) / len(gaps):.2f} us on average")
+
+
+# ------------------------------------------------------------------------------------------------ staged
+@gluon.jit
+def _asm_wait():
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _asm_launch_dependents():
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _asm_timer():
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _staged_input(x_ptr, r_ptr, r_out_ptr, pid, cols, K: gl.constexpr, PROLOGUE: gl.constexpr):
+    """The GEMV's input at columns cols, rounded as the engine's prologues round it (before the RMS)."""
+    dtype = x_ptr.dtype.element_ty
+    if PROLOGUE == 3:  # SiLU-and-mul: x_ptr holds [gate | up]
+        gate = gl.load(x_ptr + cols).to(gl.float32)
+        up = gl.load(x_ptr + K + cols).to(gl.float32)
+        x = ((gate / (1.0 + gl.exp(-gate))).to(dtype).to(gl.float32) * up).to(dtype).to(gl.float32)
+    else:
+        x = gl.load(x_ptr + cols).to(gl.float32)
+    if PROLOGUE == 2:  # residual add
+        x = (x + gl.load(r_ptr + cols).to(gl.float32)).to(dtype).to(gl.float32)
+        gl.store(r_out_ptr + cols, x.to(dtype), mask=(cols < K) & (pid == 0))
+    return x
+
+
+@gluon.jit
+def _staged_norm(x, nw_ptr, cols, rstd, dtype):
+    nw = gl.load(nw_ptr + cols).to(gl.float32)
+    return ((x * rstd).to(dtype).to(gl.float32) * nw).to(dtype).to(gl.float32)
+
+
+@gluon.jit
+def _staged_gemv_kernel(x_ptr, r_ptr, nw_ptr, r_out_ptr, w_ptr, y_ptr, stamp_ptr, N, eps,
+                        K: gl.constexpr, K1: gl.constexpr, K2: gl.constexpr, PROLOGUE: gl.constexpr,
+                        BLOCK_N: gl.constexpr, STAMP: gl.constexpr, num_warps: gl.constexpr):
+    """y[1, N] = prologue(x) @ W[N, K]^T; the program's [BLOCK_N, K] slab of W goes to shared memory by
+    cp.async before gdc_wait(). K = K1 + K2, two powers of two (K2 may be 0: 3072 = 2048 + 1024)."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])  # a warp per row
+    smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    pid = gl.program_id(0)
+    if STAMP:
+        t0 = _asm_timer()
+    rows = pid * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+    c1 = gl.arange(0, K1, layout=gl.SliceLayout(0, layout))
+    in_rows = (rows < N)[:, None]
+    w_rows = w_ptr + rows.to(gl.int64)[:, None] * K
+    s1 = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, K1], smem)
+    async_copy.async_copy_global_to_shared(s1, w_rows + c1[None, :], mask=in_rows & (c1 < K1)[None, :])
+    if K2 > 0:
+        c2 = K1 + gl.arange(0, K2, layout=gl.SliceLayout(0, layout))
+        s2 = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, K2], smem)
+        async_copy.async_copy_global_to_shared(s2, w_rows + c2[None, :], mask=in_rows & (c2 < K)[None, :])
+    async_copy.commit_group()
+    _asm_launch_dependents()
+    _asm_wait()
+    if STAMP:
+        t1 = _asm_timer()
+    dtype = y_ptr.dtype.element_ty
+    x1 = _staged_input(x_ptr, r_ptr, r_out_ptr, pid, c1, K, PROLOGUE)
+    if K2 > 0:
+        x2 = _staged_input(x_ptr, r_ptr, r_out_ptr, pid, c2, K, PROLOGUE)
+    if PROLOGUE == 1 or PROLOGUE == 2:
+        ss = gl.sum(x1 * x1, axis=0)
+        if K2 > 0:
+            ss += gl.sum(x2 * x2, axis=0)
+        rstd = gl.rsqrt(ss / K + eps)
+        x1 = _staged_norm(x1, nw_ptr, c1, rstd, dtype)
+        if K2 > 0:
+            x2 = _staged_norm(x2, nw_ptr, c2, rstd, dtype)
+    async_copy.wait_group(0)
+    if STAMP:
+        t2 = _asm_timer()
+    for g in gl.static_range(BLOCK_N // num_warps):  # num_warps rows at a time, each warp one row
+        acc = gl.sum(s1.slice(g * num_warps, num_warps, dim=0).load(layout).to(gl.float32) * x1[None, :], axis=1)
+        if K2 > 0:
+            acc += gl.sum(s2.slice(g * num_warps, num_warps, dim=0).load(layout).to(gl.float32) * x2[None, :], axis=1)
+        r = pid * BLOCK_N + g * num_warps + gl.arange(0, num_warps, layout=gl.SliceLayout(1, layout))
+        gl.store(y_ptr + r, acc.to(dtype), mask=r < N)
+    if STAMP:
+        t3 = _asm_timer()
+        sp = stamp_ptr + pid * 4
+        gl.store(sp, t0)
+        gl.store(sp + 1, t1)
+        gl.store(sp + 2, t2)
+        gl.store(sp + 3, t3)
+
+
+def staged_gemv(x, weight, prologue=NONE, residual=None, norm_weight=None, eps=0.0, config=(16, 4), stamps=None):
+    """The engine's _launch for batch 1, with the staged kernel: -> (y [1, N], the new residual or None)."""
+    n, k = weight.shape
+    k1 = 1 << (k.bit_length() - 1)
+    block_n, warps = config
+    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    r_out = torch.empty(1, k, dtype=x.dtype, device=x.device) if prologue == ADD_RMSNORM else None
+    _staged_gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, residual if residual is not None else x, norm_weight if norm_weight is not None else x,
+        r_out if r_out is not None else y, weight, y, stamps if stamps is not None else y, n, eps, K=k, K1=k1,
+        K2=k - k1, PROLOGUE=prologue, BLOCK_N=block_n, STAMP=stamps is not None, num_warps=warps, launch_pdl=True)
+    return y, r_out
+
+
+def staged() -> None:
+    torch.manual_seed(0)
+    bw = device_ceilings().copy_gbps
+    layers = [dict(w=[torch.randn(n, k, device=DEV, dtype=DT) * k ** -0.5 for n, k in SHAPES],
+                   n1=torch.rand(1024, device=DEV, dtype=DT) + 0.5, n2=torch.rand(1024, device=DEV, dtype=DT) + 0.5)
+              for _ in range(LAYERS)]
+    floor = sum(w.numel() * 2 for L in layers for w in L["w"]) / bw / 1e3
+    h0 = torch.randn(1, 1024, device=DEV, dtype=DT)
+
+    def engine_chain():
+        h, r = h0, None
+        for L in layers:
+            qkv, r = G.gemv_rms_norm(h, L["n1"], 1e-6, L["w"][0], None, r)
+            a = G.gemv(qkv[:, :2048], L["w"][1])
+            gu, r = G.gemv_rms_norm(a, L["n2"], 1e-6, L["w"][2], None, r)
+            h = G.gemv_silu_mul(gu, L["w"][3])
+        return h
+
+    def staged_chain(plan, stamps=None):
+        def run():
+            h, r = h0, None
+            for i, L in enumerate(layers):
+                st = (lambda j: None) if stamps is None else (lambda j: stamps[4 * i + j])  # noqa: E731
+                qkv, r_new = staged_gemv(h, L["w"][0], RMSNORM if r is None else ADD_RMSNORM, r, L["n1"], 1e-6,
+                                         plan[0], st(0))
+                r = h if r is None else r_new
+                a, _ = staged_gemv(qkv[:, :2048], L["w"][1], config=plan[1], stamps=st(1))
+                gu, r = staged_gemv(a, L["w"][2], ADD_RMSNORM, r, L["n2"], 1e-6, plan[2], st(2))
+                h, _ = staged_gemv(gu, L["w"][3], SILU_MUL, config=plan[3], stamps=st(3))
+            return h
+        return run
+
+    print(f"== staged: 112 GEMVs with the engine's prologues, no attention; weights {floor * bw / 1e3:.0f} MB, "
+          f"floor {floor:.1f} us at {bw:,.0f} GB/s")
+    want = engine_chain().float()
+    t = graph_us(engine_chain)
+    print(f"  the engine's GEMVs                    {t:7.1f} us  {100 * floor / t:5.1f}% of the floor")
+    for label, plan in STAGED_PLANS.items():
+        diff = (staged_chain(plan)().float() - want).abs().max().item()
+        t = graph_us(staged_chain(plan))
+        print(f"  staged, {label:30s} {t:7.1f} us  {100 * floor / t:5.1f}%   max |output - engine's| {diff:.3g}")
+    plan = next(iter(STAGED_PLANS.values()))
+    stamps = [torch.zeros(triton.cdiv(SHAPES[j % 4][0], plan[j % 4][0]), 4, dtype=torch.int64, device=DEV)
+              for j in range(4 * LAYERS)]
+    staged_chain(plan, stamps)()
+    graph_us(staged_chain(plan, stamps))
+    print(f"  staged ({next(iter(STAGED_PLANS))}), stamped; per kernel, mean of layers 1-27 in us: started ahead "
+          "of the kernel before's end | release after it | weights landed after release | release to end")
+    for j, name in enumerate(NAMES):
+        rows = []
+        for i in range(4 + j, 4 * LAYERS, 4):
+            s, p = stamps[i].cpu().double() / 1e3, stamps[i - 1].cpu().double() / 1e3
+            release = s[:, 1].min()
+            rows.append((p[:, 3].max() - s[:, 0].min(), release - p[:, 3].max(),
+                         max(0.0, s[:, 2].max() - release), s[:, 3].max() - release))
+        print(f"    {name:8s} " + " ".join(f"{sum(r[c] for r in rows) / len(rows):8.2f}" for c in range(4)))
+
+
+# ------------------------------------------------------------------------------------------------ configs
+def configs() -> None:
+    from minillm import LLM, SamplingParams
+    from minillm.bench import BATCH1_PROMPT
+    from minillm.context import reset_context
+    llm = LLM("qwen3-0.6b-random", max_model_len=4096)
+    graphs = llm.engine.model_runner.graphs
+    for n_tokens in (256, 3800):
+        llm.generate([BATCH1_PROMPT], SamplingParams(max_tokens=n_tokens, ignore_eos=True), use_tqdm=False)
+        kept, ref, times = graphs.logits[1], None, {label: [] for label in CONFIG_PLANS}
+        try:
+            for _ in range(2):
+                for label, plan in CONFIG_PLANS.items():
+                    G.GEMV_CONFIGS.clear()
+                    G.GEMV_CONFIGS.update(zip(SHAPES, plan))
+                    graphs._set_context(1)
+                    graphs._forward(1)  # compiles outside the capture
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, graphs.pool):
+                        graphs._forward(1)
+                    reset_context()
+                    times[label].append(1e3 * time_fn(g.replay, warmup=20))
+                    g.replay()
+                    logits = graphs.logits[1].float().clone()
+                    ref = logits if ref is None else ref
+                    if not torch.equal(logits, ref):
+                        print(f"  {label}: logits differ from the first plan's by {(logits - ref).abs().max():.3g}")
+                    del g
+        finally:
+            G.GEMV_CONFIGS.clear()
+            graphs.logits[1] = kept
+            reset_context()
+        print(f"== configs: the batch-1 step at a {len(BATCH1_PROMPT) + n_tokens}-token context, us per replay "
+              "(two rounds)")
+        for label, ts in times.items():
+            print(f"  {label:42s} " + " ".join(f"{t:7.1f}" for t in ts))
+
+
+if __name__ == "__main__":
+    steps = {"cascade": cascade, "staged": staged, "configs": configs}
+    for step in sys.argv[1:] or list(steps):
+        steps[step]()
