@@ -56,6 +56,9 @@ SAME_SYMPTOM = {
     "ch4_lm_head_all_gather_then_none": "ch4_lm_head_on_every_rank",  # an all-gather; None on rank 1 though
     "ch6_sse_event_splitlines": "ch6_sse_event_no_blank_line",  # a reader gets nothing from sse_event('')
     "ch6_admit_id_before_queue": "ch6_admit_one_too_many",  # ValueError where the queue is full
+    "ch5_gumbel_argmax_only_if_any_greedy": "ch5_gumbel_greedy_by_clamp",  # temperature-0 rows sampled
+    "ch6_detok_prefix_jumps_to_end": "ch6_detok_new_tokens_alone",  # the same text on the graded input
+    "ch3_paged_decode_one_key_too_many": "ch3_paged_decode_masks_without_zeroing",  # wrong where a row holds junk
 }
 
 

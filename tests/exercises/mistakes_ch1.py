@@ -126,6 +126,14 @@ def param_name_not_renamed(ckpt_name: str, packed_modules_mapping: dict) -> tupl
     return ckpt_name, None
 
 
+def param_name_matches_inside_a_word(ckpt_name: str, packed_modules_mapping: dict) -> tuple[str, str | int | None]:
+    """Looks for the fragment without its dots: "up_proj" also matches inside "gate_up_proj"."""
+    for frag, (packed_frag, shard_id) in packed_modules_mapping.items():
+        if frag in ckpt_name:
+            return ckpt_name.replace(frag, packed_frag), shard_id
+    return ckpt_name, None
+
+
 def _load(model, path: str, check_names: bool = True, check_shapes: bool = True, check_complete: bool = True):
     """The right load_model with one of its checks switched off."""
     packed = getattr(model, "packed_modules_mapping", {})
@@ -196,6 +204,16 @@ def forward_residual_restarted(model, input_ids, positions):
     return model.lm_head(hidden)
 
 
+def forward_residual_starts_as_embeddings(model, input_ids, positions):
+    """Gives the first layer residual = the embeddings instead of None, so it adds them to themselves."""
+    hidden = model.model.embed_tokens(input_ids)
+    residual = hidden
+    for layer in model.model.layers:
+        hidden, residual = layer(positions, hidden, residual)
+    hidden, _ = model.model.norm(hidden, residual)
+    return model.lm_head(hidden)
+
+
 # ---- 1.5 generate without a cache ----------------------------------------------------------------
 def naive_never_appends(runner, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """Runs the prompt every step but never appends the new token to the sequence it feeds."""
@@ -215,12 +233,13 @@ def naive_returns_prompt_too(runner, prompt_ids: list[int], max_new_tokens: int)
 
 # ---- 1.6 generate with a KV cache ----------------------------------------------------------------
 def _cached(runner, prompt_ids: list[int], max_new_tokens: int, position_shift: int = 0,
-            context_shift: int = 0, decode_steps_shift: int = 0) -> list[int]:
+            context_shift: int = 0, decode_steps_shift: int = 0, prefill_stores: bool = True) -> list[int]:
     """The right greedy_generate_cached, its decode step's position, context length or step count
-    shifted by one."""
+    shifted by one (or its prefill run without a slot mapping)."""
     ids = list(prompt_ids)
     block_table = np.arange(runner.num_kvcache_blocks, dtype=np.int32)[None, :]
-    logits = last_logits(runner, prefill_batch(ids, slot_mapping=np.arange(len(ids), dtype=np.int64)))
+    slots = np.arange(len(ids), dtype=np.int64) if prefill_stores else None
+    logits = last_logits(runner, prefill_batch(ids, slot_mapping=slots))
     ids.append(int(logits.argmax()))
     for _ in range(max_new_tokens - 1 + decode_steps_shift):
         slot = np.array([len(ids) - 1], dtype=np.int64)
@@ -244,6 +263,11 @@ def cached_context_without_newest(runner, prompt_ids, max_new_tokens):
 def cached_one_step_too_many(runner, prompt_ids, max_new_tokens):
     """Runs max_new_tokens decode steps after the prefill, which already produced the first token."""
     return _cached(runner, prompt_ids, max_new_tokens, decode_steps_shift=1)
+
+
+def cached_prefill_not_stored(runner, prompt_ids, max_new_tokens):
+    """Runs the prefill without a slot mapping (as the naive loop does): the prompt's K/V never reach the cache."""
+    return _cached(runner, prompt_ids, max_new_tokens, prefill_stores=False)
 
 
 BPE = "test_ch1.py::test_bpe_encode_pieces_match_tiktoken"
@@ -295,6 +319,13 @@ MISTAKES: list[Mistake] = [
             "'.gate_up_proj.')",
             "test_ch1.py::test_checkpoint_param_name",
             {"ckpt": "model.layers.27.mlp.up_proj.weight", "want": ("model.layers.27.mlp.gate_up_proj.weight", 1)}),
+    Mistake("ch1_param_name_matches_inside_a_word", "1.3", {"checkpoint_param_name": param_name_matches_inside_a_word},
+            "checkpoint_param_name matches a fragment inside another word: 'up_proj' is found in 'gate_up_proj' "
+            "(a checkpoint stored already packed, as Phi-3's is) and renames it again. A fragment counts only as a "
+            "whole dotted component: look for and replace f'.{fragment}.', dots included",
+            "test_ch1.py::test_checkpoint_param_name",
+            {"ckpt": "model.layers.0.mlp.gate_up_proj.weight",
+             "want": ("model.layers.0.mlp.gate_up_proj.weight", None)}),
     Mistake("ch1_load_skips_unknown_names", "1.3", {"load_model": load_skipping_unknown_names},
             "load_model skips a checkpoint tensor the model has no parameter for: raise ValueError naming it "
             "(a wrong checkpoint or config must not load half silently)",
@@ -316,6 +347,12 @@ MISTAKES: list[Mistake] = [
     Mistake("ch1_forward_residual_restarted", "1.4", {"forward_pipeline": forward_residual_restarted},
             "every layer is called with residual=None, which restarts the residual stream: only the first "
             "layer gets None; pass each layer the residual the previous one returned", FORWARD, FAST_MODEL),
+    Mistake("ch1_forward_residual_starts_as_embeddings", "1.4",
+            {"forward_pipeline": forward_residual_starts_as_embeddings},
+            "the first layer gets residual = the embeddings instead of None, so its input norm adds the embeddings "
+            "to themselves and the residual stream starts doubled: give the first layer residual=None (it then "
+            "starts the stream from hidden), and each later layer the residual the one before returned",
+            FORWARD, FAST_MODEL),
     Mistake("ch1_naive_never_appends", "1.5", {"greedy_generate_naive": naive_never_appends},
             "the sequence never grows: append each new token to the ids you feed the model, so the next step "
             "sees it", NAIVE, FAST_MODEL),
@@ -328,6 +365,10 @@ MISTAKES: list[Mistake] = [
     Mistake("ch1_cached_context_without_newest", "1.6", {"greedy_generate_cached": cached_context_without_newest},
             "context_lens leaves out the newest token: it attends to every cached key INCLUDING its own, just "
             "stored, so context_lens = [len(ids)]", CACHED, FAST_MODEL),
+    Mistake("ch1_cached_prefill_not_stored", "1.6", {"greedy_generate_cached": cached_prefill_not_stored},
+            "the prefill runs without a slot mapping, so the prompt's keys and values never reach the cache: the "
+            "first token comes out right, then every decode step attends to empty slots. Give the prefill "
+            "prefill_batch(ids, slot_mapping=...) with slot = position for its L tokens", CACHED, FAST_MODEL),
     Mistake("ch1_cached_one_step_too_many", "1.6", {"greedy_generate_cached": cached_one_step_too_many},
             "one token too many: the prefill already produced the first new token, so run max_new_tokens - 1 "
             "decode steps", CACHED, FAST_MODEL),

@@ -46,6 +46,13 @@ def rms_norm_scales_x_in_place(x, weight, eps):
     return weight * x.to(orig_dtype)
 
 
+def rms_norm_weight_before_cast(x, weight, eps):
+    """Multiplies by weight in fp32 and casts to x.dtype once, at the end: bf16 rounds weight * x_normed, not
+    x_normed."""
+    xf = x.float()
+    return (weight * (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps))).to(x.dtype)
+
+
 # ---- 2.2 fused add + RMSNorm ---------------------------------------------------------------------
 def add_rms_norm_returns_old_residual(x, residual, weight, eps):
     """Normalizes the sum but returns the residual it was given, not the sum."""
@@ -61,6 +68,12 @@ def add_rms_norm_in_place(x, residual, weight, eps):
     """Adds into the caller's residual tensor in place (residual += x)."""
     residual += x
     return rms_norm(residual, weight, eps), residual
+
+
+def add_rms_norm_sum_in_fp32(x, residual, weight, eps):
+    """Adds in fp32 (x.float() + residual.float()) and returns that fp32 sum as the new residual."""
+    new_residual = x.float() + residual.float()
+    return rms_norm(new_residual, weight, eps), new_residual
 
 
 # ---- 2.3 rotary embedding ------------------------------------------------------------------------
@@ -93,7 +106,7 @@ def apply_rotary_ignoring_positions(x, positions, cos_sin):
 
 
 # ---- 2.4 causal attention ------------------------------------------------------------------------
-def _attention(q, k, v, scale, diagonal_shift=0, align_to_end=True, tile_kv_heads=False):
+def _attention(q, k, v, scale, diagonal_shift=0, align_to_end=True, tile_kv_heads=False, mask_after_softmax=False):
     """The right causal_attention, with one of its details changed."""
     Lq, H, _ = q.shape
     Lk, Hkv, _ = k.shape
@@ -104,6 +117,8 @@ def _attention(q, k, v, scale, diagonal_shift=0, align_to_end=True, tile_kv_head
     scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
     diagonal = (Lk - Lq if align_to_end else 0) + diagonal_shift
     visible = torch.ones(Lq, Lk, dtype=torch.bool).tril(diagonal=diagonal)
+    if mask_after_softmax:  # the future keys' weights zeroed after the softmax: the rows no longer sum to 1
+        return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1).masked_fill(~visible, 0.0), v).to(q.dtype)
     scores = scores.masked_fill(~visible, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).to(q.dtype)
 
@@ -126,6 +141,16 @@ def attention_kv_heads_tiled(q, k, v, scale):
 def attention_without_scale(q, k, v, scale):
     """Never multiplies the scores by scale."""
     return _attention(q, k, v, 1.0)
+
+
+def attention_scale_from_head_dim(q, k, v, scale):
+    """Ignores the scale argument and uses head_dim ** -0.5 (what scale usually is)."""
+    return _attention(q, k, v, q.shape[-1] ** -0.5)
+
+
+def attention_mask_after_softmax(q, k, v, scale):
+    """Takes the softmax over every key, then zeroes the weights of the keys the query must not see."""
+    return _attention(q, k, v, scale, mask_after_softmax=True)
 
 
 def attention_scales_q_in_place(q, k, v, scale):
@@ -556,6 +581,11 @@ MISTAKES: list[Mistake] = [
             "rms_norm writes into its input: for an fp32 x, x.float() is x itself, so x.mul_(...) (or x *= ...) "
             "normalizes the caller's tensor in place; write x = x * torch.rsqrt(...), a new tensor", NORM,
             {"shape": (18, 64)}),
+    Mistake("ch2_rms_norm_weight_before_cast", "2.1", {"rms_norm": rms_norm_weight_before_cast},
+            "rms_norm multiplies by weight in fp32 and casts to x.dtype only at the end, so bf16 rounds once where "
+            "transformers rounds twice (the last bit differs on about a quarter of the values): cast the normalized "
+            "x back to x.dtype first, then multiply it by weight",
+            "test_ch2.py::test_rms_norm_bf16_keeps_dtype_and_matches"),
     Mistake("ch2_add_rms_norm_returns_old_residual", "2.2", {"add_rms_norm": add_rms_norm_returns_old_residual},
             "add_rms_norm returns the residual it was given: return the new residual x + residual, the "
             "stream the next block adds to", ADD_NORM),
@@ -566,6 +596,11 @@ MISTAKES: list[Mistake] = [
             "add_rms_norm adds into the caller's residual tensor in place (residual += x or add_): write "
             "residual = x + residual, a new tensor, so the caller's inputs stay as they were",
             "test_ch2.py::test_add_rms_norm_leaves_its_inputs_alone"),
+    Mistake("ch2_add_rms_norm_sum_in_fp32", "2.2", {"add_rms_norm": add_rms_norm_sum_in_fp32},
+            "add_rms_norm returns the new residual in fp32 (x.float() + residual.float()): the residual stream stays "
+            "in x.dtype, as the unfused `residual + hidden` keeps it, so add x + residual in their own dtype; only "
+            "rms_norm's statistics run in fp32",
+            "test_ch2.py::test_add_rms_norm_bf16_keeps_the_stream_in_bf16"),
     Mistake("ch2_rope_exponent_halved", "2.3", {"rope_cos_sin": rope_cos_sin_exponent_halved},
             "rope_cos_sin's frequencies use base ** (-j / d): the exponent is -2j / d for j < d/2, i.e. "
             "torch.arange(0, d, 2) / d", "test_ch2.py::test_rope_cos_sin_matches_qwen3_rotary_embedding",
@@ -595,6 +630,14 @@ MISTAKES: list[Mistake] = [
             "repeat_interleave(H // Hkv, dim=1) gives", PREFILL_ATTN, {"heads": (4, 2)}),
     Mistake("ch2_attention_without_scale", "2.4", {"causal_attention": attention_without_scale},
             "the scores are never multiplied by scale: softmax(q . k * scale)", PREFILL_ATTN, {"heads": (4, 4)}),
+    Mistake("ch2_attention_scale_from_head_dim", "2.4", {"causal_attention": attention_scale_from_head_dim},
+            "the scores are scaled by head_dim ** -0.5 instead of the scale argument: the two agree for Qwen and "
+            "Llama, but a model may set its own (Gemma's query_pre_attn_scalar); multiply by `scale` as given",
+            "test_ch2.py::test_causal_attention_with_fewer_queries_than_keys_matches_sdpa", {"lq": 4}),
+    Mistake("ch2_attention_mask_after_softmax", "2.4", {"causal_attention": attention_mask_after_softmax},
+            "the causal mask is applied after the softmax (zeroing the future keys' weights), so each row's "
+            "weights no longer sum to 1: mask the scores with -inf BEFORE the softmax, which then shares the "
+            "whole weight among the visible keys", PREFILL_ATTN, {"heads": (4, 4)}),
     Mistake("ch2_attention_scales_q_in_place", "2.4", {"causal_attention": attention_scales_q_in_place},
             "causal_attention scales the caller's queries in place: for an fp32 q, q.float() is q itself, so "
             "q.mul_(scale) (or q *= scale) changes the q the caller still holds; multiply the scores by scale, or "

@@ -58,7 +58,7 @@ def block_hash_unsigned(token_ids, prefix_hash):
 
 
 def _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, *, last_block_counts=False,
-                  check_tokens=True):
+                  check_tokens=True, stop_at_miss=False):
     """match_prefix with one rule switched off."""
     hashes, num_hits, h = [], 0, -1
     last = len(token_ids) // block_size if last_block_counts else (len(token_ids) - 1) // block_size
@@ -70,6 +70,8 @@ def _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, *, last
         same = not check_tokens or (block_id != -1 and block_tokens(block_id) == block)
         if num_hits == i and i < last and block_id != -1 and same:
             num_hits += 1
+        elif stop_at_miss:  # the bug: no hashes for the blocks after the first miss
+            break
     return hashes, num_hits
 
 
@@ -79,6 +81,10 @@ def match_prefix_last_block_hits(token_ids, block_size, hash_to_block_id, block_
 
 def match_prefix_trusts_the_hash(token_ids, block_size, hash_to_block_id, block_tokens):
     return _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, check_tokens=False)
+
+
+def match_prefix_stops_hashing_at_a_miss(token_ids, block_size, hash_to_block_id, block_tokens):
+    return _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, stop_at_miss=True)
 
 
 # ---- 3.3 paged decode attention in torch -------------------------------------------------------------
@@ -119,6 +125,15 @@ def paged_decode_one_key_too_few(q, k_cache, v_cache, block_tables, context_lens
 
 def paged_decode_clamps_the_table_in_place(q, k_cache, v_cache, block_tables, context_lens, scale):
     return _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, clamp_in_place=True)
+
+
+def paged_decode_one_key_too_many(q, k_cache, v_cache, block_tables, context_lens, scale):
+    return _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, key_count_error=1)
+
+
+def paged_decode_scale_from_head_dim(q, k_cache, v_cache, block_tables, context_lens, scale):
+    # the bug: the scale argument ignored, head_dim ** -0.5 used instead
+    return _paged_decode(q, k_cache, v_cache, block_tables, context_lens, q.shape[-1] ** -0.5)
 
 
 # ---- running a buggy kernel through minillm's own launch wrapper -------------------------------------
@@ -412,6 +427,13 @@ MISTAKES: list[Mistake] = [
             "match_prefix trusts an equal hash without comparing tokens: after a hash collision a sequence would "
             "read another prompt's K/V. A block is a hit only if block_tokens(block_id) == the block's tokens",
             "test_ch3.py::test_match_prefix_rules"),
+    Mistake("ch3_match_prefix_stops_hashing_at_a_miss", "3.2",
+            {"match_prefix": match_prefix_stops_hashing_at_a_miss},
+            "match_prefix stops at the first miss and returns no hashes for the blocks after it: every logical "
+            "block needs its chained hash (NO_HASH only for a last block that is not full), because the block "
+            "manager registers the new full blocks under them for the next request to find. Stop counting hits "
+            "at the first miss, but keep hashing",
+            "test_ch3.py::test_match_prefix_rules"),
     # 3.3
     Mistake("ch3_paged_decode_heads_tiled", "3.3", {"paged_decode_torch": paged_decode_heads_tiled},
             "query head h reads KV head h % Hkv (the KV heads were tiled, as Tensor.repeat does): with "
@@ -426,6 +448,15 @@ MISTAKES: list[Mistake] = [
     Mistake("ch3_paged_decode_one_key_too_few", "3.3", {"paged_decode_torch": paged_decode_one_key_too_few},
             "each sequence attends to context_lens[b] - 1 keys, leaving out the newest: its K/V was stored "
             "before attention runs and context_lens[b] counts it. Key position p is visible iff p < context_lens[b]",
+            "test_ch3.py::test_paged_decode_torch_matches_sdpa", {"dtype": torch.float32, "case": 0}),
+    Mistake("ch3_paged_decode_one_key_too_many", "3.3", {"paged_decode_torch": paged_decode_one_key_too_many},
+            "each sequence attends to context_lens[b] + 1 keys: the row after its newest token (never written, or "
+            "another sequence's) joins the softmax. Key position p is visible iff p < context_lens[b], not <=",
+            "test_ch3.py::test_paged_decode_torch_matches_sdpa", {"dtype": torch.float32, "case": 0}),
+    Mistake("ch3_paged_decode_scale_from_head_dim", "3.3", {"paged_decode_torch": paged_decode_scale_from_head_dim},
+            "the scores are scaled by head_dim ** -0.5 instead of the scale argument: the two agree for Qwen and "
+            "Llama, but a model may set its own; pass `scale` through (scaled_dot_product_attention(..., "
+            "scale=scale)): SDPA's default is head_dim ** -0.5",
             "test_ch3.py::test_paged_decode_torch_matches_sdpa", {"dtype": torch.float32, "case": 0}),
     Mistake("ch3_paged_decode_clamps_the_table_in_place", "3.3",
             {"paged_decode_torch": paged_decode_clamps_the_table_in_place},

@@ -30,6 +30,10 @@ def shard_weight_starts_at_rank(weight, dim, rank, world_size):
     return weight.narrow(dim, rank, part)  # the bug: the shard starts at element `rank`, not rank * part
 
 
+def shard_weight_without_divisibility_check(weight, dim, rank, world_size):
+    return weight.chunk(world_size, dim)[rank]  # the bug: uneven chunks (10 over 3: 4, 4, 2), and no error
+
+
 def shard_packed_as_one_tensor(weight, output_sizes, rank, world_size):
     return right_shard_weight(weight, 0, rank, world_size)  # the bug: the rank-th slice of [q | k | v] itself
 
@@ -63,6 +67,12 @@ def row_parallel_without_group(x, weight, bias, group):
     y = F.linear(x, weight)
     dist.all_reduce(y)  # the bug: no group=, so the sum runs over every rank of the default (WORLD) group
     return y if bias is None else y + bias
+
+
+def row_parallel_in_fp32(x, weight, bias, group):
+    y = F.linear(x.float(), weight.float())  # the bug: summed in fp32 for accuracy, and never cast back
+    dist.all_reduce(y, group=group)
+    return y if bias is None else y + bias.float()
 
 
 # ---- 4.3 the vocabulary-parallel embedding -----------------------------------------------------------------
@@ -115,6 +125,15 @@ def vocab_embed_without_group(token_ids, weight_shard, vocab_start, group):
     return y
 
 
+def vocab_embed_zeroed_by_float_mask(token_ids, weight_shard, vocab_start, group):
+    local = token_ids - vocab_start
+    mask = (local >= 0) & (local < weight_shard.shape[0])
+    y = F.embedding(torch.where(mask, local, 0), weight_shard)
+    y = y * mask.unsqueeze(-1).float()  # the bug: a bfloat16 row times a float32 mask is a float32 row
+    dist.all_reduce(y, group=group)
+    return y
+
+
 # ---- 4.4 the parallel LM head ------------------------------------------------------------------------
 def lm_head_concatenates_rows(hidden, weight_shard, group):
     logits = F.linear(hidden, weight_shard)
@@ -160,6 +179,12 @@ MISTAKES: list[Mistake] = [
             "rank r's shard starts at element r: the shards are consecutive chunks of part = size // world_size "
             "elements, so rank r's starts at r * part (weight.narrow(dim, rank * part, part))",
             "test_ch4.py::test_shard_weight_and_packed_match_torch_chunk"),
+    Mistake("ch4_shard_weight_without_divisibility_check", "4.1",
+            {"shard_weight": shard_weight_without_divisibility_check},
+            "shard_weight raised nothing for a size that world_size does not divide: torch.chunk (or a rounded-up "
+            "part) then hands the ranks shards of different sizes (10 rows over 3 ranks: 4, 4, 2), and the layers "
+            "built on them no longer line up. Check size % world_size first and raise ValueError naming both",
+            "test_ch4.py::test_shard_weight_and_packed_match_torch_chunk"),
     Mistake("ch4_shard_packed_as_one_tensor", "4.1", {"shard_packed": shard_packed_as_one_tensor},
             "shard_packed took the rank-th slice of the packed tensor as a whole: with 2 ranks rank 0 then holds "
             "all of q and none of k and v. Split it into its parts first (weight.split(output_sizes)), shard "
@@ -186,6 +211,11 @@ MISTAKES: list[Mistake] = [
             "the all-reduce has no group=, so it sums over every rank of the default (WORLD) group: with more than "
             "one tensor-parallel group (or pipeline stages beside it) it adds other groups' partial sums in. Pass "
             "the group you are given: torch.distributed.all_reduce(y, group=group)",
+            "test_ch4.py::test_row_parallel_linear_on_two_thread_ranks"),
+    Mistake("ch4_row_parallel_in_fp32", "4.2", {"row_parallel_linear": row_parallel_in_fp32},
+            "a bfloat16 layer returns float32: the partial products were cast to float32 (for a more accurate sum) "
+            "and the result never cast back. The output is in x.dtype, which the next layer and the residual add "
+            "expect (and a float32 all-reduce sends twice the bytes): compute in x's dtype, or cast the result back",
             "test_ch4.py::test_row_parallel_linear_on_two_thread_ranks"),
     # 4.3
     Mistake("ch4_vocab_embed_without_offset", "4.3", {"vocab_parallel_embed": vocab_embed_without_offset},
@@ -215,6 +245,11 @@ MISTAKES: list[Mistake] = [
             "the all-reduce has no group=, so it sums over every rank of the default (WORLD) group: with more than "
             "one tensor-parallel group it adds the other groups' embeddings in. Pass the group you are given: "
             "torch.distributed.all_reduce(y, group=group)",
+            "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
+    Mistake("ch4_vocab_embed_zeroed_by_float_mask", "4.3", {"vocab_parallel_embed": vocab_embed_zeroed_by_float_mask},
+            "the rows of ids this rank does not own were zeroed by multiplying with mask.float(): a bfloat16 row "
+            "times a float32 mask is a float32 row, so the embeddings come back in float32 (and the all-reduce sends "
+            "twice the bytes). Zero them in the shard's dtype: masked_fill, or a mask cast to weight_shard.dtype",
             "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
     # 4.4
     Mistake("ch4_lm_head_concatenates_rows", "4.4", {"parallel_lm_head": lm_head_concatenates_rows},

@@ -27,6 +27,10 @@ def graph_size_rounds_down(sizes, batch_size):
     return fits[-1] if fits else None
 
 
+def graph_size_strictly_larger(sizes, batch_size):
+    return next((s for s in sizes if s > batch_size), None)  # the bug: >, so a batch of exactly size s skips its graph
+
+
 def _pad(input_ids, positions, slot_mapping, context_lens, block_tables, padded, out, *, pad_slot=-1,
          pad_rows=True, clear_columns=True):
     """pad_graph_inputs with one rule switched off."""
@@ -133,11 +137,23 @@ def top_k_top_p_fills_minus_1e9(logits, top_k, top_p):
     return masked.masked_fill(torch.isneginf(masked), -1e9)  # the bug: a large negative number, not -inf
 
 
+def top_k_top_p_left_sorted(logits, top_k, top_p):
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k is not None:
+        drop |= torch.arange(logits.shape[-1], device=logits.device)[None, :] >= top_k[:, None]
+    if top_p is not None:
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+        drop |= probs.cumsum(dim=-1) - probs >= top_p[:, None]
+    return sorted_logits.masked_fill(drop, float("-inf"))  # the bug: still in sorted order, never scattered back
+
+
 def _gumbel(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None, *,
             temperature_after_noise=False, noise_sign=1.0, mask_before_temperature=False, use_generators=True,
-            divide_in_place=False, greedy_argmax=True):
+            divide_in_place=False, greedy_argmax=True, argmax_if_truthy=False):
     """gumbel_sample with one bug switched on (the noise is drawn exactly as the right version draws it)."""
-    greedy = logits.argmax(dim=-1) if any_greedy is not False and greedy_argmax else None
+    told = bool(any_greedy) if argmax_if_truthy else any_greedy is not False
+    greedy = logits.argmax(dim=-1) if told and greedy_argmax else None
     t = temperatures.clamp_min(1e-6)[:, None]
     if mask_before_temperature and (top_k is not None or top_p is not None):
         logits = right_top_k_top_p(logits, top_k, top_p)
@@ -182,6 +198,11 @@ def gumbel_divides_in_place(logits, temperatures, top_k=None, top_p=None, genera
 def gumbel_greedy_by_clamp(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None):
     # the bug: no argmax for temperature 0; logits / 1e-6 is trusted to swamp the noise (it does not between ties)
     return _gumbel(logits, temperatures, top_k, top_p, generators, any_greedy, greedy_argmax=False)
+
+
+def gumbel_argmax_only_if_any_greedy(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None):
+    # the bug: `if any_greedy:` reads None ("not known") as False, so a caller that does not say gets no argmax
+    return _gumbel(logits, temperatures, top_k, top_p, generators, any_greedy, argmax_if_truthy=True)
 
 
 def fill_placeholders_overwrites_real_token(token_lists, positions, sampled, at_limit, eos_token_ids, params):
@@ -255,6 +276,11 @@ MISTAKES = [
             "the batch gets the largest captured size <= B: a graph of fewer rows than the batch has no row for "
             "its last sequences. Take the smallest size >= B (None when B is larger than every size)",
             "test_ch5.py::test_graph_size_for"),
+    Mistake("ch5_graph_size_strictly_larger", "5.1", {"graph_size_for": graph_size_strictly_larger},
+            "a batch of exactly a captured size runs the next size up (the sizes > B are searched): the graph of "
+            "B rows fits it with no padding at all, and the largest size is then never used (B = max_num_seqs runs "
+            "eagerly). Take the smallest size >= B",
+            "test_ch5.py::test_graph_size_for"),
     Mistake("ch5_pad_slot_zero", "5.1", {"pad_graph_inputs": pad_graph_inputs_slot_zero},
             "padding rows get slot 0: their K/V is then stored into row 0 of block 0, a real sequence's cache. "
             "A padding row's slot is -1, which the KV store skips",
@@ -310,6 +336,11 @@ MISTAKES = [
             "and it changes under another division or a cast to fp16); fill with float(\"-inf\"), as "
             "transformers' warpers do, which softmax and exp turn into exactly 0",
             "test_ch5.py::test_top_k_top_p_masks_match_transformers"),
+    Mistake("ch5_top_k_top_p_left_sorted", "5.3", {"apply_top_k_top_p": top_k_top_p_left_sorted},
+            "the masked logits come back in sorted order: the drop mask belongs to the sorted row, but column j of the "
+            "result must score token j. Put the masked values back at their tokens' indices through the sort's "
+            "indices (Tensor.scatter on the last dim)",
+            "test_ch5.py::test_top_k_top_p_masks_match_transformers"),
     Mistake("ch5_gumbel_temperature_after_noise", "5.3", {"gumbel_sample": gumbel_temperature_after_noise},
             "the temperature divides logits + noise, which does not change the argmax: every temperature samples "
             "softmax(logits). Divide the logits by T first, then add the Gumbel noise",
@@ -337,6 +368,12 @@ MISTAKES = [
             "logits that differ, and where the top logits tie exactly (common in bf16) the noise picks among them. "
             "Take the plain argmax for those rows: greedy = logits.argmax(-1) before any division, then "
             "torch.where(temperatures > 0, sampled, greedy)",
+            "test_ch5.py::test_greedy_rows_and_top_k_1_take_the_argmax"),
+    Mistake("ch5_gumbel_argmax_only_if_any_greedy", "5.3", {"gumbel_sample": gumbel_argmax_only_if_any_greedy},
+            "the argmax of the temperature-0 rows is taken only when any_greedy is truthy, but its default None means "
+            "'not known', not 'no greedy row': a caller that does not pass it gets its greedy rows sampled from "
+            "logits / 1e-6, and where the top logits tie exactly the noise picks among them. Skip the argmax only "
+            "when any_greedy is False",
             "test_ch5.py::test_greedy_rows_and_top_k_1_take_the_argmax"),
     # 5.4
     Mistake("ch5_bytes_reads_the_embedding", "5.4", {"model_bytes": model_bytes_reads_the_embedding},

@@ -79,6 +79,14 @@ def sse_data_line_per_event(line, lines):
     return _data_value(line) if line else None  # the bug: each data line is returned as an event of its own
 
 
+def sse_data_dispatches_empty_event(line, lines):
+    if not line:
+        data = "\n".join(lines)  # the bug: an event without any data line (a keep-alive comment) gives ''
+        lines.clear()
+        return data
+    return _read(line, lines, _data_value)
+
+
 # ---- 6.2 incremental detokenization -------------------------------------------------------------------
 def _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, *, hold_back=True, drop_prefix=True,
            read_while_holding=False, slide=True, emit_nothing=False):
@@ -126,6 +134,14 @@ def detokenize_emits_nothing(tokenizer, ids, prefix_offset, read_offset, skip_sp
     return _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, emit_nothing=True)
 
 
+def detokenize_prefix_jumps_to_end(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens)
+    window = tokenizer.decode(ids[prefix_offset:], skip_special_tokens)
+    if len(window) > len(prefix) and not window.endswith("\ufffd"):
+        return window[len(prefix):], len(ids), len(ids)  # the bug: the next window starts after every token
+    return "", prefix_offset, read_offset
+
+
 # ---- 6.3 admission and abort --------------------------------------------------------------------------
 def admit_one_too_many(book, req):
     if book.num_waiting > book.max_waiting:  # the bug: > lets a request in when max_waiting already wait
@@ -161,6 +177,16 @@ def finish_counts_down_every_request(book, req):
     return True
 
 
+def finish_by_id(book, req):
+    if req.request_id not in book.requests:  # the bug: the id is looked up, not this request
+        return False
+    del book.requests[req.request_id]  # (a later request with the same id is the one removed)
+    if req.waiting:
+        req.waiting = False
+        book.num_waiting -= 1
+    return True
+
+
 def abort_request_twice(book, request_id):
     req = book.requests.get(request_id)
     if req is None:  # the bug: a request aborted already is returned again
@@ -174,6 +200,11 @@ def tpots_over_all_tokens(traces):
     # the bug: divided by every output token, the first one (which TTFT covers) included
     return np.array([(t.latency - t.ttft) / t.output_tokens for t in traces if t.ok and t.output_tokens > 1],
                     dtype=np.float64)
+
+
+def tpots_of_single_token_requests(traces):
+    # the bug: requests of one output token are not left out: (latency - ttft) / 0
+    return np.array([(t.latency - t.ttft) / (t.output_tokens - 1) for t in traces if t.ok], dtype=np.float64)
 
 
 def itls_from_the_send(traces):
@@ -260,6 +291,12 @@ MISTAKES = [
             "each data line is returned as an event of its own: an event ends at the empty line only, and its "
             "data is all its data lines joined with '\\n'. Append each value to `lines`; return at the empty line",
             "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_dispatches_empty_event", "6.1", {"sse_data": sse_data_dispatches_empty_event},
+            "an empty line after an event without any data line (only comments such as ': keep-alive', or "
+            "event:/id:/retry: fields) returned '' : the client then reads an event whose data is empty "
+            "(json.loads('') fails). Such an event dispatches nothing: return None when `lines` is empty "
+            "('data:' alone is the event that carries '')",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
     # 6.2
     Mistake("ch6_detok_no_hold_back", "6.2", {"detokenize_incrementally": detokenize_no_hold_back},
             "text ending in U+FFFD is emitted: those are the first bytes of a character whose last bytes are in the "
@@ -295,6 +332,12 @@ MISTAKES = [
             "drops the space that starts the next word ('Hello' + 'world' instead of ' world'). Emit, and move "
             "the offsets, only when the window's text is longer than the prefix's (>)",
             "test_ch6.py::test_detokenize_a_sentencepiece_decoder"),
+    Mistake("ch6_detok_prefix_jumps_to_end", "6.2", {"detokenize_incrementally": detokenize_prefix_jumps_to_end},
+            "after an emission prefix_offset jumps to len(ids), so the next window holds the new tokens alone, "
+            "with no token before them as context: a SentencePiece-style decoder then drops the space that starts "
+            "each word ('Hello' + 'world'). The new prefix_offset is the OLD read_offset (the tokens just emitted "
+            "stay as context); only read_offset moves to len(ids)",
+            "test_ch6.py::test_detokenize_a_sentencepiece_decoder"),
     # 6.3
     Mistake("ch6_admit_one_too_many", "6.3", {"admit": admit_one_too_many},
             "a request is accepted when max_waiting requests already wait (num_waiting > max_waiting is checked): "
@@ -319,10 +362,20 @@ MISTAKES = [
             "a second abort of the same request returns it again (a client that disconnects while the server "
             "aborts it too): return None when req.aborted is already True, so it is ended once",
             "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_finish_by_id", "6.3", {"finish": finish_by_id},
+            "finish looks the request up by its id only: told again that an old request ended, after a new request "
+            "took its id, it unregisters the NEW request (which then runs on, unknown to the book, and its id is "
+            "free twice). Unregister only when book.requests holds this very request (`is req`)",
+            "test_ch6.py::test_admission_scenario"),
     # 6.4
     Mistake("ch6_tpot_over_all_tokens", "6.4", {"tpots": tpots_over_all_tokens},
             "TPOT is divided by output_tokens: the time after the first token is spent on the output_tokens - 1 "
             "tokens that follow it (the first one's time is the TTFT)",
+            "test_ch6.py::test_latencies_by_their_definitions"),
+    Mistake("ch6_tpot_of_single_token_requests", "6.4", {"tpots": tpots_of_single_token_requests},
+            "requests of one output token are not left out of TPOT: (latency - ttft) / (output_tokens - 1) divides "
+            "by zero there. A request with one token has no time per output token after the first: keep only "
+            "completed requests with output_tokens > 1",
             "test_ch6.py::test_latencies_by_their_definitions"),
     Mistake("ch6_itl_from_the_send", "6.4", {"itls": itls_from_the_send},
             "ITL counts the time from sending to the first chunk as a gap: that is the TTFT. The gaps are between "

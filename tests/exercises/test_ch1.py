@@ -231,6 +231,8 @@ PACKED = Qwen3ForCausalLM.packed_modules_mapping
     ("model.layers.0.self_attn.q_norm.weight", ("model.layers.0.self_attn.q_norm.weight", None)),
     ("model.embed_tokens.weight", ("model.embed_tokens.weight", None)),
     ("lm_head.weight", ("lm_head.weight", None)),
+    # stored packed already (Phi-3's checkpoints are): "up_proj" inside "gate_up_proj" is not the up_proj fragment
+    ("model.layers.0.mlp.gate_up_proj.weight", ("model.layers.0.mlp.gate_up_proj.weight", None)),
 ])
 def test_checkpoint_param_name(impl, ckpt, want):
     check_equal(tuple(impl.checkpoint_param_name(ckpt, PACKED)), want, "1.3", f"route of {ckpt!r}",
@@ -367,16 +369,27 @@ class _TokensPerCall:
         self.handle.remove()
 
 
+def _on_a_clean_cache(runner, generate):
+    """generate(runner, ...), run after zeroing the runner's KV cache (the session shares one runner per
+    model): a loop that reads slots it never wrote then reads zeros every time, not what the run before
+    left there, so its tokens are the same on every run (and a known wrong version's are comparable)."""
+    def run(*args):
+        runner.kv_cache.zero_()
+        return generate(*args)
+    return run
+
+
 def _check_generate(impl, function: str, name, exercise_id, per_call):
     runner, greedy = _runner(name), greedy_reference()
     n = greedy["max_new_tokens"]
     cases = list(zip(greedy["prompts"], greedy["tokens"][name]))
     for prompt, want in [cases[i] for i in (0, 2, 4)]:  # 1, 17 and 64 tokens: within and across blocks of 16
         with _TokensPerCall(runner.model) as sizes:
-            got = getattr(impl, function)(runner, prompt, n)
+            got = _on_a_clean_cache(runner, getattr(impl, function))(runner, prompt, n)
         check_equal(list(got), want, exercise_id, f"greedy tokens of {name} after a {len(prompt)}-token prompt "
                                                   f"(transformers' generate)",
-                    suspects=then(suspects(function, runner, prompt, n), list))
+                    suspects={hint: (lambda fn=fn, ids=prompt: list(_on_a_clean_cache(runner, fn)(runner, ids, n)))
+                              for hint, fn in wrong_versions(function).items()})
         check_equal(sizes, per_call(len(prompt), n), exercise_id, "tokens fed to the model at each step")
 
 

@@ -211,6 +211,10 @@ def test_match_prefix_rules(impl, monkeypatch):
     check("a prompt shorter than a block", stored[:3], lookup, ([-1], 0))
     check("hits when the cached block's tokens differ from the prompt's (a collision)", stored + [1], lying, 0, 1)
     check("hits stop at the first miss even when later blocks are cached", stored + [1], lying1, 1, 1)
+    g0 = impl.compute_block_hash([0] + stored[1:4], -1)
+    g1 = impl.compute_block_hash(stored[4:8], g0)
+    check("hashes when the first block misses (every full block still gets its chained hash)",
+          [0] + stored[1:] + [1], lookup, [g0, g1, impl.compute_block_hash(stored[8:12], g1), -1], 0)
 
 
 @pytest.mark.ex3_2
@@ -327,15 +331,16 @@ def test_prefix_cache_in_the_engine(impl, monkeypatch):
 
 
 # ---- 3.3 paged decode attention in torch -------------------------------------------------------
-def paged_case(lengths, H, hkv, d, block_size, dtype, seed=0):
+def paged_case(lengths, H, hkv, d, block_size, dtype, seed=0, fill=float("nan")):
     """Per-sequence K/V scattered into shuffled cache blocks (plain indexing), tables padded with -1.
-    Every cache row no sequence owns holds NaN, as unwritten memory may: it must never leak in."""
+    Every cache row no sequence owns holds `fill`: NaN, as unwritten memory may, which must never leak in
+    (or a finite value, where a key counted by mistake then shows as a wrong value rather than NaN)."""
     g = torch.Generator().manual_seed(seed)
     ks = [torch.randn(n, hkv, d, generator=g).to(dtype) for n in lengths]
     vs = [torch.randn(n, hkv, d, generator=g).to(dtype) for n in lengths]
     need = [-(-n // block_size) for n in lengths]
     num_blocks = sum(need) + 2
-    k_buf = torch.full((num_blocks + 2, block_size, hkv, d), float("nan"), dtype=dtype)
+    k_buf = torch.full((num_blocks + 2, block_size, hkv, d), fill, dtype=dtype)
     v_buf = k_buf.clone()
     k_cache, v_cache = k_buf[1:-1], v_buf[1:-1]
     perm, used = torch.randperm(num_blocks, generator=g), 0
@@ -376,13 +381,19 @@ DECODE_CASES = [  # (lengths, H, Hkv, D, block_size)
 @pytest.mark.parametrize("case", range(len(DECODE_CASES)))
 def test_paged_decode_torch_matches_sdpa(impl, dtype, case):
     lengths, H, hkv, d, bs = DECODE_CASES[case]
-    q, ks, vs, k_cache, v_cache, _, _, tables, lens = paged_case(lengths, H, hkv, d, bs, dtype)
-    args = (q, k_cache, v_cache, tables, lens, d ** -0.5)
-    # on copies of the inputs, which it must leave as they were (the KV cache and the tables too: it only reads them)
-    got = call_pure(impl.paged_decode_torch, "paged_decode_torch", "3.3", *args)
-    check_close(got, sdpa_decode(q, ks, vs, d ** -0.5).to(dtype), "3.3",
-                f"decode attention (lengths {lengths}, H={H}, Hkv={hkv}, D={d}, block_size={bs}, {dtype})",
-                suspects=suspects("paged_decode_torch", *args), **TOL[dtype])
+    scale = 0.8 * d ** -0.5  # not head_dim ** -0.5: the scale is an argument (SDPA's default would hide it)
+    # the rows no sequence owns first hold a finite value (a key counted by mistake gives a wrong value), then NaN
+    # (masking without zeroing gives NaN): each bug is named on the input where it shows as itself
+    for fill, unowned in ((SENTINEL, f"{SENTINEL:g}"), (float("nan"), "NaN")):
+        q, ks, vs, k_cache, v_cache, _, _, tables, lens = paged_case(lengths, H, hkv, d, bs, dtype, fill=fill)
+        args = (q, k_cache, v_cache, tables, lens, scale)
+        # on copies of the inputs, which it must leave as they were (the KV cache and the tables too: it only
+        # reads them)
+        got = call_pure(impl.paged_decode_torch, "paged_decode_torch", "3.3", *args)
+        check_close(got, sdpa_decode(q, ks, vs, scale).to(dtype), "3.3",
+                    f"decode attention (lengths {lengths}, H={H}, Hkv={hkv}, D={d}, block_size={bs}, {dtype}, "
+                    f"scale {scale:.4g}, unowned cache rows holding {unowned})",
+                    suspects=suspects("paged_decode_torch", *args), **TOL[dtype])
 
 
 @pytest.mark.ex3_3

@@ -36,6 +36,7 @@ from properties import outcome
 TP = 2
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 64, 96, 4, 2, 16, 512
 ATOL, RTOL = 1e-5, 1e-4  # fp32; the all-reduce sums partial products in another order
+BF16_TOL = (2e-2, 2e-2)  # bfloat16 (8 bits of mantissa): partial products and their sum rounded, a few ulps
 THREAD_RANKS_TIMEOUT_S = 60.0  # a rank waiting in a collective the other rank never calls gives up after this
 
 
@@ -315,8 +316,15 @@ def test_shard_weight_and_packed_match_torch_chunk(impl):
                         "4.1",
                         f"shard_weight(shape {shape}, dim={dim}, rank={r}, world_size={n})",
                         suspects=suspects("shard_weight", w, dim, r, n))
-    with pytest.raises(ValueError):
-        impl.shard_weight(torch.randn(10, 4), 0, 0, 3)
+    uneven = torch.randn(10, 4)  # 10 rows do not split into 3 equal shards
+
+    def refused(fn) -> str:
+        """What fn does with a dim that world_size does not divide: the error's type, or the shape it returned."""
+        got = outcome(lambda: fn(uneven.clone(), 0, 0, 3))
+        return got.split(":")[0] if isinstance(got, str) else f"returned a shard of shape {tuple(got.shape)}"
+    check_equal(refused(impl.shard_weight), "raised ValueError", "4.1",
+                "shard_weight(shape (10, 4), dim=0, rank=0, world_size=3): 10 rows do not split into 3 equal shards",
+                suspects=suspects_of("shard_weight", refused))
     q, k, v = torch.randn(8, 4), torch.randn(4, 4), torch.randn(4, 4)
     for r in range(2):
         want = torch.cat([q.chunk(2)[r], k.chunk(2)[r], v.chunk(2)[r]])
@@ -391,6 +399,14 @@ def test_row_parallel_linear_on_two_thread_ranks(impl):
         for r, y in enumerate(outs):
             check_close(y, want, "4.2", f"{what}, rank {r} of {TP}", ATOL, RTOL,
                         suspects=rank_suspects("row_parallel_linear", calls, r))
+    # bfloat16, as the engine runs it: the result is in x's dtype (rounding: each rank's partial product, the sum)
+    calls = [tuple(t.bfloat16() if isinstance(t, torch.Tensor) else t for t in call) for call in biased_calls]
+    z16, w16 = (torch.cat([call[i] for call in calls], dim=-1) for i in (0, 1))  # the whole layer, in bfloat16
+    want = F.linear(z16.float(), w16.float(), calls[0][2].float()).bfloat16()
+    for r, y in enumerate(graded_on_thread_ranks(impl, "row_parallel_linear", calls, "4.2")):
+        check_close(y, want, "4.2", f"a row-parallel layer with a bias in bfloat16, rank {r} of {TP} (vs F.linear in "
+                    f"fp32 on the same bfloat16 values, rounded to bfloat16: the result in x's dtype)", *BF16_TOL,
+                    suspects=rank_suspects("row_parallel_linear", calls, r))
     # two tensor-parallel groups at once (ranks 0-1 and 2-3 of 4), each on its own tokens: each sums its own
     _, _, want_b, mlp_calls_b, _, _ = row_parallel_case(seed=5)
     calls, wants = mlp_calls + mlp_calls_b, [want_mlp] * TP + [want_b] * TP
@@ -439,6 +455,13 @@ def test_vocab_parallel_embed_on_two_thread_ranks(impl):
     for r, y in enumerate(graded_on_thread_ranks(impl, "vocab_parallel_embed", calls, "4.3")):
         check_close(y, want, "4.3", f"vocab_parallel_embed on rank {r} of {TP} against nn.Embedding",
                     suspects=rank_suspects("vocab_parallel_embed", calls, r))
+    # bfloat16, as the engine runs it: rows of the table in its own dtype (a lookup and a sum with zeros: exact)
+    weight16 = weight.bfloat16()
+    calls16 = [(ids, chunk(weight16, 0, r), r * half) for r in range(TP)]
+    for r, y in enumerate(graded_on_thread_ranks(impl, "vocab_parallel_embed", calls16, "4.3")):
+        check_close(y, F.embedding(ids, weight16), "4.3", f"vocab_parallel_embed of a bfloat16 table on rank {r} of "
+                    f"{TP} against nn.Embedding (the rows in weight_shard's dtype)", atol=0, rtol=0,
+                    suspects=rank_suspects("vocab_parallel_embed", calls16, r))
     # two tensor-parallel groups at once (ranks 0-1 and 2-3 of 4), each embedding its own ids
     ids_b = ids.flip(0)
     calls = calls + [(ids_b, chunk(weight, 0, r), r * half) for r in range(TP)]

@@ -590,13 +590,17 @@ def test_greedy_rows_and_top_k_1_take_the_argmax(impl):
         row[torch.randperm(50, generator=g)[:3]] = row.max() + 0.5  # three tokens share the top logit
     zero = torch.zeros(TIED_ROWS)
 
-    def run_tied(fn):  # on copies: a known wrong version that divides in place must not change `tied`
+    def run_tied(fn, any_greedy=None):  # on copies: a known wrong version that divides in place must not change `tied`
         torch.manual_seed(SAMPLER_SEED)
-        return fn(tied.clone(), zero.clone(), None, None, None, None).tolist()
+        return fn(tied.clone(), zero.clone(), None, None, None, any_greedy).tolist()
+    # a second look before a bug is named: the same rows with any_greedy=True (a sampler that takes no argmax at
+    # all and one that takes it only when told to go wrong alike without it)
+    told = lambda fn: outcome(lambda: run_tied(fn, True))  # noqa: E731
     check_equal(run_tied(pure), tied.argmax(-1).tolist(), "5.3",
                 f"tokens of {TIED_ROWS} temperature-0 rows whose top logit three tokens share exactly (common in "
-                f"bf16): the plain argmax, the first of the tied tokens (torch.argmax), whatever the noise",
-                suspects=suspects_of("gumbel_sample", run_tied))
+                f"bf16), any_greedy not given (None): the plain argmax, the first of the tied tokens (torch.argmax), "
+                f"whatever the noise", suspects=suspects_of("gumbel_sample", run_tied,
+                                                             agree=(told, lambda: told(impl.gumbel_sample))))
 
 
 SEEDED_ROW, SEEDED_SEED, SEEDED_STEPS = 2, 1234, 4
