@@ -82,7 +82,7 @@ def cascade(n: int = 12) -> None:
     for ctas, warps in ((132, 1), (264, 4), (1024, 4)):
         buf = torch.zeros(n, ctas, 3, dtype=torch.int64, device=DEV)
 
-        def run():
+        def run(ctas=ctas, buf=buf, warps=warps):
             for i in range(n):
                 _stamp_kernel[(ctas,)](buf, i, SPIN=SPIN_NS, num_warps=warps, launch_pdl=True)
         run()
@@ -213,8 +213,8 @@ def staged_gemv(x, weight, prologue=NONE, residual=None, norm_weight=None, eps=0
 def staged() -> None:
     torch.manual_seed(0)
     bw = device_ceilings().copy_gbps
-    layers = [dict(w=[torch.randn(n, k, device=DEV, dtype=DT) * k ** -0.5 for n, k in SHAPES],
-                   n1=torch.rand(1024, device=DEV, dtype=DT) + 0.5, n2=torch.rand(1024, device=DEV, dtype=DT) + 0.5)
+    layers = [{"w": [torch.randn(n, k, device=DEV, dtype=DT) * k ** -0.5 for n, k in SHAPES],
+               "n1": torch.rand(1024, device=DEV, dtype=DT) + 0.5, "n2": torch.rand(1024, device=DEV, dtype=DT) + 0.5}
               for _ in range(LAYERS)]
     floor = sum(w.numel() * 2 for L in layers for w in L["w"]) / bw / 1e3
     h0 = torch.randn(1, 1024, device=DEV, dtype=DT)
@@ -232,7 +232,7 @@ def staged() -> None:
         def run():
             h, r = h0, None
             for i, L in enumerate(layers):
-                st = (lambda j: None) if stamps is None else (lambda j: stamps[4 * i + j])  # noqa: E731
+                st = (lambda j: None) if stamps is None else (lambda j, i=i: stamps[4 * i + j])
                 qkv, r_new = staged_gemv(h, L["w"][0], RMSNORM if r is None else ADD_RMSNORM, r, L["n1"], 1e-6,
                                          plan[0], st(0))
                 r = h if r is None else r_new
