@@ -134,14 +134,16 @@ def param_name_matches_inside_a_word(ckpt_name: str, packed_modules_mapping: dic
     return ckpt_name, None
 
 
-def _load(model, path: str, check_names: bool = True, check_shapes: bool = True, check_complete: bool = True):
+def _load(model, path: str, check_names: bool = True, check_shapes: bool = True, check_complete: bool = True,
+          skip_ignored: bool = True, skip_tied_head: bool = True):
     """The right load_model with one of its checks switched off."""
     packed = getattr(model, "packed_modules_mapping", {})
     params = dict(model.named_parameters())
     tied = getattr(model, "tie_word_embeddings", False)
     loaded: dict[str, set] = {name: set() for name in params}
     for ckpt_name, tensor in iterate_safetensors(path):
-        if ckpt_name.endswith(IGNORED_SUFFIXES) or (tied and ckpt_name == "lm_head.weight"):
+        if (skip_ignored and ckpt_name.endswith(IGNORED_SUFFIXES)) or (
+                skip_tied_head and tied and ckpt_name == "lm_head.weight"):
             continue
         name, shard = checkpoint_param_name(ckpt_name, packed)
         if name not in params:
@@ -176,6 +178,17 @@ def load_without_shape_check(model, path: str) -> None:
 def load_without_completeness_check(model, path: str) -> None:
     """Never checks at the end that every parameter received all its tensors."""
     _load(model, path, check_complete=False)
+
+
+def load_keeping_rotary_inv_freq(model, path: str) -> None:
+    """Routes a checkpoint's rotary_emb.inv_freq buffers like weights (IGNORED_SUFFIXES not skipped)."""
+    _load(model, path, skip_ignored=False)
+
+
+def load_keeping_tied_lm_head(model, path: str) -> None:
+    """Routes lm_head.weight of a tied model like any weight (the model lists the shared tensor once, as the
+    embedding)."""
+    _load(model, path, skip_tied_head=False)
 
 
 # ---- 1.4 the forward pipeline --------------------------------------------------------------------
@@ -272,6 +285,7 @@ def cached_prefill_not_stored(runner, prompt_ids, max_new_tokens):
 
 BPE = "test_ch1.py::test_bpe_encode_pieces_match_tiktoken"
 REJECTS = "test_ch1.py::test_load_model_rejects_bad_checkpoints"
+SKIPS = "test_ch1.py::test_load_model_skips_what_the_model_does_not_store"
 FORWARD = "test_ch1.py::test_forward_pipeline_matches_transformers_logits"
 NAIVE = "test_ch1.py::test_naive_generate_equals_transformers"
 CACHED = "test_ch1.py::test_cached_generate_equals_transformers"
@@ -338,6 +352,17 @@ MISTAKES: list[Mistake] = [
             "load_model never checks that every parameter was filled: remember the shard ids each parameter "
             "received and, at the end, raise ValueError for any that lacks one of expected_shards(...)",
             REJECTS, {"change": "drop model.layers.1.mlp.up_proj.weight", "match": "missing"}),
+    Mistake("ch1_load_keeps_rotary_inv_freq", "1.3", {"load_model": load_keeping_rotary_inv_freq},
+            "load_model does not skip the 'rotary_emb.inv_freq' tensors that older checkpoints (Llama's) store for "
+            "each layer: RoPE's inverse frequencies are computed from config.json, the model has no parameter for "
+            "them. Skip every name that ends in one of IGNORED_SUFFIXES before routing it",
+            SKIPS, {"name": "tiny-llama", "extra": "rotary_emb.inv_freq"}),
+    Mistake("ch1_load_keeps_tied_lm_head", "1.3", {"load_model": load_keeping_tied_lm_head},
+            "load_model does not skip 'lm_head.weight' when model.tie_word_embeddings: the head shares the "
+            "embedding's tensor, which named_parameters() lists once, as 'model.embed_tokens.weight', so there is "
+            "no 'lm_head.weight' to fill (a tied checkpoint may still store a copy of it). Skip that name when "
+            "the model ties its embeddings",
+            SKIPS, {"name": "tiny-qwen3-tied", "extra": "lm_head.weight"}),
     Mistake("ch1_forward_without_final_norm", "1.4", {"forward_pipeline": forward_without_final_norm},
             "the LM head gets the last layer's output directly: first hidden, _ = model.model.norm(hidden, "
             "residual) (the final norm adds the last residual, then normalizes)", FORWARD, FAST_MODEL),

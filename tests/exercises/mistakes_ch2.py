@@ -183,6 +183,12 @@ def sigmoid_instead_of_silu(x):
     return torch.sigmoid(gate) * up
 
 
+def silu_chunk_along_tokens(x):
+    """x.chunk(2) without dim=: the halves are taken along dim 0 (the tokens), not the last dimension."""
+    gate, up = x.chunk(2)
+    return F.silu(gate) * up
+
+
 # ---- 2.6 the decoder layer -----------------------------------------------------------------------
 def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, restart_residual=False,
            post_norm_without_residual=False, skip_qk_norm=False):
@@ -655,6 +661,10 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_sigmoid_instead_of_silu", "2.5", {"silu_and_mul": sigmoid_instead_of_silu},
             "sigmoid(gate) * up is missing a factor: silu(gate) = gate * sigmoid(gate) (F.silu)", MLP,
             {"shape": (18, 64)}),
+    Mistake("ch2_silu_chunk_along_tokens", "2.5", {"silu_and_mul": silu_chunk_along_tokens},
+            "x.chunk(2) splits along dim 0, the tokens (or the batch), giving half as many rows of the full width: "
+            "gate and up are the two halves of the last dimension, so split along the last dimension: "
+            "x.chunk(2, dim=-1)", MLP, {"shape": (2, 9, 64)}),
     Mistake("ch2_layer_qk_norm_after_rope", "2.6", {"decoder_layer": layer_qk_norm_after_rope},
             "q and k are normalized after RoPE: apply QK-norm per head (q_norm, k_norm) BEFORE rotating them", LAYER,
             {"first": True}),

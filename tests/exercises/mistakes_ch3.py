@@ -164,6 +164,7 @@ def _launched_by(wrapper, module, kernel_name: str, kernel, bug: int):
 
 # ---- 3.4 the store kernel ------------------------------------------------------------------------------
 STORE_STORES_SKIPPED_SLOTS, STORE_ASSUMES_CONTIGUOUS_ROWS, STORE_WRITES_THE_PADDED_COLUMNS = 1, 2, 3
+STORE_IGNORES_BLOCK_STRIDE = 4
 
 
 @triton.jit
@@ -180,7 +181,10 @@ def buggy_store_kvcache_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slo
         mask = (slot >= 0)[:, None] & (col < BLOCK_R)[None, :]
     else:
         mask = (slot >= 0)[:, None] & (col < ROW)[None, :]
-    dst = (slot // PAGE) * cache_block_stride + (slot % PAGE) * ROW
+    if BUG == STORE_IGNORES_BLOCK_STRIDE:  # blocks taken as back to back: block b at b * PAGE * ROW (= slot * ROW)
+        dst = (slot // PAGE) * (PAGE * ROW) + (slot % PAGE) * ROW
+    else:
+        dst = (slot // PAGE) * cache_block_stride + (slot % PAGE) * ROW
     tok = tok.to(tl.int64)
     if BUG == STORE_ASSUMES_CONTIGUOUS_ROWS:  # token t's row taken at t * ROW, not t * key_stride
         k = tl.load(key_ptr + tok[:, None] * ROW + col[None, :], mask=mask)
@@ -200,6 +204,7 @@ def _store_with(bug: int):
 store_kvcache_stores_skipped_slots = _store_with(STORE_STORES_SKIPPED_SLOTS)
 store_kvcache_assumes_contiguous_rows = _store_with(STORE_ASSUMES_CONTIGUOUS_ROWS)
 store_kvcache_writes_the_padded_columns = _store_with(STORE_WRITES_THE_PADDED_COLUMNS)
+store_kvcache_ignores_block_stride = _store_with(STORE_IGNORES_BLOCK_STRIDE)
 
 
 # ---- 3.5 the paged decode kernel -----------------------------------------------------------------------
@@ -477,6 +482,13 @@ MISTAKES: list[Mistake] = [
             "the tile's columns ROW .. BLOCK_R - 1 are written too (BLOCK_R is ROW rounded up to a power of "
             "two), into the next cache row: mask the columns with col < ROW in every load and store",
             "test_ch3.py::test_store_kernel_writes_exactly_the_slots", {"dtype": torch.float32, "block_size": 16}),
+    Mistake("ch3_store_ignores_block_stride", "3.4", {"store_kvcache": store_kvcache_ignores_block_stride},
+            "the destination ignores the cache's block stride: block s // PAGE is taken to start at "
+            "(s // PAGE) * PAGE * ROW (so slot s at s * ROW), as if the blocks lay back to back. The cache can be a "
+            "view whose blocks are further apart (K and V of a block side by side in one buffer): block b starts "
+            "at b * cache_block_stride (k_cache.stride(0)), so slot s is at (s // PAGE) * cache_block_stride + "
+            "(s % PAGE) * ROW",
+            "test_ch3.py::test_store_kernel_follows_the_cache_block_stride"),
     # 3.5
     Mistake("ch3_decode_kernel_heads_modulo", "3.5", {"paged_decode_attention": paged_decode_attention_heads_modulo},
             "the program of KV head g serves query heads g, g + Hkv, g + 2*Hkv, ... (h % Hkv == g): with "

@@ -296,9 +296,10 @@ MISTAKES = [
             "test_ch5.py::test_pad_graph_inputs"),
     # 5.2
     Mistake("ch5_append_limit_before_placeholder", "5.2", {"append_placeholders": append_placeholders_limit_before},
-            "at_limit is decided before the placeholder is appended, so it lags one token: a request gets "
-            "max_tokens + 1 tokens. The placeholder counts like a token: append it, then compare the completion's "
-            "length with max_tokens (and the length with max_model_len)",
+            "at_limit lags one token, so a request gets max_tokens + 1 tokens: it is decided before the "
+            "placeholder is appended, or after appending it with > instead of >= (the same result). The placeholder "
+            "counts like a token: append it, then at_limit = completion length >= max_tokens or length >= "
+            "max_model_len",
             "test_ch5.py::test_append_placeholders"),
     Mistake("ch5_fill_eos_despite_ignore_eos", "5.2", {"fill_placeholders": fill_placeholders_eos_despite_ignore_eos},
             "an EOS token stops a request that set ignore_eos=True: ignore_eos switches off the EOS ids only "

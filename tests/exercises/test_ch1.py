@@ -250,9 +250,14 @@ def _engine_model(name: str) -> Qwen3ForCausalLM:
 @pytest.mark.ex1_3
 @pytest.mark.parametrize("name", TINY_MODELS)
 def test_load_model_packs_what_transformers_wrote(impl, name):
-    from transformers import AutoModelForCausalLM
     model = _engine_model(name)
     impl.load_model(model, ref_path(name))
+    check_packed_as_transformers_loads(model, name)
+
+
+def check_packed_as_transformers_loads(model: Qwen3ForCausalLM, name: str) -> None:
+    """Every parameter of `model` (loaded from checkpoint `name`) equals transformers' weights, packed."""
+    from transformers import AutoModelForCausalLM
     sd = AutoModelForCausalLM.from_pretrained(ref_path(name), dtype=torch.float32).state_dict()
     got = dict(model.named_parameters())
     for pname, param in got.items():
@@ -296,6 +301,51 @@ def test_load_model_rejects_bad_checkpoints(impl, tmp_path, change, match):
         suspected = suspects("load_model", _engine_model("tiny-qwen3"), str(d))
         check_equal(got, want, "1.3", f"what load_model does with a checkpoint after '{change}'",
                     suspects={hint: (lambda run=run: _outcome(run, match)) for hint, run in suspected.items()})
+
+
+@pytest.mark.ex1_3
+@pytest.mark.parametrize("name, extra", [
+    ("tiny-llama", "rotary_emb.inv_freq"),  # older Llama checkpoints store RoPE's inverse frequencies per layer
+    ("tiny-qwen3-tied", "lm_head.weight"),  # a tied checkpoint that stores the head anyway, a copy of the embedding
+])
+def test_load_model_skips_what_the_model_does_not_store(impl, tmp_path, name, extra):
+    """Real checkpoints hold tensors that are no parameter of the model: they load, skipped, and every
+    parameter still equals transformers' (loading the checkpoint without them)."""
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(ref_path(name) + "/model.safetensors")
+    with open(ref_path(name) + "/config.json") as f:
+        config = json.load(f)
+    assert not any(k.endswith(extra) for k in tensors)  # the premise: the tiny checkpoint lacks them
+    if extra == "lm_head.weight":
+        tensors[extra] = tensors["model.embed_tokens.weight"].clone()
+    else:
+        d = config["head_dim"]
+        inv_freq = 1.0 / config["rope_parameters"]["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+        for i in range(config["num_hidden_layers"]):
+            tensors[f"model.layers.{i}.self_attn.{extra}"] = inv_freq.clone()
+    folder = tmp_path / name
+    folder.mkdir()
+    save_file(tensors, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(config))
+    model = _engine_model(name)
+    got, want = _load_outcome(lambda: impl.load_model(model, str(folder)), extra), "loaded without an error"
+    if got != want:  # the wrong versions run only on failure: each loads the checkpoint once more
+        suspected = suspects("load_model", _engine_model(name), str(folder))
+        check_equal(got, want, "1.3", f"what load_model does with a checkpoint of {name} that holds {extra!r}",
+                    suspects={hint: (lambda run=run: _load_outcome(run, extra)) for hint, run in suspected.items()})
+    check_packed_as_transformers_loads(model, name)
+
+
+def _load_outcome(load, extra: str) -> str:
+    """What a load did, in words: loaded, an error naming the tensor `extra` (any exception type: a
+    ValueError from the name check, a KeyError from the lookup, ...), or another error."""
+    try:
+        load()
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        return f"raised an error naming {extra!r}" if extra in str(e) else f"{type(e).__name__}: {e}"
+    return "loaded without an error"
 
 
 def _outcome(load, match: str) -> str:

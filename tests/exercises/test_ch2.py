@@ -308,7 +308,12 @@ def test_silu_and_mul_makes_qwen3_mlp(impl, shape):
     gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])  # packed [gate | up], as the engine loads it
     with torch.no_grad():
         packed = F.linear(x, gate_up)
-        got = F.linear(call_pure(impl.silu_and_mul, "silu_and_mul", "2.5", packed), mlp.down_proj.weight)
+        gated = call_pure(impl.silu_and_mul, "silu_and_mul", "2.5", packed)
+        # first what goes into down_proj, against transformers' own act_fn(gate_proj(x)) * up_proj(x): a result of
+        # the wrong shape (the halves taken along another dimension) fails here, named, not inside down_proj
+        check_close(gated, mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x), "2.5", "silu_and_mul(gate_up_proj(x))",
+                    **TOL_MLP, suspects=suspects("silu_and_mul", packed))
+        got = F.linear(gated, mlp.down_proj.weight)
         check_close(got, mlp(x), "2.5", "down_proj(silu_and_mul(gate_up_proj(x)))", **TOL_MLP,
                     suspects=then(suspects("silu_and_mul", packed), lambda out: F.linear(out, mlp.down_proj.weight)))
 

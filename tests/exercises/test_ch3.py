@@ -436,6 +436,34 @@ def test_store_kernel_writes_exactly_the_slots(impl, dtype, block_size):
 
 
 @pytest.mark.ex3_4
+def test_store_kernel_follows_the_cache_block_stride(impl):
+    """K and V of each block side by side in one buffer ([num_blocks, 2, block_size, Hkv, D], a layout an
+    engine may allocate): k_cache = buf[:, 0] is a view whose block stride, 2 * block_size * Hkv * D, is
+    not block_size * Hkv * D. Guard blocks before and after; the whole buffer is compared."""
+    g = torch.Generator().manual_seed(6)
+    n, hkv, d, num_blocks, block_size, dtype = 21, 2, 24, 4, 8, torch.float32
+    k = torch.randn(n, hkv, d, generator=g)
+    v = torch.randn(n, hkv, d, generator=g)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:n]
+    slots[2::4] = -1  # padding rows: not stored
+
+    def stored_by(store):
+        """-> the buffer holding both caches, guard blocks included, after store(k, v, k_cache, v_cache, slots)."""
+        buf = torch.full((num_blocks + 2, 2, block_size, hkv, d), SENTINEL, dtype=dtype)
+        store(k, v, buf[1:-1, 0], buf[1:-1, 1], slots)
+        return buf
+
+    buf = stored_by(impl.store_kvcache)
+    want = torch.full_like(buf, SENTINEL)
+    keep = slots >= 0
+    blocks, rows = slots[keep] // block_size, slots[keep] % block_size  # plain torch indexing: the reference
+    want[blocks + 1, 0, rows] = k[keep]
+    want[blocks + 1, 1, rows] = v[keep]
+    check_close(buf, want, "3.4", f"[K | V] cache buffer with guard blocks (k_cache = buf[1:-1, 0], block stride "
+                f"{buf[1:-1, 0].stride(0)} elements)", atol=0, rtol=0, suspects=suspects_of("store_kvcache", stored_by))
+
+
+@pytest.mark.ex3_4
 def test_store_kernel_in_the_engine(impl, monkeypatch):
     import minillm.kernels.backend as backend
     got, want = engine_tokens(monkeypatch, {backend: {"store_kvcache": impl.store_kvcache}},
