@@ -133,6 +133,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(limit)
 
 
+@pytest.fixture(autouse=True)
+def _kernel_bounds_checked():
+    """Under Triton's interpreter, every test: a kernel's load or store outside its tensors raises at its line
+    (minillm.course.kernel_bounds) instead of writing into this process's memory, which crashed it later,
+    elsewhere. It holds the students' kernels in the graded tests and minillm's own everywhere else."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        yield
+        return
+    from minillm.course.kernel_bounds import checked_bounds
+    with checked_bounds():
+        yield
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
     outcome = yield

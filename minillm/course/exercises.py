@@ -370,8 +370,12 @@ class Swap:
     fallback: list[str]  # exercise ids left on minillm's reference (not started)
     written: dict[str, list[str]] = field(default_factory=dict)  # exercise id -> its functions swapped in
     patched: list[tuple[object, str, object, object]] = field(default_factory=list, repr=False)  # module, name, ref, new
+    # while swapped in under Triton's interpreter: kernel_bounds' check, so a student's kernel that stores
+    # outside its tensor raises at its line instead of corrupting (and later killing) the notebook's kernel
+    bounds_check: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
     def restore(self) -> None:
+        self.bounds_check.close()
         for mod, name, ref, _ in reversed(self.patched):
             setattr(mod, name, ref)
         # a module imported while the swap was on copied a swapped function: put the reference back there too
@@ -426,6 +430,9 @@ def swap_in(impl: str, exercises: set[str] | None = None, chapters: set[int] | N
                 if getattr(mod, name, None) is ref:
                     swap.patched.append((mod, name, ref, getattr(chosen, name)))
                     setattr(mod, name, getattr(chosen, name))
+    if swap.patched and os.environ.get("TRITON_INTERPRET") == "1":
+        from minillm.course.kernel_bounds import checked_bounds
+        swap.bounds_check.enter_context(checked_bounds())
     return swap
 
 
