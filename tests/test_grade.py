@@ -152,6 +152,44 @@ def test_a_crash_or_an_endless_loop_names_the_students_line_and_the_notebook_sec
     assert "-- see notebooks/02a_triton_primer.ipynb" in r.stdout, r.stdout
 
 
+def test_a_test_that_kills_the_process_fails_its_exercise_and_the_rest_still_grade(tmp_path):
+    """A kernel storing outside its tensor under Triton's interpreter wrote into the grader's own memory and
+    killed it later, elsewhere (SIGABRT or SIGSEGV in check_close), with no scoreboard. Now such a store
+    raises at the kernel's line; and a test that does end the process (here: a NULL read through ctypes, an
+    os._exit) fails its exercise with the line it was running, while a new process grades the others."""
+    root = _copy_repo(tmp_path)
+    _write_function(root, 3, "slot_mapping_for", (
+        "\ndef slot_mapping_for(block_table, start, end, block_size):\n"
+        "    import ctypes\n"
+        "    return ctypes.string_at(0)  # reads address 0: SIGSEGV"))
+    _solve(root, 3, "compute_block_hash")
+    _solve(root, 3, "match_prefix")
+    _write_function(root, 3, "paged_decode_torch", (
+        "\ndef paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale):\n"
+        "    import os\n"
+        "    os._exit(3)  # ends Python with no exception"))
+    kernel = _function_source(os.path.join(root, "solutions", "ch3.py"), "paged_decode_kernel")
+    unmasked = kernel.replace("o.to(out_ptr.dtype.element_ty), mask=mask_o)", "o.to(out_ptr.dtype.element_ty))")
+    assert unmasked != kernel  # the output store without its mask: rows past GROUP fall past `out`
+    _write_function(root, 3, "paged_decode_kernel", unmasked)
+    lines = open(os.path.join(root, "exercises", "ch3.py")).read().splitlines()
+    null_line = next(i for i, line in enumerate(lines, 1) if "ctypes.string_at(0)" in line)
+    r = run_in(root, "-m", "minillm.course.grade")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert re.search(r"\n3\.1 +slot_mapping_for +failed +0/1", r.stdout), r.stdout
+    assert "the grading process died (SIGSEGV) while this test ran" in r.stdout, r.stdout
+    assert f"still running exercises/ch3.py:{null_line} in slot_mapping_for: return ctypes.string_at(0)" in r.stdout
+    assert re.search(r"\n3\.2 +compute_block_hash, match_prefix +passed", r.stdout), r.stdout
+    assert re.search(r"\n3\.3 +paged_decode_torch +failed +0/1", r.stdout), r.stdout
+    assert "the grading process exited (status 3) while this test ran" in r.stdout, r.stdout
+    assert "in paged_decode_torch: os._exit(3)" in r.stdout, r.stdout
+    assert re.search(r"\n3\.5 +paged_decode_kernel +failed", r.stdout), r.stdout
+    assert "KernelOutOfBounds: tl.store outside every tensor the kernel was given" in r.stdout, r.stdout
+    assert "past the end of out_ptr's storage" in r.stdout, r.stdout
+    assert "in paged_decode_kernel: tl.store(out_ptr" in r.stdout, r.stdout
+    assert "Fatal Python error" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
 def test_a_syntax_error_is_one_message_naming_the_file_and_line(tmp_path):
     """It fails that chapter's exercises with the file's line; the other chapters still grade."""
     root = _copy_repo(tmp_path)

@@ -7,23 +7,34 @@
 It runs the graded tests in tests/exercises against your `exercises/` (or `--impl solutions|ref`).
 An exercise whose functions all still raise the stub's NotImplementedError is "not started" and is
 not run. Exit status 0 only when every exercise graded passes.
+
+The tests run in a child process, because a test can kill the process it runs in: native code
+reading a bad pointer, or, under Triton's interpreter, a kernel storing outside its tensor into
+Python's own memory (tests/conftest.py turns on minillm.course.kernel_bounds, which stops such an
+access at its line first). Each test's start and outcome reach the parent as they happen, so a test
+that kills the child fails its exercise with the line of your file it was running, and a new child
+grades the rest.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
+import faulthandler
 import importlib.util
-import io
 import json
+import linecache
 import os
+import re
 import signal
+import subprocess
 import sys
+import tempfile
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
 from minillm.course.exercises import DEFAULT_IMPL, IMPLS, REPO_DIR, exercise, find_exercises, impl_files, unsolved
+from minillm.course.kernel_bounds import KernelOutOfBounds
 
 TESTS_DIR = os.path.join(REPO_DIR, "tests", "exercises")
 MESSAGE_LINES = 4  # lines of the first failure shown on the scoreboard (the JSON keeps all of it)
@@ -43,23 +54,42 @@ class Result:
     passed: int = 0
     total: int = 0
     message: str = ""  # the first failure, or why it was not run
-    outputs: list[str] = field(default_factory=list)
-    timed_out: bool = False  # a test ran out of time: the exercise's later tests are skipped
 
 
-class _Collector:
-    """A pytest plugin that records each graded test's outcome under its exercise id."""
+class _Recorder:
+    """The child's pytest plugin: appends each graded test's start and outcome to a JSON-lines log,
+    flushed at once, so the parent knows what ran even when a test kills this process."""
 
-    def __init__(self, results: dict[str, Result], files: list[str], timeout_s: float):
-        self.results, self.files, self.timeout_s = results, files, timeout_s
+    def __init__(self, log_path: str, ids: list[str], files: list[str], timeout_s: float, finished: set[str],
+                 dead: set[str]):
+        self.log = open(log_path, "a")
+        self.ids, self.files, self.timeout_s = set(ids), files, timeout_s
+        self.finished, self.dead = finished, dead  # tests an earlier child ran; exercises one crashed in
+        self.timed_out: set[str] = set()  # exercises with a test past the time limit
 
-    def _results_of(self, keywords) -> list[Result]:
+    def pytest_sessionfinish(self):
+        self.log.close()
+
+    def _ids_of(self, keywords) -> list[str]:
         """The exercises a test grades, from its exN_M markers."""
-        ids = (k[2:].replace("_", ".") for k in keywords if k.startswith("ex"))
-        return [self.results[i] for i in ids if i in self.results]
+        return [i for i in (k[2:].replace("_", ".") for k in keywords if k.startswith("ex")) if i in self.ids]
 
+    def _write(self, **record) -> None:
+        self.log.write(json.dumps(record) + "\n")
+        self.log.flush()  # in the kernel's buffers now: it outlives this process
+
+    def pytest_collection_modifyitems(self, config, items):
+        """Leave out what an earlier child graded: its finished tests, and every test of an exercise whose
+        test killed it."""
+        gone = [it for it in items if it.nodeid in self.finished or set(self._ids_of(it.keywords)) & self.dead]
+        if gone:
+            config.hook.pytest_deselected(items=gone)
+            items[:] = [it for it in items if it not in gone]
+
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item):
-        if any(r.timed_out for r in self._results_of(item.keywords)):  # one endless loop is enough
+        self._write(start=item.nodeid, ids=self._ids_of(item.keywords))
+        if set(self._ids_of(item.keywords)) & self.timed_out:  # one endless loop is enough
             pytest.skip(f"an earlier test of this exercise did not finish within {self.timeout_s:g} s")
 
     @pytest.hookimpl(wrapper=True)
@@ -71,36 +101,47 @@ class _Collector:
             at = raised_at(call.excinfo.value, self.files)
             if at:
                 report.user_properties.append(("raised_at", at))
+            out_of_bounds = next((e for e in _chain(call.excinfo.value) if isinstance(e, KernelOutOfBounds)), None)
+            if out_of_bounds is not None:  # the interpreter's InterpreterError wraps it: say it in full
+                report.user_properties.append(("message", f"{type(out_of_bounds).__name__}: {out_of_bounds}"))
             if str(call.excinfo.value).startswith("Timeout"):  # pytest-timeout's failure
                 report.user_properties.append(("timed_out", self.timeout_s))
-                for r in self._results_of(item.keywords):
-                    r.timed_out = True
+                self.timed_out.update(self._ids_of(item.keywords))
         return report
 
     def pytest_runtest_logreport(self, report):
         # one outcome per test: its call, or its setup when that failed or skipped
         if not (report.when == "call" or (report.when == "setup" and not report.passed)):
             return
-        for r in self._results_of(report.keywords):
-            r.total += 1
-            if report.passed:
-                r.passed += 1
-            elif not r.message:
-                r.message = _failure_text(report, exercise(r.id).where())
+        ids = self._ids_of(report.keywords)
+        self._write(test=report.nodeid, ids=ids, passed=report.passed,
+                    messages={} if report.passed else {i: _failure_text(report, exercise(i).where()) for i in ids},
+                    timed_out="timed_out" in dict(report.user_properties))
+
+
+def _chain(exc: BaseException | None):
+    """exc, then each exception it was raised from, once."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _graded_line(path: str, lineno: int, name: str, files: list[str]) -> str | None:
+    """'exercises/ch2.py:164 in add_kernel: <that line>' when path is one of `files` (relative to the
+    repository), else None."""
+    rel = os.path.relpath(path, REPO_DIR).replace(os.sep, "/")
+    return f"{rel}:{lineno} in {name}: {linecache.getline(path, lineno).strip()}" if rel in files else None
 
 
 def raised_at(exc: BaseException, files: list[str]) -> str | None:
-    """'exercises/ch2.py:164 in add_kernel: <that line>': the innermost frame in one of `files`
-    (relative to the repository) of the exception or of the exceptions it was raised from (Triton's
-    interpreter raises its own error from the one the kernel's line raised)."""
-    found, seen = None, set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        for frame in traceback.extract_tb(exc.__traceback__):
-            rel = os.path.relpath(frame.filename, REPO_DIR).replace(os.sep, "/")
-            if rel in files:
-                found = f"{rel}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
-        exc = exc.__cause__ or exc.__context__
+    """The innermost frame in one of `files` (see _graded_line) of the exception or of the exceptions it
+    was raised from (Triton's interpreter raises its own error from the one the kernel's line raised)."""
+    found = None
+    for e in _chain(exc):
+        for frame in traceback.extract_tb(e.__traceback__):
+            found = _graded_line(frame.filename, frame.lineno, frame.name, files) or found
     return found
 
 
@@ -119,8 +160,8 @@ def _failure_text(report, where: str = "") -> str:
     if "timed_out" in props:
         text, label = f"did not finish within {props['timed_out']:g} s (an endless loop?)", "still running"
     if at:  # a crash, not a failed check: where in the graded code, and where the notebook explains it
-        first = text.splitlines()[0] if text else ""
-        text = f"{first[:MAX_CRASH_CHARS]}\n  {label} {at}" + (f"\n  -- see {where}" if where else "")
+        first = props["message"] if "message" in props else (text.splitlines()[0] if text else "")[:MAX_CRASH_CHARS]
+        text = f"{first}\n  {label} {at}" + (f"\n  -- see {where}" if where else "")
     return f"{report.nodeid.split('::')[-1]}: {text}"
 
 
@@ -149,22 +190,113 @@ def grade(impl: str = DEFAULT_IMPL, only: str | None = None, verbose: bool = Fal
         else:
             to_run.append(e)
     if to_run:
-        args = [TESTS_DIR, f"--impl={impl}", "-p", "no:cacheprovider", "-q", "--tb=short",
-                "-m", " or ".join(e.marker for e in to_run)]
-        if importlib.util.find_spec("pytest_timeout") and hasattr(signal, "SIGALRM"):
-            args += ["--timeout", f"{timeout_s:g}", "--timeout-method", "signal"]  # 0: no limit
-        out = io.StringIO()
-        with contextlib.redirect_stdout(sys.stdout if verbose else out):
-            code = pytest.main(args, plugins=[_Collector(results, impl_files(impl), timeout_s)])
-        if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
-            sys.stdout.write(out.getvalue())
-            raise RuntimeError(f"pytest could not run the graded tests (exit code {int(code)}); its output is above")
+        for record in run_graded_tests(impl, to_run, verbose, timeout_s):
+            for i in record["ids"]:
+                r = results[i]
+                r.total += 1
+                if record["passed"]:
+                    r.passed += 1
+                elif not r.message:
+                    r.message = record["messages"][i]
     for e in to_run:
         r = results[e.id]
         r.status = "passed" if r.total and r.passed == r.total else "failed"
         if r.status == "failed" and not r.message:
             r.message = "no graded test ran"
     return [results[e.id] for e in exercises]
+
+
+def run_graded_tests(impl: str, exercises: list, verbose: bool, timeout_s: float) -> list[dict]:
+    """The graded tests of `exercises`, run by pytest in a child process -> one record per test that ran:
+    {"test": node id, "ids": its exercises, "passed": bool, "messages": {exercise id: first-failure text}}.
+    A test that ends the child (a signal, or an exit before its outcome) fails with what it was running,
+    the rest of its exercise is not run, and a new child runs the other exercises' remaining tests."""
+    with tempfile.TemporaryDirectory(prefix="minillm-grade-") as tmp:
+        log, plan_path = os.path.join(tmp, "log.jsonl"), os.path.join(tmp, "plan.json")
+        args = [TESTS_DIR, f"--impl={impl}", "-p", "no:cacheprovider", "-q", "--tb=short",
+                "-m", " or ".join(e.marker for e in exercises)]
+        if importlib.util.find_spec("pytest_timeout") and hasattr(signal, "SIGALRM"):
+            args += ["--timeout", f"{timeout_s:g}", "--timeout-method", "signal"]  # 0: no limit
+        dead: list[str] = []
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO_DIR, os.environ.get("PYTHONPATH")]))}
+        while True:
+            with open(plan_path, "w") as f:
+                json.dump({"args": args, "log": log, "ids": [e.id for e in exercises], "files": impl_files(impl),
+                           "timeout_s": timeout_s, "dead": dead}, f)
+            child = subprocess.run([sys.executable, "-m", "minillm.course.grade", "--run-plan", plan_path],
+                                   cwd=REPO_DIR, env=env, stdout=None if verbose else subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, check=False)
+            records = _read_log(log)
+            finished = {r["test"] for r in records if "test" in r}
+            running = [r for r in records if "start" in r and r["start"] not in finished]
+            if child.returncode == pytest.ExitCode.INTERRUPTED:
+                raise KeyboardInterrupt
+            if not running:  # every test that started has its outcome
+                if child.returncode in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED,
+                                        pytest.ExitCode.NO_TESTS_COLLECTED):
+                    if verbose:
+                        sys.stderr.write(child.stderr)
+                    return [r for r in records if "test" in r]
+                sys.stdout.write((child.stdout or "") + child.stderr)  # pytest's own failure
+                raise RuntimeError(f"pytest could not run the graded tests (exit code {child.returncode}); its "
+                                   f"output is above")
+            test, ids = running[-1]["start"], running[-1]["ids"]
+            why = _death_text(test, child.returncode, child.stderr, impl_files(impl))
+            with open(log, "a") as f:  # the test that killed the child fails; its exercise is not run again
+                f.write(json.dumps({"test": test, "ids": ids, "passed": False,
+                                    "messages": {i: f"{why}\n  -- see {exercise(i).where()}" for i in ids}}) + "\n")
+            dead += ids
+
+
+def _read_log(path: str) -> list[dict]:
+    """The child's records; a line cut short by its death is left out."""
+    if not os.path.exists(path):
+        return []
+    records = []
+    with open(path) as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return records
+
+
+def _death_text(test: str, returncode: int, stderr: str, files: list[str]) -> str:
+    """What a test that ended the grading process was doing (returncode < 0: the signal that killed it),
+    from faulthandler's dump of the stack (innermost frame first) in the child's stderr: the line of the
+    graded code it was running."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        what = (f"the grading process died ({name}) while this test ran: a crash in native code (a bad pointer "
+                f"through ctypes or NumPy; in a Triton kernel, a load or store outside its tensors)")
+    else:
+        what = (f"the grading process exited (status {returncode}) while this test ran: the code under test "
+                f"ended Python itself (os._exit?); return a result instead")
+    frames = re.findall(r'File "(.+?)", line (\d+) in (\S+)', stderr)
+    at = next(filter(None, (_graded_line(path, int(line), func, files) for path, line, func in frames)), None)
+    return f"{test.split('::')[-1]}: {what}" + (f"\n  still running {at}" if at else "")
+
+
+def _run_plan(plan_path: str) -> int:
+    """The child: run pytest as the plan says, recording to its log (see run_graded_tests)."""
+    faulthandler.enable()  # on a fatal signal, the stack goes to stderr: the parent reads the student's line there
+    exit_now, stderr_fd = os._exit, os.dup(2)  # fd 2 itself is pytest's capture while a test runs
+
+    def exit_with_stack(status: int) -> None:  # os._exit from the code under test: the same stack first
+        faulthandler.dump_traceback(file=stderr_fd)
+        exit_now(status)
+    os._exit = exit_with_stack
+    with open(plan_path) as f:
+        plan = json.load(f)
+    done = [r for r in _read_log(plan["log"]) if "test" in r]
+    recorder = _Recorder(plan["log"], plan["ids"], plan["files"], plan["timeout_s"], {r["test"] for r in done},
+                         set(plan["dead"]))
+    recorder.timed_out.update(i for r in done if r.get("timed_out") for i in r["ids"])
+    return int(pytest.main(plan["args"], plugins=[recorder]))
 
 
 def scoreboard(results: list[Result], impl: str) -> str:
@@ -210,12 +342,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--verbose", "-v", action="store_true", help="show pytest's own output")
     p.add_argument("--timeout", type=float, default=TEST_TIMEOUT_S, metavar="S",
                    help=f"seconds one graded test may run (default {TEST_TIMEOUT_S:g}; 0: no limit)")
+    p.add_argument("--run-plan", default=None, help=argparse.SUPPRESS)  # the child process of run_graded_tests
     args = p.parse_args(argv)
+    if args.run_plan:
+        sys.exit(_run_plan(args.run_plan))
     try:
         if args.timeout < 0:
             raise ValueError(f"--timeout must be >= 0 seconds, got {args.timeout:g}")
         results = grade(args.impl, args.exercise, args.verbose, args.timeout)
     except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("grading interrupted", file=sys.stderr)
+        sys.exit(130)
+    except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     print(scoreboard(results, args.impl))
