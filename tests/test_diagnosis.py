@@ -59,6 +59,19 @@ SAME_SYMPTOM = {
     "ch5_gumbel_argmax_only_if_any_greedy": "ch5_gumbel_greedy_by_clamp",  # temperature-0 rows sampled
     "ch6_detok_prefix_jumps_to_end": "ch6_detok_new_tokens_alone",  # the same text on the graded input
     "ch3_paged_decode_one_key_too_many": "ch3_paged_decode_masks_without_zeroing",  # wrong where a row holds junk
+    "ch1_load_completeness_any_shard": "ch1_load_without_completeness_check",  # a load that does not refuse
+    "ch1_naive_counts_the_prompt": "ch1_naive_one_step_short",  # too few new tokens, for another reason
+    "ch1_naive_one_step_short": "ch1_naive_counts_the_prompt",
+    "ch1_cached_without_zero_guard": "ch1_cached_one_step_too_many",  # a token past the limit where it is 0
+    "ch2_layer_post_norm_residual_discarded": "ch2_layer_post_norm_without_residual",  # no residual comes back
+    "ch2_attention_mask_diagonal_negated": "ch2_attention_mask_inverted",  # a token that cannot see itself
+    "ch4_vocab_embed_no_upper_bound": "ch4_vocab_embed_mask_includes_end",  # an id past the shard kept
+    "ch3_append_slot_copies_before_the_new_block_test": "ch3_append_slot_new_block_when_full",  # wrong block
+    "ch3_append_slot_new_block_when_full": "ch3_append_slot_copies_before_the_new_block_test",
+    "ch5_append_counts_real_tokens_only": "ch5_append_limit_before_placeholder",  # one sequence too many
+    "ch5_kv_of_hidden_size": "ch5_kv_of_query_heads",  # a KV budget too large
+    "ch5_graph_size_largest_when_too_big": "ch5_graph_size_rounds_down",  # a graph too small for the batch
+    "ch6_sse_event_rstrips_newlines": "ch6_sse_event_splitlines",  # a reader gets other text at the line ends
 }
 
 

@@ -109,6 +109,43 @@ def read_tensor_copies(buf, info: dict, data_start: int, name: str = "") -> torc
     return torch.frombuffer(buf[data_start + begin:data_start + end], dtype=dtype).view(shape)
 
 
+def header_without_length_check(data, file_size=None) -> tuple[dict, int]:
+    """Validates the JSON and every entry but never checks that N fits in the file: data[8:8 + N] quietly
+    stops at the end of the file, so a header that claims more bytes than the file holds still parses."""
+    if len(data) < 8:
+        raise ValueError("too short for a safetensors header")
+    (n,) = struct.unpack("<Q", bytes(data[:8]))
+    try:
+        header = json.loads(bytes(data[8:8 + n]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    header.pop("__metadata__", None)
+    for name, info in header.items():
+        ok = isinstance(info, dict) and isinstance(info.get("dtype"), str)
+        shape, offsets = (info.get("shape"), info.get("data_offsets")) if ok else (None, None)
+        ok = ok and isinstance(shape, list) and all(type(s) is int and s >= 0 for s in shape)
+        ok = ok and isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+        if not ok or not 0 <= offsets[0] <= offsets[1]:
+            raise ValueError(f"header entry {name!r} is malformed")
+    return header, 8 + n
+
+
+def read_tensor_without_size_check(buf, info: dict, data_start: int, name: str = "") -> torch.Tensor:
+    """Checks the dtype and the end of the buffer but not that end - begin is numel * itemsize: offsets
+    that do not fit the shape are read as if they did."""
+    if info.get("dtype") not in SAFETENSORS_DTYPES:
+        raise ValueError(f"tensor {name!r}: unsupported dtype {info.get('dtype')!r}")
+    dtype = SAFETENSORS_DTYPES[info["dtype"]]
+    shape, (begin, end) = info["shape"], info["data_offsets"]
+    if begin < 0 or data_start + end > len(buf):
+        raise ValueError(f"tensor {name!r}: offsets past the end of the file")
+    if _numel(shape) == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buf, dtype=dtype, count=_numel(shape), offset=data_start + begin).view(shape)
+
+
 # ---- 1.3 packed parameters -----------------------------------------------------------------------
 def param_name_without_shard(ckpt_name: str, packed_modules_mapping: dict) -> tuple[str, None]:
     """Renames to the packed parameter but returns shard id None."""
@@ -135,7 +172,7 @@ def param_name_matches_inside_a_word(ckpt_name: str, packed_modules_mapping: dic
 
 
 def _load(model, path: str, check_names: bool = True, check_shapes: bool = True, check_complete: bool = True,
-          skip_ignored: bool = True, skip_tied_head: bool = True):
+          skip_ignored: bool = True, skip_tied_head: bool = True, any_shard_completes: bool = False):
     """The right load_model with one of its checks switched off."""
     packed = getattr(model, "packed_modules_mapping", {})
     params = dict(model.named_parameters())
@@ -161,6 +198,8 @@ def _load(model, path: str, check_names: bool = True, check_shapes: bool = True,
                 loader(param, tensor, shard, name=ckpt_name)
         loaded[name].add(shard)
     missing = [n for n in params if None not in loaded[n] and not expected_shards(n, packed) <= loaded[n]]
+    if any_shard_completes:
+        missing = [n for n in params if not loaded[n]]
     if missing and check_complete:
         raise ValueError(f"missing tensors for {missing[:3]}")
 
@@ -178,6 +217,12 @@ def load_without_shape_check(model, path: str) -> None:
 def load_without_completeness_check(model, path: str) -> None:
     """Never checks at the end that every parameter received all its tensors."""
     _load(model, path, check_complete=False)
+
+
+def load_completeness_any_shard(model, path: str) -> None:
+    """Checks at the end only that every parameter received SOMETHING: a packed parameter that got one of its
+    shards (gate_proj without up_proj) counts as loaded."""
+    _load(model, path, any_shard_completes=True)
 
 
 def load_keeping_rotary_inv_freq(model, path: str) -> None:
@@ -227,6 +272,16 @@ def forward_residual_starts_as_embeddings(model, input_ids, positions):
     return model.lm_head(hidden)
 
 
+def forward_head_on_unnormed_residual(model, input_ids, positions):
+    """Takes the wrong output of the final norm: hidden, residual = norm(hidden, residual), then
+    lm_head(residual), the un-normalized stream."""
+    hidden, residual = model.model.embed_tokens(input_ids), None
+    for layer in model.model.layers:
+        hidden, residual = layer(positions, hidden, residual)
+    _, residual = model.model.norm(hidden, residual)
+    return model.lm_head(residual)
+
+
 # ---- 1.5 generate without a cache ----------------------------------------------------------------
 def naive_never_appends(runner, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """Runs the prompt every step but never appends the new token to the sequence it feeds."""
@@ -244,22 +299,50 @@ def naive_returns_prompt_too(runner, prompt_ids: list[int], max_new_tokens: int)
     return ids
 
 
+def naive_counts_the_prompt(runner, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """Loops while len(ids) < max_new_tokens: the sequence's length includes the prompt."""
+    ids = list(prompt_ids)
+    while len(ids) < max_new_tokens:
+        ids.append(int(last_logits(runner, prefill_batch(ids)).argmax()))
+    return ids[len(prompt_ids):]
+
+
+def naive_one_step_short(runner, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """Runs range(max_new_tokens - 1) steps: one token too few."""
+    ids = list(prompt_ids)
+    for _ in range(max_new_tokens - 1):
+        ids.append(int(last_logits(runner, prefill_batch(ids)).argmax()))
+    return ids[len(prompt_ids):]
+
+
+def naive_ids_as_tensors(runner, prompt_ids: list[int], max_new_tokens: int) -> list:
+    """Appends logits.argmax() itself, a 0-d tensor, not int(...)."""
+    ids = list(prompt_ids)
+    for _ in range(max_new_tokens):
+        ids.append(last_logits(runner, prefill_batch(ids)).argmax())
+    return ids[len(prompt_ids):]
+
+
 # ---- 1.6 generate with a KV cache ----------------------------------------------------------------
 def _cached(runner, prompt_ids: list[int], max_new_tokens: int, position_shift: int = 0,
-            context_shift: int = 0, decode_steps_shift: int = 0, prefill_stores: bool = True) -> list[int]:
-    """The right greedy_generate_cached, its decode step's position, context length or step count
-    shifted by one (or its prefill run without a slot mapping)."""
+            context_shift: int = 0, decode_steps_shift: int = 0, prefill_stores: bool = True, slot_shift: int = 0,
+            zero_guard: bool = True, as_tensors: bool = False) -> list:
+    """The right greedy_generate_cached, its decode step's position, slot, context length or step count
+    shifted by one (or its prefill run without a slot mapping, no early return for max_new_tokens 0, the
+    ids kept as 0-d tensors)."""
     ids = list(prompt_ids)
+    if zero_guard and max_new_tokens < 1:
+        return []
     block_table = np.arange(runner.num_kvcache_blocks, dtype=np.int32)[None, :]
     slots = np.arange(len(ids), dtype=np.int64) if prefill_stores else None
-    logits = last_logits(runner, prefill_batch(ids, slot_mapping=slots))
-    ids.append(int(logits.argmax()))
+    token = (lambda logits: logits.argmax()) if as_tensors else (lambda logits: int(logits.argmax()))
+    ids.append(token(last_logits(runner, prefill_batch(ids, slot_mapping=slots))))
     for _ in range(max_new_tokens - 1 + decode_steps_shift):
         slot = np.array([len(ids) - 1], dtype=np.int64)
-        step = Batch(is_prefill=False, input_ids=np.array(ids[-1:], dtype=np.int64), positions=slot + position_shift,
-                     slot_mapping=slot, context_lens=np.array([len(ids) + context_shift], dtype=np.int32),
-                     block_tables=block_table)
-        ids.append(int(last_logits(runner, step).argmax()))
+        step = Batch(is_prefill=False, input_ids=np.array([int(ids[-1])], dtype=np.int64),
+                     positions=slot + position_shift, slot_mapping=slot + slot_shift,
+                     context_lens=np.array([len(ids) + context_shift], dtype=np.int32), block_tables=block_table)
+        ids.append(token(last_logits(runner, step)))
     return ids[len(prompt_ids):]
 
 
@@ -283,8 +366,30 @@ def cached_prefill_not_stored(runner, prompt_ids, max_new_tokens):
     return _cached(runner, prompt_ids, max_new_tokens, prefill_stores=False)
 
 
+def cached_all_one_past(runner, prompt_ids, max_new_tokens):
+    """Decodes the newest token at position AND slot len(ids) (context_lens len(ids) + 1), as if it were not
+    in ids yet: slot len(ids) - 1 is never written and each step attends to it."""
+    return _cached(runner, prompt_ids, max_new_tokens, position_shift=1, slot_shift=1, context_shift=1)
+
+
+def cached_slot_one_past(runner, prompt_ids, max_new_tokens):
+    """Stores the newest token's K/V in slot len(ids) (the next free one) while it sits at position len(ids) - 1."""
+    return _cached(runner, prompt_ids, max_new_tokens, slot_shift=1)
+
+
+def cached_without_zero_guard(runner, prompt_ids, max_new_tokens):
+    """Always runs the prefill and keeps its token: max_new_tokens=0 returns one token."""
+    return _cached(runner, prompt_ids, max_new_tokens, zero_guard=False)
+
+
+def cached_ids_as_tensors(runner, prompt_ids, max_new_tokens):
+    """Appends logits.argmax() itself, a 0-d tensor, not int(...)."""
+    return _cached(runner, prompt_ids, max_new_tokens, as_tensors=True)
+
+
 BPE = "test_ch1.py::test_bpe_encode_pieces_match_tiktoken"
 REJECTS = "test_ch1.py::test_load_model_rejects_bad_checkpoints"
+CORRUPT = "test_ch1.py::test_corrupt_file_raises_value_error"
 SKIPS = "test_ch1.py::test_load_model_skips_what_the_model_does_not_store"
 FORWARD = "test_ch1.py::test_forward_pipeline_matches_transformers_logits"
 NAIVE = "test_ch1.py::test_naive_generate_equals_transformers"
@@ -321,6 +426,15 @@ MISTAKES: list[Mistake] = [
             "read_tensor returns a copy: slicing buf (buf[a:b]) copies the bytes; give the whole buffer to "
             "torch.frombuffer with offset=data_start + begin and count=numel, so the tensor is a view of buf",
             "test_ch1.py::test_read_tensor_is_a_view_not_a_copy"),
+    Mistake("ch1_header_without_length_check", "1.2", {"parse_safetensors_header": header_without_length_check},
+            "parse_safetensors_header never checks that the N header bytes fit in the file: data[8:8 + N] stops "
+            "quietly at the end, so a truncated file whose header claims more bytes than there are still parses. "
+            "Raise ValueError when N > file_size - 8 (file_size defaults to len(data))", CORRUPT,
+            {"case": "header length past the end of a file that is all header"}),
+    Mistake("ch1_read_tensor_without_size_check", "1.2", {"read_tensor": read_tensor_without_size_check},
+            "read_tensor does not check that the entry's byte range fits its shape: raise ValueError (naming the "
+            "tensor) when end - begin != numel * dtype.itemsize, or a corrupt header reads another tensor's bytes",
+            CORRUPT, {"case": "offsets do not match the shape"}),
     Mistake("ch1_param_name_without_shard", "1.3", {"checkpoint_param_name": param_name_without_shard},
             "checkpoint_param_name renames to the packed parameter but returns shard id None: return the "
             "mapping's shard id ('q'/'k'/'v', 0/1), which tells the weight_loader which rows to fill",
@@ -352,6 +466,11 @@ MISTAKES: list[Mistake] = [
             "load_model never checks that every parameter was filled: remember the shard ids each parameter "
             "received and, at the end, raise ValueError for any that lacks one of expected_shards(...)",
             REJECTS, {"change": "drop model.layers.1.mlp.up_proj.weight", "match": "missing"}),
+    Mistake("ch1_load_completeness_any_shard", "1.3", {"load_model": load_completeness_any_shard},
+            "load_model counts a packed parameter as filled once ANY of its tensors arrived: gate_up_proj with "
+            "gate_proj but no up_proj passes. Remember the shard ids each parameter received and require all of "
+            "expected_shards(name, packed_modules_mapping) (or one whole tensor, shard None)",
+            REJECTS, {"change": "drop model.layers.1.mlp.up_proj.weight", "match": "missing"}),
     Mistake("ch1_load_keeps_rotary_inv_freq", "1.3", {"load_model": load_keeping_rotary_inv_freq},
             "load_model does not skip the 'rotary_emb.inv_freq' tensors that older checkpoints (Llama's) store for "
             "each layer: RoPE's inverse frequencies are computed from config.json, the model has no parameter for "
@@ -378,12 +497,26 @@ MISTAKES: list[Mistake] = [
             "to themselves and the residual stream starts doubled: give the first layer residual=None (it then "
             "starts the stream from hidden), and each later layer the residual the one before returned",
             FORWARD, FAST_MODEL),
+    Mistake("ch1_forward_head_on_unnormed_residual", "1.4", {"forward_pipeline": forward_head_on_unnormed_residual},
+            "the LM head gets the residual stream, not the normalized hidden states: the final norm returns "
+            "(normed, residual), so hidden, _ = model.model.norm(hidden, residual), then model.lm_head(hidden)",
+            FORWARD, FAST_MODEL),
     Mistake("ch1_naive_never_appends", "1.5", {"greedy_generate_naive": naive_never_appends},
             "the sequence never grows: append each new token to the ids you feed the model, so the next step "
             "sees it", NAIVE, FAST_MODEL),
     Mistake("ch1_naive_returns_prompt_too", "1.5", {"greedy_generate_naive": naive_returns_prompt_too},
             "returns the prompt with the new tokens: return only the max_new_tokens generated ids "
             "(ids[len(prompt_ids):])", NAIVE, FAST_MODEL),
+    Mistake("ch1_naive_counts_the_prompt", "1.5", {"greedy_generate_naive": naive_counts_the_prompt},
+            "the loop stops when the whole sequence (prompt included) reaches max_new_tokens: generate exactly "
+            "max_new_tokens NEW tokens, for _ in range(max_new_tokens) (or while len(ids) - len(prompt_ids) < "
+            "max_new_tokens)", NAIVE, FAST_MODEL),
+    Mistake("ch1_naive_one_step_short", "1.5", {"greedy_generate_naive": naive_one_step_short},
+            "one token too few: every step of the naive loop, the first included, produces one new token, so run "
+            "max_new_tokens steps, range(max_new_tokens)", NAIVE, FAST_MODEL),
+    Mistake("ch1_naive_ids_as_tensors", "1.5", {"greedy_generate_naive": naive_ids_as_tensors},
+            "the generated ids are 0-d tensors (logits.argmax()), not Python ints: append int(logits.argmax()), "
+            "so the caller gets token ids it can decode, compare and serialize", NAIVE, FAST_MODEL),
     Mistake("ch1_cached_position_one_past", "1.6", {"greedy_generate_cached": cached_position_one_past},
             "the decode step's position is one too far: positions count from 0, so the newest token ids[-1] "
             "sits at position len(ids) - 1 (the same number as its cache slot)", CACHED, FAST_MODEL),
@@ -397,4 +530,19 @@ MISTAKES: list[Mistake] = [
     Mistake("ch1_cached_one_step_too_many", "1.6", {"greedy_generate_cached": cached_one_step_too_many},
             "one token too many: the prefill already produced the first new token, so run max_new_tokens - 1 "
             "decode steps", CACHED, FAST_MODEL),
+    Mistake("ch1_cached_all_one_past", "1.6", {"greedy_generate_cached": cached_all_one_past},
+            "the decode step puts the newest token at position and slot len(ids), as if it were not in ids yet: "
+            "it is ids[-1], at position len(ids) - 1, its K/V go to slot len(ids) - 1 and context_lens is "
+            "[len(ids)]; one past leaves slot len(ids) - 1 unwritten and every step attends to it", CACHED,
+            FAST_MODEL),
+    Mistake("ch1_cached_slot_one_past", "1.6", {"greedy_generate_cached": cached_slot_one_past},
+            "the decode step stores the newest token's K/V one slot too far (len(ids), 'the next free slot'): "
+            "ids[-1] is already in ids, at position len(ids) - 1, and with the identity block table its slot is "
+            "its position, so slot_mapping = [len(ids) - 1]", CACHED, FAST_MODEL),
+    Mistake("ch1_cached_without_zero_guard", "1.6", {"greedy_generate_cached": cached_without_zero_guard},
+            "max_new_tokens=0 returns one token: the prefill produces the first new token, so when "
+            "max_new_tokens < 1 return [] before running it", CACHED, FAST_MODEL),
+    Mistake("ch1_cached_ids_as_tensors", "1.6", {"greedy_generate_cached": cached_ids_as_tensors},
+            "the generated ids are 0-d tensors (logits.argmax()), not Python ints: append int(logits.argmax()), "
+            "so the caller gets token ids it can decode, compare and serialize", CACHED, FAST_MODEL),
 ]

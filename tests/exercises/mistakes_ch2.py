@@ -53,6 +53,25 @@ def rms_norm_weight_before_cast(x, weight, eps):
     return (weight * (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps))).to(x.dtype)
 
 
+def rms_norm_mean_over_everything(x, weight, eps):
+    """x.pow(2).mean() without dim=-1: one mean square over the whole tensor, not one per row."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean() + eps)).to(x.dtype)
+
+
+def rms_norm_centered(x, weight, eps):
+    """Subtracts each row's mean first, as LayerNorm does."""
+    xf = x.float()
+    xf = xf - xf.mean(dim=-1, keepdim=True)
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rms_norm_without_eps(x, weight, eps):
+    """Never adds eps: rsqrt(mean(x**2))."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True))).to(x.dtype)
+
+
 # ---- 2.2 fused add + RMSNorm ---------------------------------------------------------------------
 def add_rms_norm_returns_old_residual(x, residual, weight, eps):
     """Normalizes the sum but returns the residual it was given, not the sum."""
@@ -76,12 +95,39 @@ def add_rms_norm_sum_in_fp32(x, residual, weight, eps):
     return rms_norm(new_residual, weight, eps), new_residual
 
 
+def add_rms_norm_outputs_swapped(x, residual, weight, eps):
+    """Returns (new_residual, normed) instead of (normed, new_residual)."""
+    new_residual = x + residual
+    return new_residual, rms_norm(new_residual, weight, eps)
+
+
 # ---- 2.3 rotary embedding ------------------------------------------------------------------------
 def rope_cos_sin_exponent_halved(head_dim, max_position, base):
     """theta_j = base ** (-j / d) for j < d/2: the exponent lacks its factor 2."""
     inv_freq = 1.0 / (base ** (torch.arange(head_dim // 2, dtype=torch.int64).float() / head_dim))
     angles = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
     return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+
+def rope_cos_sin_not_inverted(head_dim, max_position, base):
+    """inv_freq = base ** (2j / d), without the 1.0 / : frequencies that grow instead of shrink."""
+    inv_freq = base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    angles = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+
+def apply_rotary_cos_sin_swapped(x, positions, cos_sin):
+    """Unpacks the cache row as sin, cos = ...chunk(2): the cache holds [cos | sin]."""
+    sin, cos = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def apply_rotary_second_half_sign(x, positions, cos_sin):
+    """Second half x2 * cos - x1 * sin: the first half is right, the second rotates the other way."""
+    cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos - x1 * sin], dim=-1).to(x.dtype)
 
 
 def apply_rotary_sign_flipped(x, positions, cos_sin):
@@ -106,17 +152,24 @@ def apply_rotary_ignoring_positions(x, positions, cos_sin):
 
 
 # ---- 2.4 causal attention ------------------------------------------------------------------------
-def _attention(q, k, v, scale, diagonal_shift=0, align_to_end=True, tile_kv_heads=False, mask_after_softmax=False):
+def _attention(q, k, v, scale, diagonal_shift=0, align_to_end=True, tile_kv_heads=False, mask_after_softmax=False,
+               softmax_dim=-1, negate_diagonal=False, invert_mask=False, in_fp32=True):
     """The right causal_attention, with one of its details changed."""
     Lq, H, _ = q.shape
     Lk, Hkv, _ = k.shape
+    upcast = (lambda t: t.float()) if in_fp32 else (lambda t: t)
     if tile_kv_heads:  # query head h reads KV head h % Hkv
-        k, v = k.float().repeat(1, H // Hkv, 1), v.float().repeat(1, H // Hkv, 1)
+        k, v = upcast(k).repeat(1, H // Hkv, 1), upcast(v).repeat(1, H // Hkv, 1)
     else:
-        k, v = k.float().repeat_interleave(H // Hkv, dim=1), v.float().repeat_interleave(H // Hkv, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+        k, v = upcast(k).repeat_interleave(H // Hkv, dim=1), upcast(v).repeat_interleave(H // Hkv, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", upcast(q), k) * scale
     diagonal = (Lk - Lq if align_to_end else 0) + diagonal_shift
-    visible = torch.ones(Lq, Lk, dtype=torch.bool).tril(diagonal=diagonal)
+    visible = torch.ones(Lq, Lk, dtype=torch.bool).tril(diagonal=-diagonal if negate_diagonal else diagonal)
+    if invert_mask:
+        visible = ~visible
+    if softmax_dim != -1:  # each key's weights normalized over the queries
+        weights = scores.masked_fill(~visible, float("-inf")).softmax(dim=softmax_dim)
+        return torch.einsum("hqk,khd->qhd", weights, v).to(q.dtype)
     if mask_after_softmax:  # the future keys' weights zeroed after the softmax: the rows no longer sum to 1
         return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1).masked_fill(~visible, 0.0), v).to(q.dtype)
     scores = scores.masked_fill(~visible, float("-inf"))
@@ -160,6 +213,32 @@ def attention_scales_q_in_place(q, k, v, scale):
     return _attention(q, k, v, 1.0).to(dtype)
 
 
+def attention_softmax_over_queries(q, k, v, scale):
+    """softmax(dim=-2) on the [H, Lq, Lk] scores: each KEY's weights sum to 1 over the queries."""
+    return _attention(q, k, v, scale, softmax_dim=-2)
+
+
+def attention_mask_inverted(q, k, v, scale):
+    """masked_fill(visible, -inf) instead of masked_fill(~visible, -inf): the PAST is masked out."""
+    return _attention(q, k, v, scale, invert_mask=True)
+
+
+def attention_divides_by_scale(q, k, v, scale):
+    """Divides the scores by scale (as by sqrt(d)): scale is already head_dim ** -0.5."""
+    return _attention(q, k, v, 1.0 / scale)
+
+
+def attention_mask_diagonal_negated(q, k, v, scale):
+    """tril(diagonal=Lq - Lk): the offset's sign is flipped, so with fewer queries than keys each query
+    sees Lk - Lq keys too few (a decode query sees none)."""
+    return _attention(q, k, v, scale, negate_diagonal=True)
+
+
+def attention_math_in_input_dtype(q, k, v, scale):
+    """Computes the products and the softmax in q's dtype: no .float() (bf16 rounds every step)."""
+    return _attention(q, k, v, scale, in_fp32=False)
+
+
 def attention_returns_fp32(q, k, v, scale):
     """Returns the fp32 result: no .to(q.dtype) at the end."""
     return _attention(q.float(), k, v, scale)
@@ -189,28 +268,48 @@ def silu_chunk_along_tokens(x):
     return F.silu(gate) * up
 
 
+def silu_on_both_halves(x):
+    """silu(gate) * silu(up): SiLU on the up half too."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * F.silu(up)
+
+
+def gelu_instead_of_silu(x):
+    """gelu(gate) * up (GPT-2's activation): Qwen's MLP uses SiLU."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate) * up
+
+
 # ---- 2.6 the decoder layer -----------------------------------------------------------------------
 def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, restart_residual=False,
-           post_norm_without_residual=False, skip_qk_norm=False):
+           post_norm_without_residual=False, skip_qk_norm=False, first_residual_normed=False,
+           qk_norms_swapped=False, rope_on_v=False, post_residual_discarded=False, return_sum=False):
     """The right decoder_layer, with one of its steps changed."""
     if residual is None or restart_residual:
-        h, residual = apply_rms_norm(hidden_states, p.input_norm, p.eps), hidden_states
+        h = apply_rms_norm(hidden_states, p.input_norm, p.eps)
+        residual = h if first_residual_normed else hidden_states
     else:
         h, residual = apply_rms_norm(hidden_states, p.input_norm, p.eps, residual)
     n, H, Hkv, D = h.shape[0], p.num_heads, p.num_kv_heads, p.head_dim
     q, k, v = p.qkv_proj(h).split([H * D, Hkv * D, Hkv * D], dim=-1)
     q, k, v = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, D)
+    q_norm, k_norm = (p.k_norm, p.q_norm) if qk_norms_swapped else (p.q_norm, p.k_norm)
     if p.q_norm is not None and not (qk_norm_after_rope or skip_qk_norm):
-        q, k = apply_rms_norm(q, p.q_norm, p.eps), apply_rms_norm(k, p.k_norm, p.eps)
+        q, k = apply_rms_norm(q, q_norm, p.eps), apply_rms_norm(k, k_norm, p.eps)
     q, k = apply_rotary(q, positions, p.cos_sin), apply_rotary(k, positions, p.cos_sin)
+    if rope_on_v:
+        v = apply_rotary(v, positions, p.cos_sin)
     if p.q_norm is not None and qk_norm_after_rope:
         q, k = apply_rms_norm(q, p.q_norm, p.eps), apply_rms_norm(k, p.k_norm, p.eps)
     h = p.o_proj(p.attn(q, k, v).reshape(n, H * D))
     if post_norm_without_residual:
         h = apply_rms_norm(h, p.post_norm, p.eps)
+    elif post_residual_discarded:
+        h, _ = apply_rms_norm(h, p.post_norm, p.eps, residual)
     else:
         h, residual = apply_rms_norm(h, p.post_norm, p.eps, residual)
-    return p.down_proj(silu_and_mul(p.gate_up_proj(h))), residual
+    mlp_out = p.down_proj(silu_and_mul(p.gate_up_proj(h)))
+    return (mlp_out + residual if return_sum else mlp_out), residual
 
 
 def layer_qk_norm_after_rope(positions, hidden_states, residual, p):
@@ -231,6 +330,32 @@ def layer_residual_not_carried(positions, hidden_states, residual, p):
 def layer_post_norm_without_residual(positions, hidden_states, residual, p):
     """Normalizes the attention output alone before the MLP and never adds it to the residual."""
     return _layer(positions, hidden_states, residual, p, post_norm_without_residual=True)
+
+
+def layer_first_residual_normed(positions, hidden_states, residual, p):
+    """First layer: residual = the NORMED hidden states instead of the hidden states."""
+    return _layer(positions, hidden_states, residual, p, first_residual_normed=True)
+
+
+def layer_qk_norms_swapped(positions, hidden_states, residual, p):
+    """Normalizes q with p.k_norm and k with p.q_norm."""
+    return _layer(positions, hidden_states, residual, p, qk_norms_swapped=True)
+
+
+def layer_rope_on_v(positions, hidden_states, residual, p):
+    """Rotates v as well as q and k."""
+    return _layer(positions, hidden_states, residual, p, rope_on_v=True)
+
+
+def layer_post_norm_residual_discarded(positions, hidden_states, residual, p):
+    """h, _ = apply_rms_norm(h, p.post_norm, p.eps, residual): the MLP gets the right input, but the layer
+    returns the residual from before the attention add."""
+    return _layer(positions, hidden_states, residual, p, post_residual_discarded=True)
+
+
+def layer_returns_full_output(positions, hidden_states, residual, p):
+    """Returns (mlp_out + residual, residual): the layer's full output where mlp_out alone is due."""
+    return _layer(positions, hidden_states, residual, p, return_sum=True)
 
 
 # ---- 2.7-2.11 the Triton primer (minillm.course.triton_primer) ----------------------------------
@@ -282,6 +407,16 @@ def add_offsets_not_scaled(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def add_mask_off_by_one(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """mask = offsets <= n: lane n, one past the end, is read and written too."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets <= n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+@triton.jit
 def softmax_pad_as_zero(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
     """Loads the lanes past n_cols as 0.0 (other=0.0): each adds exp(0 - max) to the denominator."""
     row = tl.program_id(0).to(tl.int64)
@@ -312,6 +447,28 @@ def softmax_rows_n_cols_apart(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOC
     x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=float("-inf")).to(tl.float32)
     e = tl.exp(x - tl.max(x, axis=0))
     tl.store(out_ptr + row * stride_out + cols, (e / tl.sum(e, axis=0)).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_out_at_x_stride(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
+    """Stores row r at out_ptr + r * stride_x: x's row stride used for the output too."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(out_ptr + row * stride_x + cols, (e / tl.sum(e, axis=0)).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_out_rows_n_cols_apart(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
+    """Stores row r at out_ptr + r * n_cols, as if out were contiguous, not r * stride_out."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(out_ptr + row * n_cols + cols, (e / tl.sum(e, axis=0)).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -352,6 +509,34 @@ def gather_ignores_cache_strides(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols
     src = page[:, None] * (PAGE * n_cols) + (tokens % PAGE)[:, None] * n_cols + cols[None, :]
     rows = tl.load(cache_ptr + src, mask=mask)
     tl.store(out_ptr + tokens[:, None] * stride_out + cols[None, :], rows, mask=mask)
+
+
+@triton.jit
+def gather_page_and_row_swapped(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out,
+                                PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Looks up page table[t % PAGE] and row t // PAGE: the quotient and the remainder swapped."""
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_D)
+    mask_t = tokens < n_tokens
+    mask = mask_t[:, None] & (cols < n_cols)[None, :]
+    page = tl.load(table_ptr + tokens % PAGE, mask=mask_t, other=0).to(tl.int64)
+    src = page[:, None] * stride_page + (tokens // PAGE)[:, None] * stride_row + cols[None, :]
+    rows = tl.load(cache_ptr + src, mask=mask)
+    tl.store(out_ptr + tokens[:, None] * stride_out + cols[None, :], rows, mask=mask)
+
+
+@triton.jit
+def gather_out_rows_n_cols_apart(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row,
+                                 stride_out, PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Stores token t at out_ptr + t * n_cols, as if out were contiguous, not t * stride_out."""
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_D)
+    mask_t = tokens < n_tokens
+    mask = mask_t[:, None] & (cols < n_cols)[None, :]
+    page = tl.load(table_ptr + tokens // PAGE, mask=mask_t, other=0).to(tl.int64)
+    src = page[:, None] * stride_page + (tokens % PAGE)[:, None] * stride_row + cols[None, :]
+    rows = tl.load(cache_ptr + src, mask=mask)
+    tl.store(out_ptr + tokens[:, None] * n_cols + cols[None, :], rows, mask=mask)
 
 
 @triton.jit
@@ -413,9 +598,76 @@ def matmul_half_accumulator(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, 
 
 
 @triton.jit
+def _matmul_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, A_CONTIGUOUS: tl.constexpr,
+                    B_CONTIGUOUS: tl.constexpr, SWAP_PROGRAM_IDS: tl.constexpr, OVERWRITE: tl.constexpr):
+    """The right matmul, with one of its details changed (see the wrappers below)."""
+    if SWAP_PROGRAM_IDS:
+        pid_m, pid_n = tl.program_id(1), tl.program_id(0)
+    else:
+        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        if A_CONTIGUOUS:
+            a_offsets = offs_m[:, None] * K + k[None, :]
+        else:
+            a_offsets = offs_m[:, None] * stride_am + k[None, :] * stride_ak
+        if B_CONTIGUOUS:
+            b_offsets = k[:, None] * N + offs_n[None, :]
+        else:
+            b_offsets = k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+        a = tl.load(a_ptr + a_offsets, mask=mask_m[:, None] & (k < K)[None, :], other=0.0)
+        b = tl.load(b_ptr + b_offsets, mask=(k < K)[:, None] & mask_n[None, :], other=0.0)
+        if OVERWRITE:
+            acc = tl.dot(a, b)
+        else:
+            acc += tl.dot(a, b)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def matmul_a_assumed_contiguous(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                                stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Addresses A as if contiguous, element (i, k) at i * K + k: ignores stride_am and stride_ak."""
+    _matmul_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                    BLOCK_M, BLOCK_N, BLOCK_K, True, False, False, False)
+
+
+@triton.jit
+def matmul_b_assumed_contiguous(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                                stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Addresses B as if contiguous, element (k, j) at k * N + j: ignores stride_bk and stride_bn."""
+    _matmul_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                    BLOCK_M, BLOCK_N, BLOCK_K, False, True, False, False)
+
+
+@triton.jit
+def matmul_program_ids_swapped(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                               stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """pid_m = tl.program_id(1), pid_n = tl.program_id(0): the grid is (row tiles, column tiles)."""
+    _matmul_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                    BLOCK_M, BLOCK_N, BLOCK_K, False, False, True, False)
+
+
+@triton.jit
+def matmul_acc_overwritten(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                           stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc = tl.dot(a, b) instead of acc += ...: only the last K tile survives."""
+    _matmul_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                    BLOCK_M, BLOCK_N, BLOCK_K, False, False, False, True)
+
+
+@triton.jit
 def _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
                             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, RESCALE_SUM: tl.constexpr,
-                            RESCALE_ACC: tl.constexpr, PAD_SCORE: tl.constexpr):
+                            RESCALE_ACC: tl.constexpr, PAD_SCORE: tl.constexpr, ALPHA_INVERTED: tl.constexpr,
+                            KEEP_MAX: tl.constexpr, DIVIDE: tl.constexpr, SCORES_CONTIGUOUS: tl.constexpr):
     """The right online softmax, with one of its details switched off (see the wrappers below)."""
     row = tl.program_id(0).to(tl.int64)
     offs_n = tl.arange(0, BLOCK_N)
@@ -427,11 +679,17 @@ def _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, s
     for n0 in range(0, n_keys, BLOCK_N):
         keys = n0 + offs_n
         mask_n = keys < n_keys
-        s = tl.load(scores_ptr + row * stride_s + keys, mask=mask_n, other=PAD_SCORE).to(tl.float32)
+        if SCORES_CONTIGUOUS:
+            s = tl.load(scores_ptr + row * n_keys + keys, mask=mask_n, other=PAD_SCORE).to(tl.float32)
+        else:
+            s = tl.load(scores_ptr + row * stride_s + keys, mask=mask_n, other=PAD_SCORE).to(tl.float32)
         v = tl.load(values_ptr + keys[:, None] * stride_v + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
         m_new = tl.maximum(m, tl.max(s, axis=0))
-        alpha = tl.exp(m - m_new)
+        if ALPHA_INVERTED:
+            alpha = tl.exp(m_new - m)
+        else:
+            alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new)
         if RESCALE_SUM:
             l = l * alpha + tl.sum(p, axis=0)  # noqa: E741
@@ -441,8 +699,11 @@ def _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, s
             acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         else:
             acc = acc + tl.sum(p[:, None] * v, axis=0)
-        m = m_new
-    tl.store(out_ptr + row * stride_out + offs_d, (acc / l).to(out_ptr.dtype.element_ty), mask=mask_d)
+        if KEEP_MAX:
+            m = m_new
+    if DIVIDE:
+        acc = acc / l
+    tl.store(out_ptr + row * stride_out + offs_d, acc.to(out_ptr.dtype.element_ty), mask=mask_d)
 
 
 @triton.jit
@@ -450,7 +711,7 @@ def online_sum_not_rescaled(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, s
                             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """l = l + sum(p): the running sum is not rescaled by exp(m - m_new) when the max grows."""
     _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
-                            BLOCK_N, BLOCK_D, False, True, float("-inf"))
+                            BLOCK_N, BLOCK_D, False, True, float("-inf"), False, True, True, False)
 
 
 @triton.jit
@@ -458,7 +719,7 @@ def online_acc_not_rescaled(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, s
                             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """acc = acc + sum(p * v): the weighted sum is not rescaled by exp(m - m_new) when the max grows."""
     _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
-                            BLOCK_N, BLOCK_D, True, False, float("-inf"))
+                            BLOCK_N, BLOCK_D, True, False, float("-inf"), False, True, True, False)
 
 
 @triton.jit
@@ -466,7 +727,39 @@ def online_pad_as_zero(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Loads the scores past n_keys as 0.0: the padded keys add exp(0 - m) to the running sum."""
     _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
-                            BLOCK_N, BLOCK_D, True, True, 0.0)
+                            BLOCK_N, BLOCK_D, True, True, 0.0, False, True, True, False)
+
+
+@triton.jit
+def online_alpha_inverted(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """alpha = exp(m_new - m): the rescale factor inverted (and exp(+inf) on the first tile)."""
+    _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                            BLOCK_N, BLOCK_D, True, True, float("-inf"), True, True, True, False)
+
+
+@triton.jit
+def online_max_not_kept(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Never sets m = m_new after a tile: m stays -inf, alpha = 0 and every tile wipes the ones before."""
+    _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                            BLOCK_N, BLOCK_D, True, True, float("-inf"), False, False, True, False)
+
+
+@triton.jit
+def online_without_final_division(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Stores acc itself: never divides by the running sum l at the end."""
+    _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                            BLOCK_N, BLOCK_D, True, True, float("-inf"), False, True, False, False)
+
+
+@triton.jit
+def online_scores_rows_n_keys_apart(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Finds row r of the scores at r * n_keys, as if they were contiguous, not r * stride_s."""
+    _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                            BLOCK_N, BLOCK_D, True, True, float("-inf"), False, True, True, True)
 
 
 # ---- 2.12 the Triton kernel ----------------------------------------------------------------------
@@ -546,6 +839,77 @@ def kernel_residual_out_is_x(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_
     tl.store(out_ptr + row * n_cols + cols, out.to(dtype), mask=mask)
 
 
+@triton.jit
+def _rms_kernel_variant(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x, stride_residual,
+                        eps, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, WITH_EPS: tl.constexpr,
+                        WEIGHT_BEFORE_ROUND: tl.constexpr, SUM_ROUNDED: tl.constexpr, OUT_AT_X_STRIDE: tl.constexpr,
+                        RESIDUAL_AT_X_STRIDE: tl.constexpr):
+    """The right add+RMSNorm kernel, with one of its details changed (see the wrappers below)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    dtype = out_ptr.dtype.element_ty
+    out_stride = stride_x if OUT_AT_X_STRIDE else n_cols
+    h = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r_stride = stride_x if RESIDUAL_AT_X_STRIDE else stride_residual
+        r = tl.load(residual_ptr + row * r_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        h = h + r
+        tl.store(residual_out_ptr + row * out_stride + cols, h.to(dtype), mask=mask)
+        if SUM_ROUNDED:
+            h = h.to(dtype).to(tl.float32)
+    if WITH_EPS:
+        rstd = tl.rsqrt(tl.sum(h * h, axis=0) / n_cols + eps)
+    else:
+        rstd = tl.rsqrt(tl.sum(h * h, axis=0) / n_cols)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if WEIGHT_BEFORE_ROUND:
+        out = h * rstd * w
+    else:
+        out = (h * rstd).to(dtype).to(tl.float32) * w
+    tl.store(out_ptr + row * out_stride + cols, out.to(dtype), mask=mask)
+
+
+@triton.jit
+def kernel_without_eps(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x, stride_residual,
+                       eps, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):
+    """rstd = rsqrt(mean(h**2)): eps never added."""
+    _rms_kernel_variant(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x, stride_residual,
+                        eps, HAS_RESIDUAL, BLOCK_N, False, False, True, False, False)
+
+
+@triton.jit
+def kernel_weight_before_round(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x,
+                               stride_residual, eps, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out = h * rstd * w in fp32, rounded once at the store: the normalized row is not rounded first."""
+    _rms_kernel_variant(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x, stride_residual,
+                        eps, HAS_RESIDUAL, BLOCK_N, True, True, True, False, False)
+
+
+@triton.jit
+def kernel_sum_not_rounded(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x,
+                           stride_residual, eps, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Stores h = x + residual rounded, but normalizes the fp32 sum: the statistics see another h than torch."""
+    _rms_kernel_variant(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x, stride_residual,
+                        eps, HAS_RESIDUAL, BLOCK_N, True, False, False, False, False)
+
+
+@triton.jit
+def kernel_out_at_x_stride(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x,
+                           stride_residual, eps, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Stores row r of both outputs at r * stride_x (the input's row stride), not r * n_cols."""
+    _rms_kernel_variant(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x, stride_residual,
+                        eps, HAS_RESIDUAL, BLOCK_N, True, False, True, True, False)
+
+
+@triton.jit
+def kernel_residual_at_x_stride(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x,
+                                stride_residual, eps, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Reads row r of the residual at r * stride_x: x's row stride used for the residual too."""
+    _rms_kernel_variant(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x, stride_residual,
+                        eps, HAS_RESIDUAL, BLOCK_N, True, False, True, False, True)
+
+
 def launcher_of(kernel):
     """The given launcher rms_norm_triton, running `kernel` in place of add_rms_norm_kernel (what a
     student's exercises/ch2.py does: its copy of the launcher calls the student's kernel)."""
@@ -592,6 +956,15 @@ MISTAKES: list[Mistake] = [
             "transformers rounds twice (the last bit differs on about a quarter of the values): cast the normalized "
             "x back to x.dtype first, then multiply it by weight",
             "test_ch2.py::test_rms_norm_bf16_keeps_dtype_and_matches"),
+    Mistake("ch2_rms_norm_mean_over_everything", "2.1", {"rms_norm": rms_norm_mean_over_everything},
+            "rms_norm takes one mean square over the whole tensor (x.pow(2).mean() without a dim): each row (each "
+            "token, each head) has its own RMS, so x.pow(2).mean(dim=-1, keepdim=True)", NORM, {"shape": (18, 64)}),
+    Mistake("ch2_rms_norm_centered", "2.1", {"rms_norm": rms_norm_centered},
+            "rms_norm subtracts the row's mean first, as LayerNorm does: RMSNorm does not center, it divides x "
+            "itself by sqrt(mean(x**2) + eps) (and has no bias)", NORM, {"shape": (18, 64)}),
+    Mistake("ch2_rms_norm_without_eps", "2.1", {"rms_norm": rms_norm_without_eps},
+            "rms_norm never adds eps: multiply by torch.rsqrt(mean(x**2) + eps), which also keeps an all-zero row "
+            "from dividing by zero", "test_ch2.py::test_rms_norm_uses_eps"),
     Mistake("ch2_add_rms_norm_returns_old_residual", "2.2", {"add_rms_norm": add_rms_norm_returns_old_residual},
             "add_rms_norm returns the residual it was given: return the new residual x + residual, the "
             "stream the next block adds to", ADD_NORM),
@@ -607,10 +980,17 @@ MISTAKES: list[Mistake] = [
             "in x.dtype, as the unfused `residual + hidden` keeps it, so add x + residual in their own dtype; only "
             "rms_norm's statistics run in fp32",
             "test_ch2.py::test_add_rms_norm_bf16_keeps_the_stream_in_bf16"),
+    Mistake("ch2_add_rms_norm_outputs_swapped", "2.2", {"add_rms_norm": add_rms_norm_outputs_swapped},
+            "add_rms_norm returns (new_residual, normed): the order is (normed, new_residual), as "
+            "apply_rms_norm and the decoder layer unpack it", ADD_NORM),
     Mistake("ch2_rope_exponent_halved", "2.3", {"rope_cos_sin": rope_cos_sin_exponent_halved},
             "rope_cos_sin's frequencies use base ** (-j / d): the exponent is -2j / d for j < d/2, i.e. "
             "torch.arange(0, d, 2) / d", "test_ch2.py::test_rope_cos_sin_matches_qwen3_rotary_embedding",
             {"theta": 10000.0}),
+    Mistake("ch2_rope_inv_freq_not_inverted", "2.3", {"rope_cos_sin": rope_cos_sin_not_inverted},
+            "rope_cos_sin's frequencies are base ** (2j / d), which grow with j: theta_j = base ** (-2j / d), i.e. "
+            "inv_freq = 1.0 / base ** (torch.arange(0, d, 2) / d)",
+            "test_ch2.py::test_rope_cos_sin_matches_qwen3_rotary_embedding", {"theta": 10000.0}),
     Mistake("ch2_rope_sign_flipped", "2.3", {"apply_rotary": apply_rotary_sign_flipped},
             "apply_rotary rotates by -angle: the first half is x1 * cos - x2 * sin and the second half "
             "x2 * cos + x1 * sin (check which term carries the minus sign)", ROTARY, {"offsets": (0, 0, 0, 0)}),
@@ -622,6 +1002,12 @@ MISTAKES: list[Mistake] = [
             "apply_rotary takes cache row i for the i-th token of the batch: index the cache with the "
             "tokens' positions (cos_sin[positions]), which restart at each sequence and skip a cached prefix",
             ROTARY, {"offsets": (7, 100, 0, 300)}),
+    Mistake("ch2_rope_cos_sin_swapped", "2.3", {"apply_rotary": apply_rotary_cos_sin_swapped},
+            "apply_rotary reads the cache row as [sin | cos]: rope_cos_sin stores [cos | sin], so "
+            "cos, sin = cos_sin[positions].chunk(2, dim=-1), in that order", ROTARY, {"offsets": (0, 0, 0, 0)}),
+    Mistake("ch2_rope_second_half_sign", "2.3", {"apply_rotary": apply_rotary_second_half_sign},
+            "the second half of apply_rotary has the wrong sign: it is x2 * cos + x1 * sin (the first half is "
+            "x1 * cos - x2 * sin)", ROTARY, {"offsets": (0, 0, 0, 0)}),
     Mistake("ch2_attention_sees_next_key", "2.4", {"causal_attention": attention_sees_next_key},
             "the causal mask is off by one: each query also sees the key after it; query i (at position "
             "Lk - Lq + i) sees keys 0 .. Lk - Lq + i, so tril(diagonal=Lk - Lq)", PREFILL_ATTN,
@@ -652,6 +1038,24 @@ MISTAKES: list[Mistake] = [
             "causal_attention returns its fp32 result: cast the output back to q.dtype (.to(q.dtype)), so a bf16 "
             "model gets bf16 activations; only the math runs in fp32",
             "test_ch2.py::test_causal_attention_bf16_keeps_dtype_and_matches"),
+    Mistake("ch2_attention_softmax_over_queries", "2.4", {"causal_attention": attention_softmax_over_queries},
+            "the softmax runs over the queries (dim=-2 of the [H, Lq, Lk] scores): each query's weights over the "
+            "keys must sum to 1, so softmax(dim=-1), along the keys", PREFILL_ATTN, {"heads": (4, 4)}),
+    Mistake("ch2_attention_mask_inverted", "2.4", {"causal_attention": attention_mask_inverted},
+            "the causal mask is inverted: masked_fill(visible, -inf) hides the keys a query may see (and leaves a "
+            "query that sees every key with none: NaN); fill where it must NOT see, masked_fill(~visible, -inf)",
+            PREFILL_ATTN, {"heads": (4, 4)}),
+    Mistake("ch2_attention_divides_by_scale", "2.4", {"causal_attention": attention_divides_by_scale},
+            "the scores are divided by scale: scale is already the factor (head_dim ** -0.5, not sqrt(head_dim)), so "
+            "multiply, q . k * scale", PREFILL_ATTN, {"heads": (4, 4)}),
+    Mistake("ch2_attention_mask_diagonal_negated", "2.4", {"causal_attention": attention_mask_diagonal_negated},
+            "the causal mask's offset has the wrong sign, tril(diagonal=Lq - Lk): with fewer queries than keys, "
+            "query i sits at position Lk - Lq + i and sees keys 0 .. Lk - Lq + i, so tril(diagonal=Lk - Lq)",
+            "test_ch2.py::test_causal_attention_with_fewer_queries_than_keys_matches_sdpa", {"lq": 1}),
+    Mistake("ch2_attention_math_in_input_dtype", "2.4", {"causal_attention": attention_math_in_input_dtype},
+            "causal_attention computes in q's dtype: in bf16 the scores, the softmax and the weighted sum each round "
+            "to 8 bits. Upcast q, k and v with .float(), and cast the result back to q.dtype once, at the end",
+            "test_ch2.py::test_causal_attention_bf16_keeps_dtype_and_matches"),
     Mistake("ch2_silu_on_up", "2.5", {"silu_and_mul": silu_on_up},
             "SiLU is applied to the wrong half: x is [gate | up], so silu(first half) * second half", MLP,
             {"shape": (18, 64)}),
@@ -665,6 +1069,11 @@ MISTAKES: list[Mistake] = [
             "x.chunk(2) splits along dim 0, the tokens (or the batch), giving half as many rows of the full width: "
             "gate and up are the two halves of the last dimension, so split along the last dimension: "
             "x.chunk(2, dim=-1)", MLP, {"shape": (2, 9, 64)}),
+    Mistake("ch2_silu_on_both_halves", "2.5", {"silu_and_mul": silu_on_both_halves},
+            "SiLU is applied to both halves: only the gate goes through it, silu(gate) * up", MLP, {"shape": (18, 64)}),
+    Mistake("ch2_gelu_instead_of_silu", "2.5", {"silu_and_mul": gelu_instead_of_silu},
+            "the gate goes through GELU: Qwen's (and Llama's) hidden_act is silu, silu(g) = g * sigmoid(g) "
+            "(F.silu)", MLP, {"shape": (18, 64)}),
     Mistake("ch2_layer_qk_norm_after_rope", "2.6", {"decoder_layer": layer_qk_norm_after_rope},
             "q and k are normalized after RoPE: apply QK-norm per head (q_norm, k_norm) BEFORE rotating them", LAYER,
             {"first": True}),
@@ -679,6 +1088,24 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_layer_post_norm_without_residual", "2.6", {"decoder_layer": layer_post_norm_without_residual},
             "the attention output never joins the residual stream: post_attention_layernorm is a fused add + "
             "norm, h, residual = apply_rms_norm(h, p.post_norm, p.eps, residual)", LAYER, {"first": True}),
+    Mistake("ch2_layer_first_residual_normed", "2.6", {"decoder_layer": layer_first_residual_normed},
+            "the first layer starts the residual stream from the NORMED hidden states: the stream starts from the "
+            "embeddings themselves, residual = hidden_states, and only h = input_layernorm(hidden_states) is normed",
+            LAYER, {"first": True}),
+    Mistake("ch2_layer_qk_norms_swapped", "2.6", {"decoder_layer": layer_qk_norms_swapped},
+            "q is normalized with k_norm's weight and k with q_norm's: q_norm goes with q, k_norm with k", LAYER,
+            {"first": True}),
+    Mistake("ch2_layer_rope_on_v", "2.6", {"decoder_layer": layer_rope_on_v},
+            "v is rotated too: RoPE encodes positions in the q . k products only; rotate q and k, leave v as it is",
+            LAYER, {"first": True}),
+    Mistake("ch2_layer_post_norm_residual_discarded", "2.6", {"decoder_layer": layer_post_norm_residual_discarded},
+            "the residual that post_attention_layernorm returns is dropped (h, _ = apply_rms_norm(h, p.post_norm, "
+            "p.eps, residual)): the MLP gets the right input, but the layer returns the stream from before the "
+            "attention add. Keep it: h, residual = apply_rms_norm(h, p.post_norm, p.eps, residual)", LAYER,
+            {"first": True}),
+    Mistake("ch2_layer_returns_full_output", "2.6", {"decoder_layer": layer_returns_full_output},
+            "the layer returns (mlp_out + residual, residual): return mlp_out alone as the first value; the next "
+            "layer's input norm adds the residual (the full output is their sum)", LAYER, {"first": True}),
     Mistake("ch2_primer_add_store_unmasked", "2.7",
             {"add_kernel": add_store_unmasked, "vector_add": with_kernel(primer.vector_add, "add_kernel",
                                                                          add_store_unmasked)},
@@ -701,6 +1128,10 @@ MISTAKES: list[Mistake] = [
             "program p starts at element p, so the programs overlap and most of the tensor is never written: "
             "program p owns elements p * BLOCK .. p * BLOCK + BLOCK - 1 (multiply the program id by BLOCK)",
             ADD, {"n": 1000}),
+    Mistake("ch2_primer_add_mask_off_by_one", "2.7",
+            {"add_kernel": add_mask_off_by_one, "vector_add": with_kernel(primer.vector_add, "add_kernel", add_mask_off_by_one)},
+            "the mask is offsets <= n, one lane too many: element n is one past the end (the last is n - 1), so "
+            "mask = offsets < n, on the loads and the store", ADD_GUARDED),
     Mistake("ch2_primer_softmax_pad_as_zero", "2.8",
             {"softmax_kernel": softmax_pad_as_zero,
              "softmax_rows": with_kernel(primer.softmax_rows, "softmax_kernel", softmax_pad_as_zero)},
@@ -717,6 +1148,15 @@ MISTAKES: list[Mistake] = [
              "softmax_rows": with_kernel(primer.softmax_rows, "softmax_kernel", softmax_rows_n_cols_apart)},
             "row r is read at r * n_cols, as if x were contiguous: rows of a slice are stride_x elements apart, "
             "so the row starts at x_ptr + row * stride_x", SOFTMAX_GUARDED),
+    Mistake("ch2_primer_softmax_out_at_x_stride", "2.8",
+            {"softmax_kernel": softmax_out_at_x_stride, "softmax_rows": with_kernel(primer.softmax_rows, "softmax_kernel", softmax_out_at_x_stride)},
+            "row r is stored at out_ptr + row * stride_x: the output has its own row stride, so store at "
+            "out_ptr + row * stride_out", SOFTMAX_GUARDED),
+    Mistake("ch2_primer_softmax_out_rows_n_cols_apart", "2.8",
+            {"softmax_kernel": softmax_out_rows_n_cols_apart, "softmax_rows": with_kernel(primer.softmax_rows, "softmax_kernel", softmax_out_rows_n_cols_apart)},
+            "row r is stored at out_ptr + row * n_cols, as if out were contiguous: out's rows are stride_out "
+            "elements apart (out may be a slice of a wider tensor), so store at out_ptr + row * stride_out",
+            SOFTMAX_GUARDED),
     Mistake("ch2_primer_gather_table_ignored", "2.9",
             {"gather_pages_kernel": gather_table_ignored,
              "gather_pages": with_kernel(primer.gather_pages, "gather_pages_kernel", gather_table_ignored)},
@@ -734,6 +1174,15 @@ MISTAKES: list[Mistake] = [
             "the cache is addressed as if it were contiguous (page * PAGE * n_cols + row * n_cols): use its "
             "strides, page * stride_page + row * stride_row (a cache slice, such as one head's K, has wider rows)",
             GATHER_GUARDED),
+    Mistake("ch2_primer_gather_page_and_row_swapped", "2.9",
+            {"gather_pages_kernel": gather_page_and_row_swapped, "gather_pages": with_kernel(primer.gather_pages, "gather_pages_kernel", gather_page_and_row_swapped)},
+            "the page and the row inside it are swapped: token t lives in page table[t // PAGE] (the quotient) "
+            "at row t % PAGE (the remainder)", GATHER, {"case": "partial-last-page"}),
+    Mistake("ch2_primer_gather_out_rows_n_cols_apart", "2.9",
+            {"gather_pages_kernel": gather_out_rows_n_cols_apart, "gather_pages": with_kernel(primer.gather_pages, "gather_pages_kernel", gather_out_rows_n_cols_apart)},
+            "token t is stored at out_ptr + t * n_cols, as if out were contiguous: out's rows are stride_out "
+            "elements apart (out may be a slice of a wider tensor), so store at out_ptr + t * stride_out",
+            GATHER_GUARDED),
     Mistake("ch2_primer_matmul_k_tail_unmasked", "2.10",
             {"matmul_kernel": matmul_k_tail_unmasked,
              "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_k_tail_unmasked)},
@@ -750,6 +1199,24 @@ MISTAKES: list[Mistake] = [
             "the accumulator is kept in fp16 and rounded after every K tile, so the error grows with K: keep "
             "acc = tl.zeros(..., dtype=tl.float32) and cast to C's dtype once, at the store",
             PRIMER + "test_matmul_fp16_accumulates_in_fp32"),
+    Mistake("ch2_primer_matmul_a_assumed_contiguous", "2.10",
+            {"matmul_kernel": matmul_a_assumed_contiguous, "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_a_assumed_contiguous)},
+            "A is addressed as if contiguous (row * K + k): A may be a transposed view, so use its strides, "
+            "offs_m[:, None] * stride_am + k[None, :] * stride_ak", MATMUL_GUARDED),
+    Mistake("ch2_primer_matmul_b_assumed_contiguous", "2.10",
+            {"matmul_kernel": matmul_b_assumed_contiguous, "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_b_assumed_contiguous)},
+            "B is addressed as if contiguous (k * N + col): B may be a transposed view (a weight stored [N, K] "
+            "used as W.t()), so use its strides, k[:, None] * stride_bk + offs_n[None, :] * stride_bn",
+            MATMUL_GUARDED),
+    Mistake("ch2_primer_matmul_program_ids_swapped", "2.10",
+            {"matmul_kernel": matmul_program_ids_swapped, "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_program_ids_swapped)},
+            "the program ids are swapped: the grid is (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)), so pid_m = "
+            "tl.program_id(0) (row tiles) and pid_n = tl.program_id(1) (column tiles)",
+            PRIMER + "test_tiled_matmul_matches_torch", {"mkn": (17, 20, 33)}),
+    Mistake("ch2_primer_matmul_acc_overwritten", "2.10",
+            {"matmul_kernel": matmul_acc_overwritten, "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_acc_overwritten)},
+            "acc = tl.dot(a, b) overwrites the sum at every K tile, so only the last tile counts: accumulate, "
+            "acc += tl.dot(a, b)", MATMUL_GUARDED),
     Mistake("ch2_primer_online_sum_not_rescaled", "2.11",
             {"online_softmax_kernel": online_sum_not_rescaled,
              "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",
@@ -768,6 +1235,25 @@ MISTAKES: list[Mistake] = [
                                                  online_pad_as_zero)},
             "the keys past n_keys in the last tile are loaded as score 0.0 and add exp(0 - m) to the running "
             "sum: load them as -inf (other=float(\"-inf\"))", ONLINE, {"case": "max-grows"}),
+    Mistake("ch2_primer_online_alpha_inverted", "2.11",
+            {"online_softmax_kernel": online_alpha_inverted, "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel", online_alpha_inverted)},
+            "the rescale factor is inverted, exp(m_new - m) (inf on the first tile, where m = -inf): the sums so far "
+            "hold exp(s - m), so multiplying by alpha = exp(m - m_new) turns them into exp(s - m_new)", ONLINE,
+            {"case": "max-grows"}),
+    Mistake("ch2_primer_online_max_not_kept", "2.11",
+            {"online_softmax_kernel": online_max_not_kept, "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel", online_max_not_kept)},
+            "the running max is never updated (m = m_new missing at the end of the tile loop): m stays -inf, "
+            "alpha = exp(-inf) = 0 and every tile wipes l and acc, so only the last tile counts", ONLINE,
+            {"case": "max-grows"}),
+    Mistake("ch2_primer_online_without_final_division", "2.11",
+            {"online_softmax_kernel": online_without_final_division, "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel", online_without_final_division)},
+            "acc is stored without dividing by l: the softmax's weights are exp(s - m) / l, so store acc / l",
+            ONLINE, {"case": "max-grows"}),
+    Mistake("ch2_primer_online_scores_rows_n_keys_apart", "2.11",
+            {"online_softmax_kernel": online_scores_rows_n_keys_apart, "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel", online_scores_rows_n_keys_apart)},
+            "row r of the scores is read at r * n_keys, as if they were contiguous: its rows are stride_s elements "
+            "apart (the scores may be a slice), so read at scores_ptr + row * stride_s", ONLINE,
+            {"case": "max-grows"}),
     Mistake("ch2_triton_store_unmasked", "2.12", {"add_rms_norm_kernel": kernel_store_unmasked},
             "a tl.store without mask=cols < n_cols writes all BLOCK_N lanes, past the end of the row (and of "
             "the tensor): pass the mask to every store as to every load",
@@ -785,4 +1271,30 @@ MISTAKES: list[Mistake] = [
             {"add_rms_norm_kernel": kernel_residual_out_is_x, "rms_norm_triton": launcher_of(kernel_residual_out_is_x)},
             "residual_out holds x: store the sum h = x + residual there (the new residual stream)", TRITON_NORM,
             {"d": 64}),
+    Mistake("ch2_triton_without_eps", "2.12",
+            {"add_rms_norm_kernel": kernel_without_eps, "rms_norm_triton": launcher_of(kernel_without_eps)},
+            "the kernel never adds eps: rstd = tl.rsqrt(tl.sum(h * h, axis=0) / n_cols + eps)",
+            "test_ch2.py::test_triton_rms_norm_uses_eps"),
+    Mistake("ch2_triton_weight_before_round", "2.12",
+            {"add_rms_norm_kernel": kernel_weight_before_round,
+             "rms_norm_triton": launcher_of(kernel_weight_before_round)},
+            "the kernel multiplies by the weight in fp32 and rounds once, at the store: torch (Qwen3RMSNorm) rounds "
+            "the normalized row to the output dtype first, then multiplies by the weight; round (h * rstd) with "
+            ".to(dtype).to(tl.float32) before * w", "test_ch2.py::test_triton_rms_norm_fp16_large_activations"),
+    Mistake("ch2_triton_sum_not_rounded", "2.12",
+            {"add_rms_norm_kernel": kernel_sum_not_rounded, "rms_norm_triton": launcher_of(kernel_sum_not_rounded)},
+            "the kernel normalizes the fp32 sum x + residual while it stores (and torch normalizes) that sum rounded "
+            "to the output dtype: round h = (x + r).to(dtype) first, store it, and compute the statistics on it",
+            "test_ch2.py::test_triton_rms_norm_fp16_large_activations"),
+    Mistake("ch2_triton_out_at_x_stride", "2.12",
+            {"add_rms_norm_kernel": kernel_out_at_x_stride, "rms_norm_triton": launcher_of(kernel_out_at_x_stride)},
+            "the outputs are stored at row * stride_x, the input's row stride: out and residual_out are contiguous, "
+            "rows n_cols apart, so store at row * n_cols",
+            "test_ch2.py::test_triton_kernel_reads_strided_rows_and_writes_only_its_rows"),
+    Mistake("ch2_triton_residual_at_x_stride", "2.12",
+            {"add_rms_norm_kernel": kernel_residual_at_x_stride,
+             "rms_norm_triton": launcher_of(kernel_residual_at_x_stride)},
+            "the residual's row r is read at row * stride_x: the residual has its own row stride, "
+            "residual_ptr + row * stride_residual",
+            "test_ch2.py::test_triton_kernel_reads_strided_rows_and_writes_only_its_rows"),
 ]

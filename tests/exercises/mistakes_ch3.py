@@ -165,6 +165,7 @@ def _launched_by(wrapper, module, kernel_name: str, kernel, bug: int):
 # ---- 3.4 the store kernel ------------------------------------------------------------------------------
 STORE_STORES_SKIPPED_SLOTS, STORE_ASSUMES_CONTIGUOUS_ROWS, STORE_WRITES_THE_PADDED_COLUMNS = 1, 2, 3
 STORE_IGNORES_BLOCK_STRIDE = 4
+STORE_VALUE_AT_KEY_STRIDE, STORE_VALUE_FROM_KEY = 5, 6
 
 
 @triton.jit
@@ -189,6 +190,12 @@ def buggy_store_kvcache_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slo
     if BUG == STORE_ASSUMES_CONTIGUOUS_ROWS:  # token t's row taken at t * ROW, not t * key_stride
         k = tl.load(key_ptr + tok[:, None] * ROW + col[None, :], mask=mask)
         v = tl.load(value_ptr + tok[:, None] * ROW + col[None, :], mask=mask)
+    elif BUG == STORE_VALUE_AT_KEY_STRIDE:  # the value load copied from the key's: value rows at t * key_stride
+        k = tl.load(key_ptr + tok[:, None] * key_stride + col[None, :], mask=mask)
+        v = tl.load(value_ptr + tok[:, None] * key_stride + col[None, :], mask=mask)
+    elif BUG == STORE_VALUE_FROM_KEY:  # the value load copied from the key's, pointer and all
+        k = tl.load(key_ptr + tok[:, None] * key_stride + col[None, :], mask=mask)
+        v = tl.load(key_ptr + tok[:, None] * key_stride + col[None, :], mask=mask)
     else:
         k = tl.load(key_ptr + tok[:, None] * key_stride + col[None, :], mask=mask)
         v = tl.load(value_ptr + tok[:, None] * value_stride + col[None, :], mask=mask)
@@ -205,10 +212,14 @@ store_kvcache_stores_skipped_slots = _store_with(STORE_STORES_SKIPPED_SLOTS)
 store_kvcache_assumes_contiguous_rows = _store_with(STORE_ASSUMES_CONTIGUOUS_ROWS)
 store_kvcache_writes_the_padded_columns = _store_with(STORE_WRITES_THE_PADDED_COLUMNS)
 store_kvcache_ignores_block_stride = _store_with(STORE_IGNORES_BLOCK_STRIDE)
+store_kvcache_value_at_key_stride = _store_with(STORE_VALUE_AT_KEY_STRIDE)
+store_kvcache_value_from_key = _store_with(STORE_VALUE_FROM_KEY)
 
 
 # ---- 3.5 the paged decode kernel -----------------------------------------------------------------------
 DECODE_HEADS_MODULO, DECODE_NO_RESCALE, DECODE_LSE_NATURAL_LOG = 1, 2, 3
+DECODE_MAX_FROM_ZERO, DECODE_EXP_NOT_EXP2, DECODE_UNMASKED_SCORES, DECODE_DIVIDES_BY_ZERO = 4, 5, 6, 7
+DECODE_OUT_AT_Q_STRIDES, DECODE_CHUNK_UNROUNDED = 8, 9
 
 
 @triton.jit
@@ -222,7 +233,10 @@ def buggy_paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
     b, g, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(context_lens_ptr + b)
     per_split = (seq_len + num_splits - 1) // num_splits
-    chunk = (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    if BUG == DECODE_CHUNK_UNROUNDED:  # a split's keys not rounded up to whole tiles of BLOCK_N
+        chunk = per_split
+    else:
+        chunk = (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     start = s * chunk
     end = tl.minimum(start + chunk, seq_len)
 
@@ -240,7 +254,10 @@ def buggy_paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
     if UPCAST:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    if BUG == DECODE_MAX_FROM_ZERO:  # the running maximum starts at 0
+        m_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     table = block_tables_ptr + b * stride_bt
@@ -248,8 +265,12 @@ def buggy_paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
         mask_n = pos < end
-        block = tl.load(table + pos // PAGE, mask=mask_n, other=0).to(tl.int64)
-        offs = block[:, None] * stride_cb + (pos % PAGE)[:, None] * stride_ct + head_offs
+        if BUG == DECODE_CHUNK_UNROUNDED and PAGE % BLOCK_N == 0:  # one block id per tile (the fast path)
+            offs = (tl.load(table + n0 // PAGE).to(tl.int64) * stride_cb + (n0 % PAGE + offs_n) * stride_ct)[:, None] \
+                + head_offs
+        else:
+            block = tl.load(table + pos // PAGE, mask=mask_n, other=0).to(tl.int64)
+            offs = block[:, None] * stride_cb + (pos % PAGE)[:, None] * stride_ct + head_offs
         mask_kv = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + offs, mask=mask_kv, other=0.0)
         v = tl.load(v_cache_ptr + offs, mask=mask_kv, other=0.0)
@@ -257,10 +278,15 @@ def buggy_paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        scores = tl.where(mask_n[None, :], scores, float("-inf"))
+        if BUG != DECODE_UNMASKED_SCORES:  # (the bug: keys past `end`, loaded as 0, keep their score 0)
+            scores = tl.where(mask_n[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
+        if BUG == DECODE_EXP_NOT_EXP2:  # e^x of scores scaled by log2(e) for exp2
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(scores - m_new[:, None])
+        else:
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(scores - m_new[:, None])
         if BUG == DECODE_NO_RESCALE:  # the sums so far stay scaled to the old maximum
             l_i = l_i + tl.sum(p, 1)
             acc = acc + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
@@ -269,10 +295,16 @@ def buggy_paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
-    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    if BUG == DECODE_DIVIDES_BY_ZERO:  # l == 0 for an empty sequence or split: 0 / 0
+        l_safe = l_i
+    else:
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
     mask_o = mask_h[:, None] & mask_d[None, :]
-    if DIRECT:
+    if DIRECT and BUG == DECODE_OUT_AT_Q_STRIDES:  # out addressed with q's strides
+        tl.store(out_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=mask_o)
+    elif DIRECT:
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=mask_o)
     else:
@@ -292,24 +324,36 @@ def _decode_with(bug: int):
 paged_decode_attention_heads_modulo = _decode_with(DECODE_HEADS_MODULO)
 paged_decode_attention_no_rescale = _decode_with(DECODE_NO_RESCALE)
 paged_decode_attention_lse_natural_log = _decode_with(DECODE_LSE_NATURAL_LOG)
+paged_decode_attention_max_from_zero = _decode_with(DECODE_MAX_FROM_ZERO)
+paged_decode_attention_exp_not_exp2 = _decode_with(DECODE_EXP_NOT_EXP2)
+paged_decode_attention_unmasked_scores = _decode_with(DECODE_UNMASKED_SCORES)
+paged_decode_attention_divides_by_zero = _decode_with(DECODE_DIVIDES_BY_ZERO)
+paged_decode_attention_out_at_q_strides = _decode_with(DECODE_OUT_AT_Q_STRIDES)
+paged_decode_attention_chunk_unrounded = _decode_with(DECODE_CHUNK_UNROUNDED)
 
 
 # ---- 3.6 one scheduler step -----------------------------------------------------------------------------
 def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, *,
                    skip_ahead=False, preempt_oldest=False, may_append=True, forget_computed=False,
-                   no_decode_first=False, spare_half_prefilled=False, victim_at_the_back=False):
+                   no_decode_first=False, spare_half_prefilled=False, victim_at_the_back=False,
+                   budget_for_the_first=False, one_seq_too_many=False, chunk_runs_at_once=False, chunk_in_both=False,
+                   decode_first_every_step=False, victim_stays_running=False, preempts_itself=False):
     """schedule_step with one bug switched on."""
     scheduled, preempted, num_tokens = [], [], 0
     head = waiting[0] if waiting else None
-    decode_first = (not no_decode_first and head is not None and bool(head.block_table) and head.num_new_tokens > 0
-                    and bool(running))
+    # the bug (decode_first_every_step): decodes first whenever a chunked prompt waits, not only right after its chunk
+    decode_first = (not no_decode_first and head is not None and bool(head.block_table)
+                    and (decode_first_every_step or head.num_new_tokens > 0) and bool(running))
     if decode_first:
         head.num_new_tokens = 0
     for seq in list(waiting):
-        if decode_first or len(running) + len(scheduled) >= max_num_seqs:
+        # the bug (one_seq_too_many): admits while len(running) + taken <= max_num_seqs
+        if decode_first or len(running) + len(scheduled) >= max_num_seqs + one_seq_too_many:
             break
         if not seq.block_table:
-            if not block_manager.can_allocate(seq) or (scheduled and num_tokens + len(seq) > max_num_batched_tokens):
+            # the bug (budget_for_the_first): the first of the step must fit the token budget too
+            if not block_manager.can_allocate(seq) or ((scheduled or budget_for_the_first)
+                                                       and num_tokens + len(seq) > max_num_batched_tokens):
                 if skip_ahead:  # the bug: try the next one instead of stopping
                     continue
                 break
@@ -321,12 +365,14 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
         seq.num_computed_tokens += n
         num_tokens += n
         scheduled.append(seq)
+        if seq.num_computed_tokens < len(seq) and not chunk_runs_at_once:
+            break
+        seq.status = SequenceStatus.RUNNING  # the bug (chunk_runs_at_once): a chunk too, into `running`
+        waiting.remove(seq)
         if seq.num_computed_tokens < len(seq):
             break
-        seq.status = SequenceStatus.RUNNING
-        waiting.remove(seq)
-    if scheduled:
-        running.extend(s for s in scheduled if s.status == SequenceStatus.RUNNING)
+    if scheduled:  # the bug (chunk_in_both): the chunked prompt joins `running` as well
+        running.extend(s for s in scheduled if chunk_in_both or s.status == SequenceStatus.RUNNING)
         return scheduled, True, preempted
 
     while running:
@@ -334,11 +380,14 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
         while not block_manager.can_append(seq):
             if not spare_half_prefilled and waiting and waiting[0].block_table:
                 victim = waiting.popleft()
+            elif preempts_itself:  # the bug: the sequence that needs the block gives up its own
+                victim = seq
             elif running:  # the bug (preempt_oldest): the victim comes off the left, the oldest
                 victim = running.popleft() if preempt_oldest else running.pop()
             else:
                 victim = seq
-            victim.status = SequenceStatus.WAITING
+            if not victim_stays_running:  # (the bug: its status is left RUNNING)
+                victim.status = SequenceStatus.WAITING
             block_manager.deallocate(victim)
             if victim_at_the_back:  # the bug: the victim queues behind every waiting sequence
                 waiting.append(victim)
@@ -619,4 +668,342 @@ MISTAKES += [
             "a new block is taken when num_tokens % block_size == 1, which never holds for blocks of one "
             "token. Position num_tokens - 1 starts a block when (num_tokens - 1) % block_size == 0",
             "test_ch3.py::test_append_slot_copies_a_shared_block_before_writing", {"case": 5}),
+]
+
+
+# ---- more wrong versions (a later audit) ------------------------------------------------------------------
+def slot_mapping_cast_after_multiplying(block_table, start, end, block_size):
+    pos = np.arange(start, end, dtype=np.int64)
+    # the bug: int32 block ids times block_size stay int32 (and overflow) before the cast
+    return (block_table[pos // block_size] * block_size + pos % block_size).astype(np.int64)
+
+
+def slot_mapping_end_inclusive(block_table, start, end, block_size):
+    pos = np.arange(start, end + 1, dtype=np.int64)  # the bug: position `end` too
+    return block_table[pos // block_size].astype(np.int64) * block_size + pos % block_size
+
+
+def block_hash_prefix_unsigned_bytes(token_ids, prefix_hash):
+    h = hashlib.blake2b(digest_size=8)
+    h.update(prefix_hash.to_bytes(8, "little"))  # the bug: unsigned, so a negative prefix hash raises OverflowError
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def block_hash_wide_digest(token_ids, prefix_hash):
+    h = hashlib.blake2b()  # the bug: the default digest, 64 bytes: a 512-bit int
+    h.update(prefix_hash.to_bytes(8, "little", signed=True))
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def _match_prefix_v2(token_ids, block_size, hash_to_block_id, block_tokens, *, hits_after_a_miss=False,
+                     one_block_short=False, hash_partial=False, unchained=False):
+    """match_prefix with one more rule broken."""
+    hashes, num_hits, h = [], 0, -1
+    last = len(token_ids) // block_size - 1 if one_block_short else (len(token_ids) - 1) // block_size
+    for i in range(-(-len(token_ids) // block_size)):
+        block = token_ids[i * block_size:(i + 1) * block_size]
+        if len(block) == block_size or hash_partial:
+            h = right_block_hash(block, -1 if unchained else h)
+        else:
+            h = -1
+        hashes.append(h)
+        block_id = hash_to_block_id.get(h)
+        if ((hits_after_a_miss or num_hits == i) and i < last and block_id is not None
+                and block_tokens(block_id) == block):
+            num_hits += 1
+    return hashes, num_hits
+
+
+def match_prefix_hits_after_a_miss(token_ids, block_size, hash_to_block_id, block_tokens):
+    return _match_prefix_v2(token_ids, block_size, hash_to_block_id, block_tokens, hits_after_a_miss=True)
+
+
+def match_prefix_one_block_short(token_ids, block_size, hash_to_block_id, block_tokens):
+    return _match_prefix_v2(token_ids, block_size, hash_to_block_id, block_tokens, one_block_short=True)
+
+
+def match_prefix_hashes_the_partial_block(token_ids, block_size, hash_to_block_id, block_tokens):
+    return _match_prefix_v2(token_ids, block_size, hash_to_block_id, block_tokens, hash_partial=True)
+
+
+def match_prefix_unchained(token_ids, block_size, hash_to_block_id, block_tokens):
+    return _match_prefix_v2(token_ids, block_size, hash_to_block_id, block_tokens, unchained=True)
+
+
+def _gathered(k_cache, v_cache, block_tables, context_lens):
+    """-> (K, V as [B, Hkv, L, D] with the rows past context_lens zeroed, visible [B, L])."""
+    blocks = block_tables.long().clamp_min(0)
+    visible = torch.arange(blocks.shape[1] * k_cache.shape[1]) < context_lens[:, None]
+    hide = ~visible[:, :, None, None]
+    k = k_cache[blocks].flatten(1, 2).masked_fill(hide, 0).transpose(1, 2)
+    v = v_cache[blocks].flatten(1, 2).masked_fill(hide, 0).transpose(1, 2)
+    return k, v, visible
+
+
+def paged_decode_without_gqa(q, k_cache, v_cache, block_tables, context_lens, scale):
+    k, v, visible = _gathered(k_cache, v_cache, block_tables, context_lens)
+    # the bug: Hkv < H heads of K/V, and neither enable_gqa=True nor repeat_interleave
+    return torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=visible[:, None, None, :],
+                                                            scale=scale).squeeze(2)
+
+
+def paged_decode_zeroes_without_masking(q, k_cache, v_cache, block_tables, context_lens, scale):
+    k, v, _ = _gathered(k_cache, v_cache, block_tables, context_lens)
+    # the bug: no attn_mask; the zeroed keys still score 0 and take softmax weight
+    return torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale,
+                                                            enable_gqa=True).squeeze(2)
+
+
+def paged_decode_returns_fp32(q, k_cache, v_cache, block_tables, context_lens, scale):
+    # the bug: computed in fp32 for accuracy, never cast back to q.dtype
+    return _paged_decode(q.float(), k_cache.float(), v_cache.float(), block_tables, context_lens, scale)
+
+
+def schedule_step_budget_for_the_first(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens,
+                          budget_for_the_first=True)
+
+
+def schedule_step_one_seq_too_many(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, one_seq_too_many=True)
+
+
+def schedule_step_chunk_runs_at_once(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens,
+                          chunk_runs_at_once=True)
+
+
+def schedule_step_chunk_in_both_queues(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, chunk_in_both=True)
+
+
+def schedule_step_decodes_first_every_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens,
+                          decode_first_every_step=True)
+
+
+def schedule_step_victim_stays_running(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens,
+                          victim_stays_running=True)
+
+
+def schedule_step_preempts_itself_first(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, preempts_itself=True)
+
+
+def fork_counts_table_positions(parent_table, blocks):
+    for i in range(len(parent_table)):
+        blocks[i].ref_count += 1  # the bug: the i-th block, not the block the table names
+    return list(parent_table)
+
+
+def _append_slot_v2(block_table, num_tokens, block_size, blocks, take_block, *, new_block_when_full=False,
+                    copy_appended=False, pair_reversed=False, copy_checked_first=False, extra_reference=False):
+    """append_slot with one more bug switched on."""
+    def take():
+        block = take_block()
+        if extra_reference:  # the bug: take_block's block already holds this table's reference
+            block.ref_count += 1
+        return block
+    old = blocks[block_table[-1]]
+    starts_a_block = num_tokens % block_size == 0 if new_block_when_full else (num_tokens - 1) % block_size == 0
+    if starts_a_block and not (copy_checked_first and old.ref_count > 1):
+        block_table.append(take().block_id)
+        return None
+    if old.ref_count == 1:
+        return None
+    new = take()
+    old.ref_count -= 1
+    if copy_appended:  # the bug: the copy joins the table beside the shared block
+        block_table.append(new.block_id)
+    else:
+        block_table[-1] = new.block_id
+    return (new.block_id, old.block_id) if pair_reversed else (old.block_id, new.block_id)
+
+
+def append_slot_new_block_when_full(block_table, num_tokens, block_size, blocks, take_block):
+    return _append_slot_v2(block_table, num_tokens, block_size, blocks, take_block, new_block_when_full=True)
+
+
+def append_slot_appends_the_copy(block_table, num_tokens, block_size, blocks, take_block):
+    return _append_slot_v2(block_table, num_tokens, block_size, blocks, take_block, copy_appended=True)
+
+
+def append_slot_pair_reversed(block_table, num_tokens, block_size, blocks, take_block):
+    return _append_slot_v2(block_table, num_tokens, block_size, blocks, take_block, pair_reversed=True)
+
+
+def append_slot_copies_before_the_new_block_test(block_table, num_tokens, block_size, blocks, take_block):
+    return _append_slot_v2(block_table, num_tokens, block_size, blocks, take_block, copy_checked_first=True)
+
+
+def append_slot_extra_reference(block_table, num_tokens, block_size, blocks, take_block):
+    return _append_slot_v2(block_table, num_tokens, block_size, blocks, take_block, extra_reference=True)
+
+
+F32_CASE_0 = {"dtype": torch.float32, "case": 0}
+MISTAKES += [
+    # 3.1
+    Mistake("ch3_slot_mapping_cast_after_multiplying", "3.1",
+            {"slot_mapping_for": slot_mapping_cast_after_multiplying},
+            "the slots of large block ids overflow: block_table is int32, so block_table[pos // block_size] * "
+            "block_size is computed (and wraps around) in int32 before your cast to int64. Cast the block ids "
+            "first: block_table[pos // block_size].astype(np.int64) * block_size + pos % block_size",
+            "test_ch3.py::test_slot_mapping_for_positions", {"block_size": 16}),
+    Mistake("ch3_slot_mapping_end_inclusive", "3.1", {"slot_mapping_for": slot_mapping_end_inclusive},
+            "one slot too many: the positions run from start to end inclusive (np.arange(start, end + 1)). `end` "
+            "is exclusive: the positions are start .. end - 1, np.arange(start, end), end - start slots",
+            "test_ch3.py::test_slot_mapping_for_positions", {"block_size": 16}),
+    # 3.2
+    Mistake("ch3_block_hash_prefix_unsigned_bytes", "3.2", {"compute_block_hash": block_hash_prefix_unsigned_bytes},
+            "compute_block_hash raises OverflowError on a negative prefix_hash (NO_HASH = -1 for block 0, and half "
+            "the chained hashes are negative): prefix_hash.to_bytes(8, 'little') is unsigned. Use "
+            "prefix_hash.to_bytes(8, 'little', signed=True)",
+            "test_ch3.py::test_block_hash_is_chained_and_deterministic"),
+    Mistake("ch3_block_hash_wide_digest", "3.2", {"compute_block_hash": block_hash_wide_digest},
+            "the hashes have far more than 64 bits: blake2b's default digest is 64 bytes (sha256's 32), and "
+            "int.from_bytes turns all of them into one huge int. Ask for 8 bytes, hashlib.blake2b(digest_size=8), "
+            "so int.from_bytes(digest, 'little', signed=True) lies in [-2**63, 2**63)",
+            "test_ch3.py::test_block_hash_is_chained_and_deterministic"),
+    Mistake("ch3_match_prefix_hits_after_a_miss", "3.2", {"match_prefix": match_prefix_hits_after_a_miss},
+            "match_prefix counts cached blocks after a miss as hits: only the LEADING run of cached blocks can be "
+            "reused (the sequence's K/V starts after them, and a later block's K/V was computed after a prefix "
+            "this sequence recomputes into blocks of its own). Block i is a hit only if every block before it was "
+            "(num_hits == i): stop counting at the first miss",
+            "test_ch3.py::test_match_prefix_rules"),
+    Mistake("ch3_match_prefix_one_block_short", "3.2", {"match_prefix": match_prefix_one_block_short},
+            "match_prefix allows hits only before block len(token_ids) // block_size - 1: one block too few when "
+            "the sequence ends inside a block. Only the block holding the last token, block "
+            "(len(token_ids) - 1) // block_size, is never a hit; every block before it can be",
+            "test_ch3.py::test_match_prefix_rules"),
+    Mistake("ch3_match_prefix_hashes_the_partial_block", "3.2", {"match_prefix": match_prefix_hashes_the_partial_block},
+            "match_prefix hashes a last block that is not full: that block cannot be shared (more tokens will be "
+            "written into it), so its hash is NO_HASH; hash a block only when it holds block_size tokens",
+            "test_ch3.py::test_match_prefix_rules"),
+    Mistake("ch3_match_prefix_unchained", "3.2", {"match_prefix": match_prefix_unchained},
+            "match_prefix hashes every block with prefix_hash NO_HASH: the hashes are not chained, so block i's "
+            "hash does not name the blocks before it. Feed each block the previous block's hash, "
+            "h = compute_block_hash(block, h), starting from NO_HASH",
+            "test_ch3.py::test_match_prefix_rules"),
+    # 3.3
+    Mistake("ch3_paged_decode_without_gqa", "3.3", {"paged_decode_torch": paged_decode_without_gqa},
+            "scaled_dot_product_attention fails on a shape mismatch when Hkv < H: there are fewer KV heads than "
+            "query heads. Pass enable_gqa=True (query head h reads KV head h // (H // Hkv)), or repeat_interleave "
+            "K and V H // Hkv times on the heads dim",
+            "test_ch3.py::test_paged_decode_torch_matches_sdpa", F32_CASE_0),
+    Mistake("ch3_paged_decode_zeroes_without_masking", "3.3",
+            {"paged_decode_torch": paged_decode_zeroes_without_masking},
+            "the key positions >= context_lens[b] are zeroed but not masked: a zero key still scores 0 and takes "
+            "softmax weight, and its zero value dilutes the output. Mask them out of the softmax too "
+            "(attn_mask: True = attend, for p < context_lens[b])",
+            "test_ch3.py::test_paged_decode_torch_matches_sdpa", F32_CASE_0),
+    Mistake("ch3_paged_decode_returns_fp32", "3.3", {"paged_decode_torch": paged_decode_returns_fp32},
+            "the output of float16 inputs is float32: computed in float32 (for accuracy) and never cast back. "
+            "Return q.dtype (.to(q.dtype) at the end)",
+            "test_ch3.py::test_paged_decode_torch_matches_sdpa", {"dtype": torch.float16, "case": 0}),
+    # 3.4
+    Mistake("ch3_store_value_at_key_stride", "3.4", {"store_kvcache": store_kvcache_value_at_key_stride},
+            "token t's value row is read at t * key_stride: value has its own row stride, value_stride, which "
+            "differs from key's when they are views of different buffers. Load v at value_ptr + t * value_stride",
+            "test_ch3.py::test_store_kernel_writes_exactly_the_slots", {"dtype": torch.float32, "block_size": 16}),
+    Mistake("ch3_store_value_from_key", "3.4", {"store_kvcache": store_kvcache_value_from_key},
+            "the value cache gets the KEY rows: v is loaded from key_ptr (a copy of the key's load). Load v from "
+            "value_ptr + t * value_stride",
+            "test_ch3.py::test_store_kernel_writes_exactly_the_slots", {"dtype": torch.float32, "block_size": 16}),
+    # 3.5
+    Mistake("ch3_decode_kernel_max_from_zero", "3.5", {"paged_decode_attention": paged_decode_attention_max_from_zero},
+            "the running maximum m starts at 0, not -inf: a split with no keys then reports part_lse = 0 + "
+            "log2(1) = 0 instead of -inf, and the combine gives its zero output a weight (with one split the "
+            "result is right). Start m at -inf: tl.full([BLOCK_H], float('-inf'), dtype=tl.float32)",
+            "test_ch3.py::test_paged_decode_kernel_matches_sdpa", {**F32_CASE_0, "num_splits": 3}),
+    Mistake("ch3_decode_kernel_exp_not_exp2", "3.5", {"paged_decode_attention": paged_decode_attention_exp_not_exp2},
+            "the softmax uses tl.exp on scores already multiplied by log2(e) (qk_scale = scale * log2(e)): "
+            "e^(x log2 e) is a softmax at the wrong temperature. Use tl.exp2 for p and alpha",
+            "test_ch3.py::test_paged_decode_kernel_matches_sdpa", {**F32_CASE_0, "num_splits": 1}),
+    Mistake("ch3_decode_kernel_unmasked_scores", "3.5",
+            {"paged_decode_attention": paged_decode_attention_unmasked_scores},
+            "the scores of a tile's keys past `end` are not set to -inf: those keys load as 0, score 0 and still "
+            "take softmax weight, diluting the output. scores = tl.where(pos < end, scores, -inf) before the "
+            "maximum and the exp2",
+            "test_ch3.py::test_paged_decode_kernel_matches_sdpa", {**F32_CASE_0, "num_splits": 1}),
+    Mistake("ch3_decode_kernel_divides_by_zero", "3.5",
+            {"paged_decode_attention": paged_decode_attention_divides_by_zero},
+            "an empty sequence (context length 0, a padding row) or an empty split divides acc = 0 by l = 0: "
+            "NaN. Divide by l only where l > 0 (tl.where(l > 0, l, 1.0)), so an empty sequence outputs zeros",
+            "test_ch3.py::test_paged_decode_kernel_empty_sequence_gives_zeros"),
+    Mistake("ch3_decode_kernel_out_at_q_strides", "3.5",
+            {"paged_decode_attention": paged_decode_attention_out_at_q_strides},
+            "the output is written with q's strides (b * stride_qb + h * stride_qh): out has strides of its own, "
+            "and q can be a view of a wider buffer (a slice of the fused QKV output). Store at "
+            "b * stride_ob + h * stride_oh + d",
+            "test_ch3.py::test_paged_decode_kernel_matches_sdpa", {**F32_CASE_0, "num_splits": 1}),
+    Mistake("ch3_decode_kernel_chunk_unrounded", "3.5",
+            {"paged_decode_attention": paged_decode_attention_chunk_unrounded},
+            "a split's chunk is cdiv(L, num_splits), not rounded up to a multiple of BLOCK_N: tiles then start "
+            "off the BLOCK_N grid, and where PAGE % BLOCK_N == 0 a tile that takes one block id for all its keys "
+            "straddles two blocks. chunk = cdiv(cdiv(L, num_splits), BLOCK_N) * BLOCK_N",
+            "test_ch3.py::test_paged_decode_kernel_matches_sdpa", {"dtype": torch.float32, "case": 1, "num_splits": 3}),
+    # 3.6
+    Mistake("ch3_schedule_budget_for_the_first", "3.6", {"schedule_step": schedule_step_budget_for_the_first},
+            "the first sequence of a step must fit the token budget too, so a prompt longer than "
+            "max_num_batched_tokens is never admitted: only a sequence after the first needs tokens + len(seq) "
+            "<= max_num_batched_tokens; the first is taken anyway and prefilled in chunks of the budget",
+            "test_ch3.py::test_schedule_step_chunks_a_long_prompt"),
+    Mistake("ch3_schedule_one_seq_too_many", "3.6", {"schedule_step": schedule_step_one_seq_too_many},
+            "admission takes more sequences than max_num_seqs allows: the running ones count too, and it stops "
+            "when they reach it. Take another only while len(running) + taken < max_num_seqs (strictly less)",
+            "test_ch3.py::test_schedule_step_admits_in_order_within_budgets"),
+    Mistake("ch3_schedule_chunk_runs_at_once", "3.6", {"schedule_step": schedule_step_chunk_runs_at_once},
+            "a prompt that got only a chunk leaves `waiting` for `running`, as if prefilled: it stays at the "
+            "FRONT of `waiting` with its blocks (status WAITING) until its last chunk; only then does it become "
+            "RUNNING and join `running`",
+            "test_ch3.py::test_schedule_step_chunks_a_long_prompt"),
+    Mistake("ch3_schedule_chunk_in_both_queues", "3.6", {"schedule_step": schedule_step_chunk_in_both_queues},
+            "a prompt that got only a chunk joins `running` while it also stays at the front of `waiting`: only "
+            "the sequences whose prefill is complete (status RUNNING) join `running`",
+            "test_ch3.py::test_schedule_step_chunks_a_long_prompt"),
+    Mistake("ch3_schedule_decodes_first_every_step", "3.6", {"schedule_step": schedule_step_decodes_first_every_step},
+            "the prompt being chunked never gets its next chunk while other sequences run: skip admission only in "
+            "the step right after its chunk ran (its num_new_tokens > 0), and set its num_new_tokens to 0 when "
+            "you skip, so the step after admits it again",
+            "test_ch3.py::test_schedule_step_decodes_between_chunks"),
+    Mistake("ch3_schedule_victim_stays_running", "3.6", {"schedule_step": schedule_step_victim_stays_running},
+            "a preempted sequence keeps status RUNNING: it waits again, to be readmitted from scratch, so set "
+            "victim.status = SequenceStatus.WAITING",
+            "test_ch3.py::test_schedule_step_preempts_the_newest"),
+    Mistake("ch3_schedule_preempts_itself_first", "3.6", {"schedule_step": schedule_step_preempts_itself_first},
+            "the sequence that needs a block preempts itself although others run: the victim is the one admitted "
+            "last (a half-prefilled prompt at the front of `waiting`, else running.pop(), the right end); a "
+            "sequence preempts itself only when no other is left",
+            "test_ch3.py::test_schedule_step_preempts_the_newest"),
+    # 3.7
+    Mistake("ch3_fork_counts_table_positions", "3.7", {"fork_block_table": fork_counts_table_positions},
+            "fork_block_table raises the ref_count of blocks 0 .. len(parent_table) - 1 (the positions in the "
+            "table), not of the blocks the table names: blocks[block_id].ref_count += 1 for each block_id in "
+            "parent_table",
+            "test_ch3.py::test_fork_block_table_shares_every_block"),
+    Mistake("ch3_append_slot_new_block_when_full", "3.7", {"append_slot": append_slot_new_block_when_full},
+            "a new block is taken when num_tokens % block_size == 0, i.e. when the newest token FILLS a block: it "
+            "starts one when (num_tokens - 1) % block_size == 0 (position num_tokens - 1 is a block's first row)",
+            "test_ch3.py::test_append_slot_copies_a_shared_block_before_writing", {"case": 0}),
+    Mistake("ch3_append_slot_appends_the_copy", "3.7", {"append_slot": append_slot_appends_the_copy},
+            "copy on write appends the fresh block to the table: the copy REPLACES the shared last block "
+            "(block_table[-1] = new id), or the table holds both and every later position shifts by a block",
+            "test_ch3.py::test_append_slot_copies_a_shared_block_before_writing", {"case": 2}),
+    Mistake("ch3_append_slot_pair_reversed", "3.7", {"append_slot": append_slot_pair_reversed},
+            "append_slot returns (new id, old id): the device copies the first block's rows into the second, so "
+            "this copies the fresh block's garbage over the shared one. Return (old block id, new block id)",
+            "test_ch3.py::test_append_slot_copies_a_shared_block_before_writing", {"case": 2}),
+    Mistake("ch3_append_slot_copies_before_the_new_block_test", "3.7",
+            {"append_slot": append_slot_copies_before_the_new_block_test},
+            "a shared last block is copied even when the newest token starts a new block: that full block is "
+            "never written again, so it stays shared. Test (num_tokens - 1) % block_size == 0 first and append a "
+            "fresh block; copy on write only for a token that lies in the shared last block",
+            "test_ch3.py::test_append_slot_copies_a_shared_block_before_writing", {"case": 4}),
+    Mistake("ch3_append_slot_extra_reference", "3.7", {"append_slot": append_slot_extra_reference},
+            "the block take_block() hands out gets ref_count += 1: it already comes with ref_count 1 (this "
+            "table's reference), and a count of 2 keeps it from ever being freed. Use it as it is",
+            "test_ch3.py::test_append_slot_copies_a_shared_block_before_writing", {"case": 0}),
 ]

@@ -277,3 +277,164 @@ MISTAKES: list[Mistake] = [
             "are given: torch.distributed.gather(logits, parts, group_dst=0, group=group)",
             "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
 ]
+
+
+# ---- more wrong versions (a later audit) ------------------------------------------------------------------
+def shard_weight_split_by_size(weight, dim, rank, world_size):
+    if weight.shape[dim] % world_size:
+        raise ValueError(f"cannot split dim {dim} of size {weight.shape[dim]} into {world_size} equal shards")
+    return weight.split(world_size, dim)[rank]  # the bug: split takes a piece SIZE (chunk takes the count)
+
+
+def shard_weight_asserts(weight, dim, rank, world_size):
+    size = weight.shape[dim]
+    assert size % world_size == 0, f"cannot split {size} into {world_size}"  # the bug: AssertionError, not ValueError
+    part = size // world_size
+    return weight.narrow(dim, rank * part, part)
+
+
+def shard_weight_always_last_dim(weight, dim, rank, world_size):
+    size = weight.shape[dim]
+    if size % world_size:
+        raise ValueError(f"cannot split dim {dim} of size {size} into {world_size} equal shards")
+    part = size // world_size
+    return weight[..., rank * part:(rank + 1) * part]  # the bug: the last dim whatever `dim` says
+
+
+def row_parallel_keeps_all_reduce_result(x, weight, bias, group):
+    y = F.linear(x, weight)
+    y = dist.all_reduce(y, group=group)  # the bug: all_reduce works in place and returns None
+    return y if bias is None else y + bias
+
+
+def vocab_embed_no_upper_bound(token_ids, weight_shard, vocab_start, group):
+    local = token_ids - vocab_start
+    mask = local >= 0  # the bug: ids past this rank's slice pass too (and index past the shard)
+    y = F.embedding(torch.where(mask, local, 0), weight_shard)
+    y = y.masked_fill(~mask.unsqueeze(-1), 0)
+    dist.all_reduce(y, group=group)
+    return y
+
+
+def vocab_embed_start_from_world_rank(token_ids, weight_shard, vocab_start, group):
+    vocab_start = dist.get_rank() * weight_shard.shape[0]  # the bug: the argument replaced, from the GLOBAL rank
+    local = token_ids - vocab_start
+    mask = (local >= 0) & (local < weight_shard.shape[0])
+    y = F.embedding(torch.where(mask, local, 0), weight_shard)
+    y = y.masked_fill(~mask.unsqueeze(-1), 0)
+    dist.all_reduce(y, group=group)
+    return y
+
+
+def vocab_embed_keeps_all_reduce_result(token_ids, weight_shard, vocab_start, group):
+    local = token_ids - vocab_start
+    mask = (local >= 0) & (local < weight_shard.shape[0])
+    y = F.embedding(torch.where(mask, local, 0), weight_shard)
+    y = y.masked_fill(~mask.unsqueeze(-1), 0)
+    return dist.all_reduce(y, group=group)  # the bug: all_reduce works in place and returns None
+
+
+def _lm_head(hidden, weight_shard, group, *, list_everywhere=False, one_buffer=False, global_dst=False,
+             world_rank=False, in_fp32=False):
+    """parallel_lm_head with one bug switched on."""
+    if in_fp32:  # the bug: logits in float32 for the sampler, never cast back to hidden's dtype
+        hidden, weight_shard = hidden.float(), weight_shard.float()
+    logits = F.linear(hidden, weight_shard)
+    rank = dist.get_rank() if world_rank else dist.get_rank(group)  # (world_rank: the GLOBAL rank)
+    size = dist.get_world_size(group)
+    if one_buffer:  # the bug: one tensor listed size times
+        parts = [torch.empty_like(logits)] * size if rank == 0 else None
+    else:  # (list_everywhere: every rank passes a gather_list)
+        parts = [torch.empty_like(logits) for _ in range(size)] if rank == 0 or list_everywhere else None
+    if global_dst:  # the bug: dst= is a GLOBAL rank
+        dist.gather(logits, parts, dst=0, group=group)
+    else:
+        dist.gather(logits, parts, group_dst=0, group=group)
+    return torch.cat(parts, dim=-1) if rank == 0 else None
+
+
+def lm_head_gather_list_on_every_rank(hidden, weight_shard, group):
+    return _lm_head(hidden, weight_shard, group, list_everywhere=True)
+
+
+def lm_head_one_buffer_listed(hidden, weight_shard, group):
+    return _lm_head(hidden, weight_shard, group, one_buffer=True)
+
+
+def lm_head_global_dst(hidden, weight_shard, group):
+    return _lm_head(hidden, weight_shard, group, global_dst=True)
+
+
+def lm_head_world_rank(hidden, weight_shard, group):
+    return _lm_head(hidden, weight_shard, group, world_rank=True)
+
+
+def lm_head_in_fp32(hidden, weight_shard, group):
+    return _lm_head(hidden, weight_shard, group, in_fp32=True)
+
+
+MISTAKES += [
+    # 4.1
+    Mistake("ch4_shard_weight_split_by_size", "4.1", {"shard_weight": shard_weight_split_by_size},
+            "shard_weight cut pieces of world_size elements: Tensor.split(n, dim) takes a piece SIZE, not a count "
+            "(torch.chunk takes the count). Rank r's shard is the r-th of world_size equal pieces of "
+            "part = size // world_size: weight.narrow(dim, rank * part, part)",
+            "test_ch4.py::test_shard_weight_and_packed_match_torch_chunk"),
+    Mistake("ch4_shard_weight_asserts", "4.1", {"shard_weight": shard_weight_asserts},
+            "shard_weight checks divisibility with assert, which raises AssertionError (and vanishes under "
+            "python -O): raise ValueError naming the size and world_size when size % world_size != 0",
+            "test_ch4.py::test_shard_weight_and_packed_match_torch_chunk"),
+    Mistake("ch4_shard_weight_always_last_dim", "4.1", {"shard_weight": shard_weight_always_last_dim},
+            "shard_weight cut the last dim whatever `dim` said (weight[..., a:b]): column-parallel layers split "
+            "dim 0 of an nn.Linear weight [out, in], row-parallel ones dim 1. Cut along `dim`: "
+            "weight.narrow(dim, rank * part, part)",
+            "test_ch4.py::test_shard_weight_and_packed_match_torch_chunk"),
+    # 4.2
+    Mistake("ch4_row_parallel_keeps_all_reduce_result", "4.2",
+            {"row_parallel_linear": row_parallel_keeps_all_reduce_result},
+            "y = dist.all_reduce(y, ...) throws the sum away: torch.distributed.all_reduce sums the tensor IN "
+            "PLACE and returns None (a Work handle with async_op=True). Call it on its own line, then use y",
+            "test_ch4.py::test_row_parallel_linear_on_two_thread_ranks"),
+    # 4.3
+    Mistake("ch4_vocab_embed_no_upper_bound", "4.3", {"vocab_parallel_embed": vocab_embed_no_upper_bound},
+            "ids past the end of this rank's vocabulary slice reach F.embedding, which raises IndexError (on every "
+            "rank but the last): the mask needs an upper bound too, mask = (local >= 0) & (local < "
+            "weight_shard.shape[0]), and the ids it drops go to a valid row (torch.where(mask, local, 0); a clamp "
+            "must stop at weight_shard.shape[0] - 1)",
+            "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
+    Mistake("ch4_vocab_embed_start_from_world_rank", "4.3",
+            {"vocab_parallel_embed": vocab_embed_start_from_world_rank},
+            "vocab_start was recomputed from dist.get_rank(), the GLOBAL rank: in a second tensor-parallel group "
+            "(global ranks 2 and 3) that points past the vocabulary, and those ranks embed nothing. Use the "
+            "vocab_start you are given (this rank's offset within its own group)",
+            "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
+    Mistake("ch4_vocab_embed_keeps_all_reduce_result", "4.3",
+            {"vocab_parallel_embed": vocab_embed_keeps_all_reduce_result},
+            "return dist.all_reduce(y, ...) returns None: torch.distributed.all_reduce sums the tensor IN PLACE "
+            "and returns None (a Work handle with async_op=True). Call it on its own line, then return y",
+            "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
+    # 4.4
+    Mistake("ch4_lm_head_gather_list_on_every_rank", "4.4", {"parallel_lm_head": lm_head_gather_list_on_every_rank},
+            "every rank passes a gather_list to torch.distributed.gather: only the destination, rank 0 of the "
+            "group, may (it receives the p slices); the other ranks pass None (torch raises ValueError on them)",
+            "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
+    Mistake("ch4_lm_head_one_buffer_listed", "4.4", {"parallel_lm_head": lm_head_one_buffer_listed},
+            "the gather_list is one tensor listed p times ([torch.empty_like(logits)] * p): every rank's slice "
+            "lands in the same buffer and the last one wins. Make p distinct tensors: "
+            "[torch.empty_like(logits) for _ in range(p)]",
+            "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
+    Mistake("ch4_lm_head_global_dst", "4.4", {"parallel_lm_head": lm_head_global_dst},
+            "gather(..., dst=0, group=group) names GLOBAL rank 0, which is not in every tensor-parallel group "
+            "(torch raises ValueError in the others): the destination is rank 0 of the group, group_dst=0",
+            "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
+    Mistake("ch4_lm_head_world_rank", "4.4", {"parallel_lm_head": lm_head_world_rank},
+            "the rank that keeps the logits is found with dist.get_rank(), the GLOBAL rank: in a tensor-parallel "
+            "group without global rank 0, its first rank passes no gather_list though it is the destination "
+            "(torch raises ValueError). Use this process's rank in the group, dist.get_rank(group)",
+            "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
+    Mistake("ch4_lm_head_in_fp32", "4.4", {"parallel_lm_head": lm_head_in_fp32},
+            "the logits of bfloat16 hidden states come back in float32: computed in float32 (hidden.float(), "
+            "weight.float()) and never cast back. parallel_lm_head returns hidden's dtype (the sampler upcasts "
+            "what it needs, and a float32 gather sends twice the bytes): compute in it, or cast the result back",
+            "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
+]

@@ -265,6 +265,232 @@ def workload_floor_full_attention(mc, dtype_bytes, prompt_lens, output_lens, cop
     return _floor(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, causal=4)
 
 
+# ---- audit 7: more wrong versions ----------------------------------------------------------------------
+# 5.1
+def graph_batch_sizes_above_max(max_num_seqs):
+    # the bug: 1, 2, 4, 8 are taken whatever max_num_seqs is, so max_num_seqs 3 gets sizes 4 and 8
+    return sorted(set([1, 2, 4, 8] + list(range(16, max_num_seqs + 1, 16)) + [max_num_seqs]))
+
+
+def graph_batch_sizes_powers_of_two(max_num_seqs):
+    sizes, b = [], 1
+    while b < max_num_seqs:  # the bug: powers of two, not every multiple of 16 (no 48, 80, ...)
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_num_seqs]
+
+
+def graph_size_largest_when_too_big(sizes, batch_size):
+    return next((s for s in sizes if s >= batch_size), sizes[-1])  # the bug: no None: the largest graph, too small
+
+
+def pad_graph_inputs_past_padded(input_ids, positions, slot_mapping, context_lens, block_tables, padded, out):
+    ids, pos, slots, lens, tables = out
+    bs, width = len(input_ids), block_tables.shape[1]
+    ids[:bs], pos[:bs], slots[:bs], lens[:bs] = input_ids, positions, slot_mapping, context_lens
+    ids[bs:], pos[bs:], slots[bs:], lens[bs:] = 0, 0, -1, 0  # the bug: [bs:], every row to the buffer's end
+    tables[:bs, :width] = block_tables
+    tables[:bs, width:] = -1
+    tables[bs:] = -1
+
+
+def pad_graph_inputs_padding_tables_first_columns(input_ids, positions, slot_mapping, context_lens, block_tables,
+                                                  padded, out):
+    ids, pos, slots, lens, tables = out
+    bs, width = len(input_ids), block_tables.shape[1]
+    ids[:bs], pos[:bs], slots[:bs], lens[:bs] = input_ids, positions, slot_mapping, context_lens
+    ids[bs:padded], pos[bs:padded], slots[bs:padded], lens[bs:padded] = 0, 0, -1, 0
+    tables[:bs, :width] = block_tables
+    tables[:bs, width:] = -1
+    tables[bs:padded, :width] = -1  # the bug: the padding rows' tables only up to the batch's width
+
+
+def pad_graph_inputs_rebinds(input_ids, positions, slot_mapping, context_lens, block_tables, padded, out):
+    ids, pos, slots, lens, tables = out
+    n = padded - len(input_ids)  # the bug: new arrays are bound to the local names; the buffers stay as they were
+    ids = np.concatenate([input_ids, np.zeros(n, np.int64)]).astype(np.int32)  # noqa: F841
+    pos = np.concatenate([positions, np.zeros(n, np.int64)]).astype(np.int32)  # noqa: F841
+    slots = np.concatenate([slot_mapping, np.full(n, -1)]).astype(np.int32)  # noqa: F841
+    lens = np.concatenate([context_lens, np.zeros(n, np.int32)])  # noqa: F841
+
+
+# 5.2
+def append_placeholders_position_after_append(token_lists, num_prompt_tokens, max_tokens, max_model_len):
+    positions, at_limit = [], []
+    for tokens, prompt_len, limit in zip(token_lists, num_prompt_tokens, max_tokens):
+        tokens.append(PLACEHOLDER_TOKEN)
+        positions.append(len(tokens))  # the bug: the length after appending, one past the placeholder's index
+        at_limit.append(len(tokens) - prompt_len >= limit or len(tokens) >= max_model_len)
+    return positions, at_limit
+
+
+def append_placeholders_ignores_max_model_len(token_lists, num_prompt_tokens, max_tokens, max_model_len):
+    positions, at_limit = [], []
+    for tokens, prompt_len, limit in zip(token_lists, num_prompt_tokens, max_tokens):
+        positions.append(len(tokens))
+        tokens.append(PLACEHOLDER_TOKEN)
+        at_limit.append(len(tokens) - prompt_len >= limit)  # the bug: max_model_len is not checked
+    return positions, at_limit
+
+
+def append_placeholders_counts_real_tokens(token_lists, num_prompt_tokens, max_tokens, max_model_len):
+    positions, at_limit = [], []
+    for tokens, prompt_len, limit in zip(token_lists, num_prompt_tokens, max_tokens):
+        positions.append(len(tokens))
+        tokens.append(PLACEHOLDER_TOKEN)
+        real = sum(t != PLACEHOLDER_TOKEN for t in tokens)  # the bug: placeholders are not counted
+        at_limit.append(real - prompt_len >= limit or real >= max_model_len)
+    return positions, at_limit
+
+
+def _fill7(token_lists, positions, sampled, at_limit, eos_token_ids, params, *, ignore_eos_stops_all=False,
+           cut_at=1, check_end=True):
+    """fill_placeholders with one more rule changed."""
+    outcomes = []
+    for tokens, pos, tok, limit, p in zip(token_lists, positions, sampled, at_limit, params):
+        if (check_end and pos >= len(tokens)) or tokens[pos] != PLACEHOLDER_TOKEN:
+            outcomes.append("dropped")
+            continue
+        tokens[pos] = tok
+        if ignore_eos_stops_all:
+            stop = not p.ignore_eos and (tok in eos_token_ids or tok in p.stop_token_ids)
+        else:
+            stop = (not p.ignore_eos and tok in eos_token_ids) or tok in p.stop_token_ids
+        if stop:
+            del tokens[pos + cut_at:]
+            outcomes.append("stop")
+        elif limit and pos == len(tokens) - 1:
+            outcomes.append("length")
+        else:
+            outcomes.append(None)
+    return outcomes
+
+
+def fill_placeholders_ignore_eos_ignores_stop_ids(token_lists, positions, sampled, at_limit, eos_token_ids, params):
+    return _fill7(token_lists, positions, sampled, at_limit, eos_token_ids, params, ignore_eos_stops_all=True)
+
+
+def fill_placeholders_removes_the_stop_token(token_lists, positions, sampled, at_limit, eos_token_ids, params):
+    return _fill7(token_lists, positions, sampled, at_limit, eos_token_ids, params, cut_at=0)
+
+
+def fill_placeholders_index_past_the_end(token_lists, positions, sampled, at_limit, eos_token_ids, params):
+    return _fill7(token_lists, positions, sampled, at_limit, eos_token_ids, params, check_end=False)
+
+
+# 5.3
+def _mask7(logits, top_k, top_p, *, k_extra=0, softmax_of_whole_row=False, gather=False, one_k=False):
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k is not None:
+        k = top_k.max().expand_as(top_k) if one_k else top_k
+        drop |= torch.arange(logits.shape[-1], device=logits.device)[None, :] >= k[:, None] + k_extra
+    if top_p is not None:
+        kept = sorted_logits if softmax_of_whole_row else sorted_logits.masked_fill(drop, float("-inf"))
+        probs = kept.softmax(dim=-1)
+        drop |= probs.cumsum(dim=-1) - probs >= top_p[:, None]
+    masked = sorted_logits.masked_fill(drop, float("-inf"))
+    return masked.gather(-1, order) if gather else logits.scatter(-1, order, masked)
+
+
+def top_k_keeps_one_fewer(logits, top_k, top_p):
+    return _mask7(logits, top_k, top_p, k_extra=-1)  # the bug: rank < k - 1
+
+
+def top_p_ignores_top_k(logits, top_k, top_p):
+    return _mask7(logits, top_k, top_p, softmax_of_whole_row=True)  # the bug: the mass of the whole row
+
+
+def top_k_top_p_gathers_back(logits, top_k, top_p):
+    return _mask7(logits, top_k, top_p, gather=True)  # the bug: gather(order) permutes again instead of undoing
+
+
+def top_k_one_k_for_the_batch(logits, top_k, top_p):
+    return _mask7(logits, top_k, top_p, one_k=True)  # the bug: the batch's largest k for every row (torch.topk's int)
+
+
+def gumbel_multiplies_by_temperature(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None):
+    greedy = logits.argmax(dim=-1) if any_greedy is not False else None
+    logits = logits * temperatures.clamp_min(1e-6)[:, None]  # the bug: multiplied by T, not divided
+    if top_k is not None or top_p is not None:
+        logits = right_top_k_top_p(logits, top_k, top_p)
+    uniform = torch.rand_like(logits)
+    if generators:
+        for row, gen in enumerate(generators):
+            if gen is not None:
+                uniform[row] = torch.rand(logits.shape[1], generator=gen, device=logits.device)
+    sampled = (logits - uniform.log().neg().log()).argmax(dim=-1)
+    return sampled if greedy is None else torch.where(temperatures > 0, sampled, greedy)
+
+
+# 5.4
+def _bytes7(mc, dtype_bytes, *, o_bias=True, qk_norm_per_head=False, q_square=False, final_norm=True):
+    h, i, L, d = mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, mc.head_dim
+    H, Hkv = mc.num_attention_heads, mc.num_key_value_heads
+    q = h * h if q_square else h * H * d  # (h x h: as if H x head_dim were hidden_size)
+    per_layer = q + 2 * h * Hkv * d + H * d * h + 2 * h * i + i * h + 2 * h
+    per_layer += ((H + Hkv) * d if qk_norm_per_head else 2 * d) * mc.qk_norm
+    per_layer += (H + 2 * Hkv) * d * mc.qkv_bias + (h * mc.o_bias if o_bias else 0)
+    non_embedding = L * per_layer + (h if final_norm else 0)
+    return (non_embedding + mc.vocab_size * h) * dtype_bytes, 2 * L * Hkv * d * dtype_bytes, non_embedding
+
+
+def model_bytes_kv_of_hidden_size(mc, dtype_bytes):
+    weights, _, params = right_model_bytes(mc, dtype_bytes)
+    return weights, 2 * mc.num_hidden_layers * mc.hidden_size * dtype_bytes, params  # the bug: hidden_size per token
+
+
+def model_bytes_without_o_bias(mc, dtype_bytes):
+    return _bytes7(mc, dtype_bytes, o_bias=False)
+
+
+def model_bytes_qk_norm_per_head(mc, dtype_bytes):
+    return _bytes7(mc, dtype_bytes, qk_norm_per_head=True)
+
+
+def model_bytes_q_proj_square(mc, dtype_bytes):
+    return _bytes7(mc, dtype_bytes, q_square=True)
+
+
+def model_bytes_without_final_norm(mc, dtype_bytes):
+    return _bytes7(mc, dtype_bytes, final_norm=False)
+
+
+def _floor7(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, *, weights_per_request=False,
+            context_shift=0, batch_attention=False, lm_head_in_prefill=False):
+    weights, kv_tok, params = right_model_bytes(mc, dtype_bytes)
+    p, o = np.asarray(list(prompt_lens), dtype=np.float64), np.asarray(list(output_lens))
+    decode_bytes = 0.0
+    for t in range(1, int(o.max())):
+        active = o > t
+        decode_bytes += weights * (active.sum() if weights_per_request else 1)
+        decode_bytes += ((p[active] + t + context_shift) * kv_tok).sum()
+    H, d, L = mc.num_attention_heads, mc.head_dim, mc.num_hidden_layers
+    attention = 2 * p.sum() ** 2 * H * d * L if batch_attention else (2 * p ** 2 * H * d * L).sum()
+    linear = params + (mc.vocab_size * mc.hidden_size if lm_head_in_prefill else 0)
+    prefill_flops = 2 * linear * p.sum() + attention
+    decode_s, prefill_s = decode_bytes / (copy_gbps * 1e9), prefill_flops / (matmul_tflops * 1e12)
+    return {"floor_s": decode_s + prefill_s, "floor_decode_s": decode_s, "floor_prefill_s": prefill_s,
+            "floor_tok_s": float(o.sum()) / (decode_s + prefill_s)}
+
+
+def workload_floor_weights_per_request(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor7(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, weights_per_request=True)
+
+
+def workload_floor_context_one_short(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor7(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, context_shift=-1)
+
+
+def workload_floor_attention_of_the_batch(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor7(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, batch_attention=True)
+
+
+def workload_floor_lm_head_in_prefill(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor7(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, lm_head_in_prefill=True)
+
+
+
 MISTAKES = [
     # 5.1
     Mistake("ch5_graph_sizes_without_max", "5.1", {"graph_batch_sizes": graph_batch_sizes_without_max},
@@ -294,6 +520,34 @@ MISTAKES = [
             "a row's block table is copied into its first W columns only: the columns W..max_blocks-1 keep an "
             "earlier step's block ids (a longer sequence's). Set them to -1",
             "test_ch5.py::test_pad_graph_inputs"),
+    Mistake("ch5_graph_sizes_above_max", "5.1", {"graph_batch_sizes": graph_batch_sizes_above_max},
+            "sizes larger than max_num_seqs are listed (1, 2, 4, 8 are taken whatever max_num_seqs is: 3 gives "
+            "[1, 2, 3, 4, 8]): each costs a capture and memory for a batch that can never happen. Keep only the "
+            "sizes <= max_num_seqs (b < max_num_seqs for 1, 2, 4, 8, then max_num_seqs itself)",
+            "test_ch5.py::test_graph_batch_sizes"),
+    Mistake("ch5_graph_sizes_powers_of_two", "5.1", {"graph_batch_sizes": graph_batch_sizes_powers_of_two},
+            "the sizes double (1, 2, 4, ..., 32, 64): past 16 the rule is every multiple of 16 (16, 32, 48, 64, "
+            "...), so a batch of 33 pads to 48 rows, not 64. Use range(16, max_num_seqs + 1, 16) after 1, 2, 4, 8",
+            "test_ch5.py::test_graph_batch_sizes"),
+    Mistake("ch5_graph_size_largest_when_too_big", "5.1", {"graph_size_for": graph_size_largest_when_too_big},
+            "a batch larger than every captured size gets the largest size: that graph has fewer rows than the "
+            "batch, so its last sequences are not run. Return None then (the batch runs eagerly)",
+            "test_ch5.py::test_graph_size_for"),
+    Mistake("ch5_pad_rows_past_padded", "5.1", {"pad_graph_inputs": pad_graph_inputs_past_padded},
+            "the padding is written to every row from B to the end of the buffers ([bs:]), not to rows "
+            "B..padded-1: rows from `padded` on must be left alone (the graph of that size never reads them). "
+            "Slice [bs:padded]",
+            "test_ch5.py::test_pad_graph_inputs"),
+    Mistake("ch5_pad_tables_first_columns_only", "5.1",
+            {"pad_graph_inputs": pad_graph_inputs_padding_tables_first_columns},
+            "a padding row's block table is set to -1 only in the batch's W columns (tables[bs:padded, :W]): its "
+            "columns W..max_blocks-1 keep an earlier step's block ids. Set the whole row: tables[bs:padded] = -1",
+            "test_ch5.py::test_pad_graph_inputs"),
+    Mistake("ch5_pad_rebinds_buffers", "5.1", {"pad_graph_inputs": pad_graph_inputs_rebinds},
+            "new arrays are built and bound to the local names (ids = np.concatenate(...)): the graph's buffers in "
+            "`out` are never written, so the graph replays the previous step's inputs. Write into them by slice "
+            "assignment (ids[:bs] = input_ids, ids[bs:padded] = 0, ...)",
+            "test_ch5.py::test_pad_graph_inputs"),
     # 5.2
     Mistake("ch5_append_limit_before_placeholder", "5.2", {"append_placeholders": append_placeholders_limit_before},
             "at_limit lags one token, so a request gets max_tokens + 1 tokens: it is decided before the "
@@ -322,6 +576,37 @@ MISTAKES = [
             "only a position past the end counts as dropped: a position that holds a real token (the request "
             "ended, and its placeholder was filled or is gone) was written over. A sequence that ended keeps no "
             "placeholder, so drop the row also when tokens[pos] != PLACEHOLDER_TOKEN",
+            "test_ch5.py::test_fill_placeholders"),
+    Mistake("ch5_append_position_after_append", "5.2",
+            {"append_placeholders": append_placeholders_position_after_append},
+            "positions[i] is the list's length after appending: that is one past the placeholder's index, so the "
+            "sampled token would be written after it. Take len(tokens) before appending (or len(tokens) - 1 after)",
+            "test_ch5.py::test_append_placeholders"),
+    Mistake("ch5_append_ignores_max_model_len", "5.2",
+            {"append_placeholders": append_placeholders_ignores_max_model_len},
+            "at_limit ignores max_model_len: a sequence whose new placeholder makes it max_model_len tokens long is "
+            "scheduled again and outgrows the model. at_limit = completion length >= max_tokens OR len(tokens) >= "
+            "max_model_len (after appending)",
+            "test_ch5.py::test_append_placeholders"),
+    Mistake("ch5_append_counts_real_tokens_only", "5.2",
+            {"append_placeholders": append_placeholders_counts_real_tokens},
+            "at_limit counts only the tokens that are not placeholders: the placeholder just appended and the one "
+            "of the step still in flight are tokens the sequence will have, so a request runs up to two steps past "
+            "max_tokens. Count every entry of the list, placeholders included: len(tokens) - prompt length",
+            "test_ch5.py::test_append_placeholders"),
+    Mistake("ch5_fill_ignore_eos_ignores_stop_ids", "5.2",
+            {"fill_placeholders": fill_placeholders_ignore_eos_ignores_stop_ids},
+            "ignore_eos switches off stop_token_ids too: it ignores the EOS ids only; a token in "
+            "params.stop_token_ids stops the request whatever ignore_eos says",
+            "test_ch5.py::test_fill_placeholders"),
+    Mistake("ch5_fill_removes_the_stop_token", "5.2", {"fill_placeholders": fill_placeholders_removes_the_stop_token},
+            "the stop token itself is removed with the placeholders after it (del tokens[pos:]): it is the "
+            "request's last token and stays (as transformers' output keeps its EOS). Remove from pos + 1 on",
+            "test_ch5.py::test_fill_placeholders"),
+    Mistake("ch5_fill_index_past_the_end", "5.2", {"fill_placeholders": fill_placeholders_index_past_the_end},
+            "tokens[pos] is read for a request that ended a step earlier, whose list is shorter than pos + 1 "
+            "(its placeholders were removed): IndexError. Check pos >= len(tokens) first ('dropped'), then "
+            "tokens[pos] != PLACEHOLDER_TOKEN",
             "test_ch5.py::test_fill_placeholders"),
     # 5.3
     Mistake("ch5_top_k_keeps_one_more", "5.3", {"apply_top_k_top_p": top_k_keeps_one_more},
@@ -376,6 +661,28 @@ MISTAKES = [
             "logits / 1e-6, and where the top logits tie exactly the noise picks among them. Skip the argmax only "
             "when any_greedy is False",
             "test_ch5.py::test_greedy_rows_and_top_k_1_take_the_argmax"),
+    Mistake("ch5_top_k_keeps_one_fewer", "5.3", {"apply_top_k_top_p": top_k_keeps_one_fewer},
+            "top-k keeps k - 1 tokens: ranks count from 0 (the best token), so rank r is kept when r < k (top_k = 1 "
+            "keeps the argmax alone)",
+            "test_ch5.py::test_top_k_top_p_masks_match_transformers"),
+    Mistake("ch5_top_p_ignores_top_k", "5.3", {"apply_top_k_top_p": top_p_ignores_top_k},
+            "top-p measures the mass with the softmax of the whole row: it is applied after top-k, to the softmax "
+            "of the logits top-k kept (the dropped ones at -inf first), so a row with both keeps fewer tokens than "
+            "it should. Mask top-k first, then softmax the masked sorted row",
+            "test_ch5.py::test_top_k_top_p_masks_match_transformers"),
+    Mistake("ch5_top_k_top_p_gathers_back", "5.3", {"apply_top_k_top_p": top_k_top_p_gathers_back},
+            "the masked sorted row is put back with gather(-1, order), which applies the sort's permutation a "
+            "second time instead of undoing it: column j of the result must score token j. Use "
+            "logits.scatter(-1, order, masked) (result[order[j]] = masked[j])",
+            "test_ch5.py::test_top_k_top_p_masks_match_transformers"),
+    Mistake("ch5_top_k_one_k_for_the_batch", "5.3", {"apply_top_k_top_p": top_k_one_k_for_the_batch},
+            "one k for the whole batch (the largest top_k, as torch.topk takes an int): each row has its own top_k. "
+            "Compare each row's ranks with its own k: ranks[None, :] >= top_k[:, None]",
+            "test_ch5.py::test_top_k_top_p_masks_match_transformers"),
+    Mistake("ch5_gumbel_multiplies_by_temperature", "5.3", {"gumbel_sample": gumbel_multiplies_by_temperature},
+            "the logits are multiplied by the temperature: sampling softmax(logits / T) divides them (T < 1 "
+            "sharpens the distribution, T > 1 flattens it)",
+            "test_ch5.py::test_sampling_distribution"),
     # 5.4
     Mistake("ch5_bytes_reads_the_embedding", "5.4", {"model_bytes": model_bytes_reads_the_embedding},
             "a decode step reads the embedding table whole: it reads only the B rows of the batch's tokens "
@@ -401,5 +708,44 @@ MISTAKES = [
     Mistake("ch5_floor_full_attention", "5.4", {"workload_floor": workload_floor_full_attention},
             "prefill attention is counted over the whole p x p score matrix: causal attention computes the "
             "lower half, 2 x p^2 x H x d FLOPs per layer for QK^T and PV together",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_kv_of_hidden_size", "5.4", {"model_bytes": model_bytes_kv_of_hidden_size},
+            "the K/V per token counts hidden_size per layer for K and for V: the cache holds num_key_value_heads x "
+            "head_dim per layer for each (Qwen3-0.6B: 8 x 128 = 1024 = hidden_size, but Qwen3-8B's 8 KV heads of "
+            "128 are 1024 against a hidden_size of 4096): 2 x layers x kv heads x head_dim x bytes",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_bytes_without_o_bias", "5.4", {"model_bytes": model_bytes_without_o_bias},
+            "the o_proj bias is not counted: with o_bias (attention_bias=True in Llama or Qwen3 configs) every "
+            "layer has a bias of hidden_size on o_proj. Add h * o_bias per layer",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_bytes_qk_norm_per_head", "5.4", {"model_bytes": model_bytes_qk_norm_per_head},
+            "the QK-norm weights are counted per head ((H + Hkv) x head_dim): q_norm and k_norm are one RMSNorm "
+            "weight of head_dim each, shared by every head: 2 x head_dim per layer",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_bytes_q_proj_square", "5.4", {"model_bytes": model_bytes_q_proj_square},
+            "q_proj (or o_proj) is counted as hidden_size x hidden_size: it maps hidden_size to "
+            "num_attention_heads x head_dim, which need not be hidden_size (Qwen3: 16 x 128 = 2048 against 1024). "
+            "Count h x H x d for q_proj and H x d x h for o_proj",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_bytes_without_final_norm", "5.4", {"model_bytes": model_bytes_without_final_norm},
+            "the final RMSNorm (model.norm, hidden_size weights after the last layer) is not counted: it is a "
+            "non-embedding weight that every step reads. non_embedding = L x per_layer + hidden_size",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_floor_weights_per_request", "5.4", {"workload_floor": workload_floor_weights_per_request},
+            "a decode step reads the weights once per active request: a batched step reads them once for the "
+            "whole batch (that is what batching buys); only the K/V is read per request",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_context_one_short", "5.4", {"workload_floor": workload_floor_context_one_short},
+            "decode step t reads the K/V of p_r + t - 1 tokens: at step t a request holds its p_r prompt tokens and "
+            "the t tokens made so far, the one being decoded included (its K/V is written, then read): p_r + t",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_attention_of_the_batch", "5.4", {"workload_floor": workload_floor_attention_of_the_batch},
+            "prefill attention is counted over the whole batch as one sequence ((sum of p_r)^2): each request "
+            "attends to its own tokens only, so sum over r of 2 x p_r^2 x H x d per layer",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_lm_head_in_prefill", "5.4", {"workload_floor": workload_floor_lm_head_in_prefill},
+            "prefill counts the LM head for every prompt token: the prefill FLOPs are 2 x the non-embedding "
+            "parameters per prompt token, plus attention (the LM head scores the last prompt token only: counted "
+            "as nothing)",
             "test_ch5.py::test_workload_floor_closed_form"),
 ]

@@ -256,6 +256,242 @@ def itls_with_failed(traces):
     return right_itls(_with_failed(traces))
 
 
+# ---- audit 7: more wrong versions ----------------------------------------------------------------------
+# 6.1
+def sse_event_no_space(data):
+    return "".join(f"data:{line}\n" for line in data.split("\n")) + "\n"  # the bug: no space after the colon
+
+
+def sse_event_strips(data):
+    return "".join(f"data: {line}\n" for line in data.strip().split("\n")) + "\n"  # the bug: data.strip()
+
+
+def sse_event_rstrips_newlines(data):
+    # the bug: trailing newlines are stripped first (as if they were the line's terminator)
+    return "".join(f"data: {line}\n" for line in data.rstrip("\n").split("\n")) + "\n"
+
+
+def _read7(line, lines, value_of, *, join="\n", clear=True):
+    """sse_data with the value of a data line taken by value_of(line) (None: not a data line)."""
+    if not line:
+        if not lines:
+            return None
+        data = join.join(lines)
+        if clear:
+            lines.clear()
+        else:
+            lines = []  # the bug (clear=False): a new local list; the caller's keeps the event's lines  # noqa: F841
+        return data
+    value = value_of(line)
+    if value is not None:
+        lines.append(value)
+    return None
+
+
+def _one_space_dropped(value):
+    return value[1:] if value.startswith(" ") else value
+
+
+def sse_data_splits_at_every_colon(line, lines):
+    def value(s):
+        parts = s.split(":")  # the bug: the value is cut at its own colons too
+        if s.startswith(":") or parts[0] != "data":
+            return None
+        return _one_space_dropped(parts[1] if len(parts) > 1 else "")
+    return _read7(line, lines, value)
+
+
+def sse_data_lstrips_spaces(line, lines):
+    # the bug: every leading space is dropped, not just one
+    return _read7(line, lines, lambda s: None if _data_value(s) is None else s.partition(":")[2].lstrip(" "))
+
+
+def sse_data_bare_data_ignored(line, lines):
+    # the bug: only lines starting with "data:" are data, so a bare "data" line (an empty value) is lost
+    return _read7(line, lines, lambda s: _data_value(s) if s.startswith("data:") else None)
+
+
+def sse_data_name_prefix(line, lines):
+    # the bug: any field whose name starts with "data" is read as data ("dataset: ...")
+    return _read7(line, lines, lambda s: _one_space_dropped(s.partition(":")[2]) if s.startswith("data") else None)
+
+
+def sse_data_never_clears(line, lines):
+    return _read7(line, lines, _data_value, clear=False)
+
+
+def sse_data_joins_without_newline(line, lines):
+    return _read7(line, lines, _data_value, join="")  # the bug: "".join
+
+
+# 6.2
+def detokenize_read_offset_plus_one(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens)
+    window = tokenizer.decode(ids[prefix_offset:], skip_special_tokens)
+    if len(window) > len(prefix) and not window.endswith("\ufffd"):
+        return window[len(prefix):], read_offset, read_offset + 1  # the bug: one token read, however many came
+    return "", prefix_offset, read_offset
+
+
+def detokenize_strips_fffd(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens)
+    window = tokenizer.decode(ids[prefix_offset:], skip_special_tokens).rstrip("\ufffd")  # the bug: cut off, emitted
+    if len(window) > len(prefix):
+        return window[len(prefix):], read_offset, len(ids)
+    return "", prefix_offset, read_offset
+
+
+def detokenize_ignores_skip_special_tokens(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    prefix = tokenizer.decode(ids[prefix_offset:read_offset])  # the bug: decode's default, whatever the caller asked
+    window = tokenizer.decode(ids[prefix_offset:])
+    if len(window) > len(prefix) and not window.endswith("\ufffd"):
+        return window[len(prefix):], read_offset, len(ids)
+    return "", prefix_offset, read_offset
+
+
+def detokenize_fffd_anywhere(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens)
+    window = tokenizer.decode(ids[prefix_offset:], skip_special_tokens)
+    if len(window) > len(prefix) and "\ufffd" not in window:  # the bug: anywhere, not at the end
+        return window[len(prefix):], read_offset, len(ids)
+    return "", prefix_offset, read_offset
+
+
+# 6.3
+def start_not_idempotent(book, req):
+    req.waiting = False
+    book.num_waiting -= 1  # the bug: counted down again when told twice, or after finish()
+
+
+def start_keeps_waiting_flag(book, req):
+    if req.waiting:
+        book.num_waiting -= 1  # the bug: req.waiting stays True, so finish() counts it down a second time
+
+
+def abort_request_unregisters(book, request_id):
+    req = book.requests.get(request_id)
+    if req is None or req.aborted:
+        return None
+    req.aborted = True
+    del book.requests[request_id]  # the bug: finish() unregisters, and finds nothing then
+    return req
+
+
+def abort_request_counts_down(book, request_id):
+    req = book.requests.get(request_id)
+    if req is None or req.aborted:
+        return None
+    req.aborted = True
+    if req.waiting:  # the bug: counts change in finish(), not here
+        req.waiting = False
+        book.num_waiting -= 1
+    return req
+
+
+def admit_counts_running(book, req):
+    if len(book.requests) >= book.max_waiting:  # the bug: every live request is counted, running ones too
+        raise QueueFullError(f"{len(book.requests)} requests are in (max_waiting={book.max_waiting})")
+    if req.request_id in book.requests:
+        raise ValueError(f"request id {req.request_id!r} is already in use")
+    book.num_waiting += 1
+    book.requests[req.request_id] = req
+
+
+def admit_registers_before_the_queue_check(book, req):
+    if req.request_id in book.requests:
+        raise ValueError(f"request id {req.request_id!r} is already in use")
+    book.requests[req.request_id] = req  # the bug: registered, then refused: the id stays taken
+    if book.num_waiting >= book.max_waiting:
+        raise QueueFullError(f"{book.num_waiting} requests are waiting (max_waiting={book.max_waiting})")
+    book.num_waiting += 1
+
+
+def finish_leaves_waiting_flag(book, req):
+    if book.requests.get(req.request_id) is not req:
+        return False
+    del book.requests[req.request_id]
+    if req.waiting:
+        book.num_waiting -= 1  # the bug: req.waiting stays True
+    return True
+
+
+# 6.4
+def tpots_per_chunk(traces):
+    # the bug: the time after the first chunk over the chunks that followed it, not over the tokens
+    return np.array([(t.latency - t.ttft) / (len(t.chunk_times) - 1) for t in traces
+                     if t.ok and len(t.chunk_times) > 1], dtype=np.float64)
+
+
+def itls_mean_per_request(traces):
+    # the bug: one mean gap per request, not every gap
+    return np.array([np.diff(t.chunk_times).mean() for t in traces if t.ok and len(t.chunk_times) > 1],
+                    dtype=np.float64)
+
+
+def e2e_latencies_to_the_close(traces):
+    # the bug: to `end` (the response closed), not to the last chunk
+    return np.array([t.end - t.start for t in traces if t.ok], dtype=np.float64)
+
+
+def ttfts_from_clock_zero(traces):
+    return np.array([t.chunk_times[0] for t in traces if t.ok], dtype=np.float64)  # the bug: start not subtracted
+
+
+def _not_failed(traces):
+    return [t for t in traces if not t.error]  # the bug: no error is taken for completed, with no chunk too
+
+
+def ttfts_without_chunks(traces):
+    return np.array([t.ttft for t in _not_failed(traces)], dtype=np.float64)
+
+
+def e2e_latencies_without_chunks(traces):
+    return np.array([t.latency for t in _not_failed(traces)], dtype=np.float64)
+
+
+def tpots_without_chunks(traces):
+    return np.array([(t.latency - t.ttft) / (t.output_tokens - 1) for t in _not_failed(traces) if t.output_tokens > 1],
+                    dtype=np.float64)
+
+
+def itls_without_chunks(traces):
+    gaps = [np.diff(np.asarray(t.chunk_times, dtype=np.float64)) for t in _not_failed(traces)]
+    return np.concatenate(gaps) if gaps else np.zeros(0)
+
+
+def _percentiles7(values_s, percentiles, *, fractions=False, empty_nan=True, p50_named_median=True):
+    v = np.asarray(values_s, dtype=np.float64) * 1e3
+    out = {"mean": float(v.mean()) if v.size else math.nan}
+    for p in percentiles:
+        key = "median" if p == 50 and p50_named_median else f"p{p:g}"
+        if not v.size and empty_nan:
+            out[key] = math.nan
+        else:
+            out[key] = float(np.percentile(v, p / 100 if fractions else p))
+    return out
+
+
+def latency_percentiles_fractions(values_s, percentiles=PERCENTILES):
+    return _percentiles7(values_s, percentiles, fractions=True)  # the bug: np.percentile(v, 0.99)
+
+
+def latency_percentiles_empty_raises(values_s, percentiles=PERCENTILES):
+    return _percentiles7(values_s, percentiles, empty_nan=False)  # the bug: np.percentile of no values
+
+
+def latency_percentiles_p50_key(values_s, percentiles=PERCENTILES):
+    return _percentiles7(values_s, percentiles, p50_named_median=False)  # the bug: "p50", not "median"
+
+
+def latency_percentiles_fixed(values_s, percentiles=PERCENTILES):
+    v = np.asarray(values_s, dtype=np.float64) * 1e3  # the bug: the percentiles asked for are ignored
+    if not v.size:
+        return {"mean": math.nan, "median": math.nan, "p90": math.nan, "p99": math.nan}
+    return {"mean": float(v.mean()), "median": float(np.median(v)), "p90": float(np.percentile(v, 90)),
+            "p99": float(np.percentile(v, 99))}
+
+
+
 MISTAKES = [
     # 6.1
     Mistake("ch6_sse_event_no_blank_line", "6.1", {"sse_event": sse_event_no_blank_line},
@@ -296,6 +532,43 @@ MISTAKES = [
             "event:/id:/retry: fields) returned '' : the client then reads an event whose data is empty "
             "(json.loads('') fails). Such an event dispatches nothing: return None when `lines` is empty "
             "('data:' alone is the event that carries '')",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_event_no_space", "6.1", {"sse_event": sse_event_no_space},
+            "the data lines are written 'data:' + line, with no space: a reader drops ONE space after the colon if "
+            "there is one, so a line that starts with a space (a token ' the') loses it. Write 'data: ' + line",
+            "test_ch6.py::test_sse_event_frames_decode_with_openai"),
+    Mistake("ch6_sse_event_strips", "6.1", {"sse_event": sse_event_strips},
+            "data is stripped before it is written: its leading and trailing spaces and newlines are the data's "
+            "own (a reader must get it back exactly). Split data itself on '\\n'",
+            "test_ch6.py::test_sse_event_frames_decode_with_openai"),
+    Mistake("ch6_sse_event_rstrips_newlines", "6.1", {"sse_event": sse_event_rstrips_newlines},
+            "trailing newlines are stripped from data (data.rstrip('\\n')): they are the data's own, and a final "
+            "'\\n' is one more empty `data: ` line. Split data itself: data.split('\\n')",
+            "test_ch6.py::test_sse_event_frames_decode_with_openai"),
+    Mistake("ch6_sse_data_splits_at_every_colon", "6.1", {"sse_data": sse_data_splits_at_every_colon},
+            "the line is split at every colon (line.split(':')[1]): the value ends at its own first colon "
+            "('data: {\"a\": 1}' gives '{\"a\"'). Split at the first colon only: line.partition(':')",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_lstrips_spaces", "6.1", {"sse_data": sse_data_lstrips_spaces},
+            "every space after the colon is dropped (lstrip): only ONE is, the rest belong to the value "
+            "('data:  two' carries ' two'). Drop value[0] when it is a space",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_bare_data_ignored", "6.1", {"sse_data": sse_data_bare_data_ignored},
+            "a line 'data' with no colon is ignored: a line without a colon is a field name with an empty value, "
+            "so it appends '' to the event's data lines. Take the name as line.partition(':')[0] for every line",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_name_prefix", "6.1", {"sse_data": sse_data_name_prefix},
+            "any field whose name starts with 'data' is read as data (line.startswith('data')): 'dataset: x' is "
+            "another field. The name, the text before the first colon, must be exactly 'data'",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_never_clears", "6.1", {"sse_data": sse_data_never_clears},
+            "the data lines of an event are not cleared when it is dispatched (lines = [] binds a new local list; "
+            "the caller's keeps them), so every event repeats all the ones before it. Empty the caller's list in "
+            "place: lines.clear()",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_joins_without_newline", "6.1", {"sse_data": sse_data_joins_without_newline},
+            "an event's data lines are joined with '' : they are joined with '\\n' (the writer split the data at "
+            "its newlines)",
             "test_ch6.py::test_sse_data_reads_a_stream"),
     # 6.2
     Mistake("ch6_detok_no_hold_back", "6.2", {"detokenize_incrementally": detokenize_no_hold_back},
@@ -338,6 +611,26 @@ MISTAKES = [
             "each word ('Hello' + 'world'). The new prefix_offset is the OLD read_offset (the tokens just emitted "
             "stay as context); only read_offset moves to len(ids)",
             "test_ch6.py::test_detokenize_a_sentencepiece_decoder"),
+    Mistake("ch6_detok_read_offset_plus_one", "6.2", {"detokenize_incrementally": detokenize_read_offset_plus_one},
+            "read_offset moves on by one token after an emission: several tokens can come in one call (a step read "
+            "back late), and all of them are emitted. The new read_offset is len(ids)",
+            "test_ch6.py::test_detokenize_any_text"),
+    Mistake("ch6_detok_strips_fffd", "6.2", {"detokenize_incrementally": detokenize_strips_fffd},
+            "the trailing U+FFFD is cut off and the rest emitted, the offsets moving on: the bytes it stood for are "
+            "then in the prefix, and the character they start is lost. While the window's text ends in '\\ufffd' "
+            "emit nothing and return both offsets unchanged",
+            "test_ch6.py::test_detokenize_matches_decode_stream"),
+    Mistake("ch6_detok_ignores_skip_special_tokens", "6.2",
+            {"detokenize_incrementally": detokenize_ignores_skip_special_tokens},
+            "skip_special_tokens is not passed on: tokenizer.decode(ids) uses its default, so special tokens are "
+            "dropped even when the caller asks to keep them. Call tokenizer.decode(ids, skip_special_tokens) for "
+            "both the prefix and the window",
+            "test_ch6.py::test_detokenize_matches_decode_stream"),
+    Mistake("ch6_detok_fffd_anywhere", "6.2", {"detokenize_incrementally": detokenize_fffd_anywhere},
+            "text is held back while it holds U+FFFD anywhere: a '\\ufffd' inside the text is a real character (the "
+            "text had it); only one at the END stands for a character whose other bytes are still to come. Test "
+            "window.endswith('\\ufffd')",
+            "test_ch6.py::test_detokenize_matches_decode_stream"),
     # 6.3
     Mistake("ch6_admit_one_too_many", "6.3", {"admit": admit_one_too_many},
             "a request is accepted when max_waiting requests already wait (num_waiting > max_waiting is checked): "
@@ -366,6 +659,36 @@ MISTAKES = [
             "finish looks the request up by its id only: told again that an old request ended, after a new request "
             "took its id, it unregisters the NEW request (which then runs on, unknown to the book, and its id is "
             "free twice). Unregister only when book.requests holds this very request (`is req`)",
+            "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_start_not_idempotent", "6.3", {"start": start_not_idempotent},
+            "start counts the request down every time it is called: told twice (or after finish()), num_waiting "
+            "drops below the truth. Count down only while req.waiting, and set it False then",
+            "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_start_keeps_waiting_flag", "6.3", {"start": start_keeps_waiting_flag},
+            "start counts the request down but leaves req.waiting True: the request still looks waiting, and "
+            "finish() (or a second start) counts it down again. Set req.waiting = False",
+            "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_abort_unregisters", "6.3", {"abort_request": abort_request_unregisters},
+            "abort_request removes the request from book.requests: it only marks it (req.aborted = True); the "
+            "engine thread ends it and finish() unregisters it and frees its waiting slot (which it cannot do once "
+            "the request is gone)",
+            "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_abort_counts_down", "6.3", {"abort_request": abort_request_counts_down},
+            "abort_request counts a waiting request down in num_waiting: counts change only in finish(), when the "
+            "engine has ended it (until then it still holds its place). Only mark it: req.aborted = True",
+            "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_admit_counts_running", "6.3", {"admit": admit_counts_running},
+            "the queue check counts every live request (len(book.requests)), running ones too: only waiting "
+            "requests count against max_waiting. Refuse when book.num_waiting >= book.max_waiting",
+            "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_admit_registers_before_the_queue_check", "6.3", {"admit": admit_registers_before_the_queue_check},
+            "the request is registered before the queue check: a refused request (QueueFullError) stays in "
+            "book.requests, its id taken for good. Check the queue, then the id, and register only an accepted "
+            "request",
+            "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_finish_leaves_waiting_flag", "6.3", {"finish": finish_leaves_waiting_flag},
+            "finish counts a waiting request down but leaves req.waiting True: set req.waiting = False too (a "
+            "later start() or finish() would count it down again)",
             "test_ch6.py::test_admission_scenario"),
     # 6.4
     Mistake("ch6_tpot_over_all_tokens", "6.4", {"tpots": tpots_over_all_tokens},
@@ -398,4 +721,42 @@ MISTAKES = [
             "the figures come back as a Python list: ttfts and e2e_latencies, like tpots and itls, return a numpy "
             "array, np.array([...], dtype=np.float64) (an empty float64 array when no request completed)",
             "test_ch6.py::test_latencies_by_their_definitions"),
+    Mistake("ch6_tpot_per_chunk", "6.4", {"tpots": tpots_per_chunk},
+            "TPOT is divided by the chunks after the first: a chunk can carry several tokens. Divide by "
+            "output_tokens - 1, the tokens after the first (and keep every completed request with output_tokens > 1)",
+            "test_ch6.py::test_latencies_by_their_definitions"),
+    Mistake("ch6_itl_mean_per_request", "6.4", {"itls": itls_mean_per_request},
+            "ITL is one mean gap per request: it is every gap between consecutive chunks, all requests pooled "
+            "(chunks - 1 values per request): np.diff of each request's chunk times, concatenated",
+            "test_ch6.py::test_latencies_by_their_definitions"),
+    Mistake("ch6_e2e_to_the_close", "6.4", {"e2e_latencies": e2e_latencies_to_the_close},
+            "the end-to-end latency runs to `end` (when the response closed): it runs to the last chunk, "
+            "t.latency = chunk_times[-1] - start (benchmark_serving's E2EL)",
+            "test_ch6.py::test_latencies_by_their_definitions"),
+    Mistake("ch6_ttft_from_clock_zero", "6.4", {"ttfts": ttfts_from_clock_zero},
+            "TTFT is the first chunk's clock time: it is measured from the request's send, chunk_times[0] - start "
+            "(t.ttft)",
+            "test_ch6.py::test_latencies_by_their_definitions"),
+    Mistake("ch6_latencies_of_requests_without_chunks", "6.4",
+            {"ttfts": ttfts_without_chunks, "e2e_latencies": e2e_latencies_without_chunks,
+             "tpots": tpots_without_chunks, "itls": itls_without_chunks},
+            "a request with no error but no chunk (its stream closed before any token) is counted as completed: "
+            "its chunk_times is empty, so t.ttft and t.latency raise IndexError. Keep only t.ok (no error AND at "
+            "least one chunk)",
+            "test_ch6.py::test_latencies_by_their_definitions"),
+    Mistake("ch6_percentiles_as_fractions", "6.4", {"latency_percentiles": latency_percentiles_fractions},
+            "the percentiles are given to np.percentile as fractions (0.5, 0.9, 0.99): np.percentile takes them "
+            "in percent (np.quantile takes fractions). np.percentile(v, p)",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
+    Mistake("ch6_percentiles_of_nothing_raise", "6.4", {"latency_percentiles": latency_percentiles_empty_raises},
+            "no values (no request completed, or none had two tokens for TPOT) raise: np.percentile of an empty "
+            "array fails. Return NaN for the mean and every percentile when there are no values",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
+    Mistake("ch6_percentiles_p50_key", "6.4", {"latency_percentiles": latency_percentiles_p50_key},
+            "the 50th percentile is keyed 'p50': it is reported as 'median' (the others as 'pN')",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
+    Mistake("ch6_percentiles_fixed", "6.4", {"latency_percentiles": latency_percentiles_fixed},
+            "the summary always has median, p90 and p99, whatever `percentiles` asks for: one key per "
+            "percentile passed ('median' for 50, else f'p{p:g}')",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
 ]

@@ -9,9 +9,11 @@ transformers' logits and its `generate` tokens (references/greedy_tokens.json).
 import copy
 import functools
 import json
+import numbers
 import random
 import re
 import struct
+import types
 
 import pytest
 import torch
@@ -169,6 +171,7 @@ def _corrupt_cases() -> dict[str, bytes]:
     good = save({"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4, dtype=torch.int16)})
     (n,) = struct.unpack("<Q", good[:8])
     hdr, body = json.loads(good[8:8 + n]), good[8 + n:]
+    meta = json.dumps({"__metadata__": {"format": "pt"}}).encode()
 
     def with_header(change):
         h = copy.deepcopy(hdr)
@@ -191,28 +194,52 @@ def _corrupt_cases() -> dict[str, bytes]:
         "tensor past the end": with_header(lambda h: h["b"].update(shape=[8], data_offsets=[24, 40])),
         "missing data_offsets": with_header(lambda h: h["a"].pop("data_offsets")),
         "entry not an object": with_header(lambda h: h.update(c=5)),
+        # the whole header is valid JSON and names no tensor, but N claims 8 bytes more than the file holds:
+        # only the length check can tell
+        "header length past the end of a file that is all header": struct.pack("<Q", len(meta) + 8) + meta,
     }
+
+
+def _corrupt_outcome(impl, data: bytes) -> str:
+    """What reading a corrupt file does, in words: a ValueError, another exception, or no error."""
+    try:
+        _read_all(impl, data)
+    except NotImplementedError:
+        raise
+    except ValueError:
+        return "ValueError"
+    except Exception as e:
+        return f"raised {type(e).__name__}: {e}"
+    return "read without a ValueError"
 
 
 @pytest.mark.ex1_2
 @pytest.mark.parametrize("case", list(_corrupt_cases()))
 def test_corrupt_file_raises_value_error(impl, case):
+    """A known wrong version is named only when it does what yours does with EVERY corrupt file: a missing
+    check shows on one case, and several wrong versions read that one file without an error."""
     from safetensors.torch import load
-    data = _corrupt_cases()[case]
+    cases = _corrupt_cases()
     with pytest.raises(Exception):  # the reference agrees the file is corrupt
-        load(data)
-    try:
-        _read_all(impl, data)
-    except ValueError:
+        load(cases[case])
+    got = _corrupt_outcome(impl, cases[case])
+    if got == "ValueError":
         return
-    except NotImplementedError:
-        raise
-    except Exception as e:
-        raise AssertionError(f"Exercise 1.2: a corrupt file ({case}) raised {type(e).__name__}: {e}; it should "
-                             f"raise ValueError saying what is wrong -- see notebooks/01_vocab_weights_runtime.ipynb, "
-                             f"section '5. The weights: a safetensors file'") from None
-    raise AssertionError(f"Exercise 1.2: a corrupt file ({case}) was read without a ValueError -- see "
-                         f"notebooks/01_vocab_weights_runtime.ipynb, section '5. The weights: a safetensors file'")
+    yours = functools.cache(lambda: {c: _corrupt_outcome(impl, d) for c, d in cases.items()})
+
+    def everywhere_like_yours(function, wrong):
+        """The wrong version's outcome on this file, if it has yours on every corrupt file."""
+        swapped = types.SimpleNamespace(**{**vars(impl), function: wrong})
+        outcomes = {c: _corrupt_outcome(swapped, d) for c, d in cases.items()}
+        if outcomes != yours():
+            raise LookupError("this wrong version differs from yours on another corrupt file")
+        return outcomes[case]
+
+    check_equal(got, "ValueError", "1.2", f"what reading a corrupt file ({case}) does (it should raise ValueError "
+                                          f"saying what is wrong)",
+                suspects={hint: (lambda f=f, w=w: everywhere_like_yours(f, w))
+                          for f in ("parse_safetensors_header", "read_tensor")
+                          for hint, w in wrong_versions(f).items()})
 
 
 # ---- 1.3 packed parameters ---------------------------------------------------------------------
@@ -273,16 +300,21 @@ def check_packed_as_transformers_loads(model: Qwen3ForCausalLM, name: str) -> No
                     "lm_head shares the embedding when tied (do not load lm_head.weight)")
 
 
-@pytest.mark.ex1_3
-@pytest.mark.parametrize("change, match", [
+BAD_CHECKPOINTS = [
     ("drop model.layers.1.mlp.up_proj.weight", "missing"),
     ("drop model.norm.weight", "missing"),
     ("add model.layers.0.surprise.weight", "surprise"),
     ("reshape model.norm.weight", "model.norm.weight"),
     ("reshape model.layers.0.self_attn.k_proj.weight", "k_proj"),
-])
-def test_load_model_rejects_bad_checkpoints(impl, tmp_path, change, match):
+]
+
+
+def _bad_checkpoint(tmp_path, change: str) -> str:
+    """A copy of tiny-qwen3 in tmp_path after `change` (drop, add or reshape one tensor) -> its folder."""
     from safetensors.torch import load_file, save_file
+    d = tmp_path / ("bad " + change)
+    if d.exists():
+        return str(d)
     tensors = load_file(ref_path("tiny-qwen3") + "/model.safetensors")
     verb, key = change.split()
     if verb == "drop":
@@ -291,16 +323,34 @@ def test_load_model_rejects_bad_checkpoints(impl, tmp_path, change, match):
         tensors[key] = torch.zeros(3)
     else:
         tensors[key] = tensors[key][:-1].clone()
-    d = tmp_path / "bad"
     d.mkdir()
     save_file(tensors, d / "model.safetensors")
     (d / "config.json").write_text(open(ref_path("tiny-qwen3") + "/config.json").read())
+    return str(d)
+
+
+@pytest.mark.ex1_3
+@pytest.mark.parametrize("change, match", BAD_CHECKPOINTS)
+def test_load_model_rejects_bad_checkpoints(impl, tmp_path, change, match):
+    """A known wrong version is named only when it does what yours does with EVERY bad checkpoint here: a
+    loader that never checks completeness and one that checks it only per parameter both load the checkpoint
+    without up_proj, but only one of them loads the one without model.norm.weight."""
     want = f"ValueError mentioning {match!r}"
-    got = _outcome(lambda: impl.load_model(_engine_model("tiny-qwen3"), str(d)), match)
-    if got != want:  # the wrong versions run only on failure: each loads the checkpoint once more
-        suspected = suspects("load_model", _engine_model("tiny-qwen3"), str(d))
+    got = _outcome(lambda: impl.load_model(_engine_model("tiny-qwen3"), _bad_checkpoint(tmp_path, change)), match)
+    if got != want:  # the wrong versions run only on failure: each loads every bad checkpoint once more
+        def outcomes(load_model) -> dict[str, str]:  # compared by kind ("ValueError: <any text>" alike)
+            return {c: _outcome(lambda c=c: load_model(_engine_model("tiny-qwen3"), _bad_checkpoint(tmp_path, c)),
+                                m).split(":")[0] for c, m in BAD_CHECKPOINTS}
+        yours = functools.cache(lambda: outcomes(impl.load_model))
+
+        def everywhere_like_yours(wrong) -> str:
+            if outcomes(wrong) != yours():
+                raise LookupError("this wrong version differs from yours on another bad checkpoint")
+            return _outcome(lambda: wrong(_engine_model("tiny-qwen3"), _bad_checkpoint(tmp_path, change)), match)
+
         check_equal(got, want, "1.3", f"what load_model does with a checkpoint after '{change}'",
-                    suspects={hint: (lambda run=run: _outcome(run, match)) for hint, run in suspected.items()})
+                    suspects={hint: (lambda w=w: everywhere_like_yours(w))
+                              for hint, w in wrong_versions("load_model").items()})
 
 
 @pytest.mark.ex1_3
@@ -430,17 +480,41 @@ def _on_a_clean_cache(runner, generate):
 
 
 def _check_generate(impl, function: str, name, exercise_id, per_call):
+    """Transformers' greedy tokens after prompts of 1, 17 and 64 tokens (within and across blocks of 16), then
+    max_new_tokens 1 and 0 after the first prompt (plain Python: no tokens at all), each as a list of ints. A
+    known wrong version is named only when it gives your tokens on every one of these runs: two bugs can agree
+    on one (stopping at len(ids) == max_new_tokens and running one step too few both give 23 tokens after a
+    1-token prompt; skipping the max_new_tokens=0 check and one decode step too many both give one token for 0)."""
     runner, greedy = _runner(name), greedy_reference()
     n = greedy["max_new_tokens"]
     cases = list(zip(greedy["prompts"], greedy["tokens"][name]))
-    for prompt, want in [cases[i] for i in (0, 2, 4)]:  # 1, 17 and 64 tokens: within and across blocks of 16
+    runs = [(cases[i][0], n, cases[i][1]) for i in (0, 2, 4)]
+    runs += [(cases[0][0], 1, cases[0][1][:1]), (cases[0][0], 0, [])]
+    yours = functools.cache(lambda: [list(_on_a_clean_cache(runner, getattr(impl, function))(runner, p, k))
+                                     for p, k, _ in runs])
+
+    def everywhere_like_yours(fn, i: int, part=lambda ids: ids):
+        """part(fn's ids on run i), if fn gives your ids on every run (else it is not your bug)."""
+        theirs = [list(_on_a_clean_cache(runner, fn)(runner, p, k)) for p, k, _ in runs]
+        if any(len(a) != len(b) or a != b for a, b in zip(theirs, yours())):
+            raise LookupError("this wrong version differs from yours on another prompt")
+        return part(theirs[i])
+
+    def not_ints(ids) -> list[str]:
+        return sorted({type(t).__name__ for t in ids if not isinstance(t, numbers.Integral)})
+
+    for i, (prompt, k, want) in enumerate(runs):
         with _TokensPerCall(runner.model) as sizes:
-            got = _on_a_clean_cache(runner, getattr(impl, function))(runner, prompt, n)
-        check_equal(list(got), want, exercise_id, f"greedy tokens of {name} after a {len(prompt)}-token prompt "
-                                                  f"(transformers' generate)",
-                    suspects={hint: (lambda fn=fn, ids=prompt: list(_on_a_clean_cache(runner, fn)(runner, ids, n)))
+            got = list(_on_a_clean_cache(runner, getattr(impl, function))(runner, prompt, k))
+        check_equal(got, want, exercise_id, f"greedy tokens of {name} after a {len(prompt)}-token prompt, "
+                                            f"max_new_tokens={k} (transformers' generate)",
+                    suspects={hint: (lambda fn=fn, i=i: everywhere_like_yours(fn, i))
                               for hint, fn in wrong_versions(function).items()})
-        check_equal(sizes, per_call(len(prompt), n), exercise_id, "tokens fed to the model at each step")
+        check_equal(not_ints(got), [], exercise_id, "types of the generated ids that are not Python ints",
+                    suspects={hint: (lambda fn=fn, i=i: everywhere_like_yours(fn, i, not_ints))
+                              for hint, fn in wrong_versions(function).items()})
+        check_equal(sizes, per_call(len(prompt), k) if k else [], exercise_id,
+                    f"tokens fed to the model at each step (max_new_tokens={k})")
 
 
 @pytest.mark.ex1_5

@@ -50,34 +50,49 @@ def guarded(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return buf, view
 
 
-def guarded_output(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def guarded_output(shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
+                   width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """An output tensor filled with SENTINEL inside a guarded buffer (an element the kernel should
-    write but does not keeps SENTINEL). -> (buffer, output view)."""
-    return guarded(torch.full(shape, SENTINEL, dtype=dtype))
+    write but does not keeps SENTINEL). width: for a 2-D output, its rows `width` elements apart (a
+    slice [:, :cols] of a wider tensor; the columns past cols are guards too). -> (buffer, output view)."""
+    if width is None:
+        return guarded(torch.full(shape, SENTINEL, dtype=dtype))
+    buf, wide = guarded(torch.full((shape[0], width), SENTINEL, dtype=dtype))
+    return buf, wide[:, :shape[1]]
 
 
-def guards_of(buf: torch.Tensor) -> torch.Tensor:
-    """The two guard regions of a guarded buffer, concatenated."""
-    return torch.cat([buf[:GUARD], buf[-GUARD:]])
+def guards_of(buf: torch.Tensor, shape: tuple[int, ...] | None = None, width: int | None = None) -> torch.Tensor:
+    """The two guard regions of a guarded buffer, concatenated (and, for an output `width` wide, the
+    columns past its shape[1] in every row)."""
+    ends = torch.cat([buf[:GUARD], buf[-GUARD:]])
+    if width is None:
+        return ends
+    return torch.cat([ends, buf[GUARD:-GUARD].view(shape[0], width)[:, shape[1]:].reshape(-1)])
 
 
-def interior(buf: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+def interior(buf: torch.Tensor, shape: tuple[int, ...], width: int | None = None) -> torch.Tensor:
     """The tensor between the guards of a guarded buffer."""
-    return buf[GUARD:-GUARD].view(shape)
+    if width is None:
+        return buf[GUARD:-GUARD].view(shape)
+    return buf[GUARD:-GUARD].view(shape[0], width)[:, :shape[1]]
 
 
 def check_guarded(exercise_id: str, what: str, launch: Callable[[Callable], torch.Tensor], launcher: str,
-                  shape: tuple[int, ...], want: torch.Tensor, got_launcher: Callable, **tol) -> None:
+                  shape: tuple[int, ...], want: torch.Tensor, got_launcher: Callable, width: int | None = None,
+                  **tol) -> None:
     """Run launch(got_launcher) -> its guarded output buffer; its guards must hold SENTINEL and its
-    interior `want`. On failure each known wrong version of `launcher` runs through launch() the
-    same way (into fresh buffers), so a student's output that equals one of them names the bug."""
+    interior `want` (width: the output's row stride, when launch made it a slice of a wider tensor).
+    On failure each known wrong version of `launcher` runs through launch() the same way (into fresh
+    buffers), so a student's output that equals one of them names the bug."""
     buf = launch(got_launcher)
     suspected = {hint: (lambda fn=fn: launch(fn)) for hint, fn in wrong_versions(launcher).items()}
-    check_close(guards_of(buf), torch.full((2 * GUARD,), SENTINEL, dtype=buf.dtype), exercise_id,
-                f"guard regions around the output of {what} (a store without its mask?)", **EXACT,
-                suspects=then(suspected, guards_of))
-    check_close(interior(buf, shape), want, exercise_id, f"output of {what}", **tol,
-                suspects=then(suspected, lambda b: interior(b, shape)))
+    guards = guards_of(buf, shape, width)
+    check_close(guards, torch.full(guards.shape, SENTINEL, dtype=buf.dtype), exercise_id,
+                f"guard regions around the output of {what} (a store without its mask?"
+                f"{' or at the wrong row stride?' if width else ''})", **EXACT,
+                suspects=then(suspected, lambda b: guards_of(b, shape, width)))
+    check_close(interior(buf, shape, width), want, exercise_id, f"output of {what}", **tol,
+                suspects=then(suspected, lambda b: interior(b, shape, width)))
 
 
 # ---- 2.7 masked vector add -----------------------------------------------------------------------
@@ -178,23 +193,29 @@ def test_vector_add_reads_only_its_n_elements(impl):
 ROWS = 5
 
 
-def softmax_launch(x: torch.Tensor) -> Callable[[Callable], torch.Tensor]:
-    """launch(softmax_rows) -> the guarded output buffer of softmax_rows(x, out=...)."""
+def softmax_launch(x: torch.Tensor, width: int | None = None) -> Callable[[Callable], torch.Tensor]:
+    """launch(softmax_rows) -> the guarded output buffer of softmax_rows(x, out=...) (out's rows `width`
+    elements apart when given)."""
     def launch(softmax_rows: Callable) -> torch.Tensor:
-        buf, out = guarded_output(tuple(x.shape))
+        buf, out = guarded_output(tuple(x.shape), width=width)
         softmax_rows(x, out=out)
         return buf
 
     return launch
 
 
+OUT_WIDTH = 120  # a strided output's row stride: neither its row length nor the input's row stride
+
+
 @pytest.mark.ex2_8
 def test_softmax_of_strided_rows_writes_only_its_rows(impl):
-    """x is a [5, 100] slice of a [5, 128] tensor: its rows are 128 elements apart."""
+    """x is a [5, 100] slice of a [5, 128] tensor: its rows are 128 elements apart; out is a [5, 100] slice
+    of a [5, 120] tensor: its rows are 120 apart, and the 20 columns after each row must stay untouched."""
     _, wide = guarded(randn(ROWS, 128, seed=30) * 3)
     x = wide[:, :100]
-    check_guarded("2.8", "softmax_rows of [5, 100] rows 128 elements apart", softmax_launch(x), "softmax_rows",
-                  (ROWS, 100), torch.softmax(x, dim=-1), impl.softmax_rows, **TOL_SOFTMAX)
+    check_guarded("2.8", f"softmax_rows of [5, 100] rows 128 elements apart into rows {OUT_WIDTH} apart",
+                  softmax_launch(x, OUT_WIDTH), "softmax_rows", (ROWS, 100), torch.softmax(x, dim=-1),
+                  impl.softmax_rows, width=OUT_WIDTH, **TOL_SOFTMAX)
 
 
 @pytest.mark.ex2_8
@@ -224,10 +245,12 @@ GATHER_CASES = {
 NUM_PAGES = 6
 
 
-def gather_launch(cache: torch.Tensor, table: torch.Tensor, n_tokens: int) -> Callable[[Callable], torch.Tensor]:
-    """launch(gather_pages) -> the guarded output buffer of gather_pages(cache, table, n_tokens, out=...)."""
+def gather_launch(cache: torch.Tensor, table: torch.Tensor, n_tokens: int,
+                  width: int | None = None) -> Callable[[Callable], torch.Tensor]:
+    """launch(gather_pages) -> the guarded output buffer of gather_pages(cache, table, n_tokens, out=...)
+    (out's rows `width` elements apart when given)."""
     def launch(gather_pages: Callable) -> torch.Tensor:
-        buf, out = guarded_output((n_tokens, cache.shape[2]))
+        buf, out = guarded_output((n_tokens, cache.shape[2]), width=width)
         gather_pages(cache, table, n_tokens, block_t=GATHER_BLOCK_T, out=out)
         return buf
 
@@ -243,14 +266,15 @@ def gathered(cache: torch.Tensor, table: list[int], n_tokens: int) -> torch.Tens
 @pytest.mark.ex2_9
 def test_gather_from_a_strided_cache_writes_only_its_tokens(impl):
     """The cache is [6, 4, 40] cut from a [6, 4, 56] tensor (as one head's K is cut from a cache of
-    several heads): its rows are 56 elements apart and its pages 224."""
+    several heads): its rows are 56 elements apart and its pages 224. The output is [13, 40] cut from a
+    [13, 48] tensor: its rows are 48 apart, and the 8 columns after each row must stay untouched."""
     n_tokens, page, d, table = GATHER_CASES["partial-last-page"]
     _, wide = guarded(randn(NUM_PAGES, page, 56, seed=33))
     cache = wide[:, :, :d]
     _, table_t = guarded(torch.tensor(table, dtype=torch.int32))
-    check_guarded("2.9", f"gather_pages of {n_tokens} tokens from a strided cache",
-                  gather_launch(cache, table_t, n_tokens), "gather_pages", (n_tokens, d),
-                  gathered(cache, table, n_tokens), impl.gather_pages, **EXACT)
+    check_guarded("2.9", f"gather_pages of {n_tokens} tokens from a strided cache into rows 48 apart",
+                  gather_launch(cache, table_t, n_tokens, 48), "gather_pages", (n_tokens, d),
+                  gathered(cache, table, n_tokens), impl.gather_pages, width=48, **EXACT)
 
 
 @pytest.mark.ex2_9
@@ -260,6 +284,22 @@ def test_gather_pages_matches_torch_indexing(impl, case):
     _, cache = guarded(randn(NUM_PAGES, page, d, seed=34))
     _, table_t = guarded(torch.tensor(table, dtype=torch.int32))
     check_guarded("2.9", f"gather_pages of {n_tokens} tokens, pages of {page}, table {table}",
+                  gather_launch(cache, table_t, n_tokens), "gather_pages", (n_tokens, d),
+                  gathered(cache, table, n_tokens), impl.gather_pages, **EXACT)
+
+
+@pytest.mark.ex2_9
+def test_gather_reads_only_the_tensors_it_was_given(impl):
+    """12 tokens in pages of 4, a table of exactly their 3 pages and a cache of 6 pages of 20-wide rows, each
+    a tensor of its own: the second program's lanes 12-15 are past the sequence (an unmasked table load there
+    reads entry 3, past the table), and the last token's row is the cache's last (an unmasked row load reads
+    columns 20-31, past the cache). On a GPU such loads read whatever follows (or fault); here the bounds check
+    stops them at their line (minillm/course/kernel_bounds.py, on in every CPU test): guards inside the same
+    storage, as the other tests have, take the reads silently."""
+    n_tokens, page, d, table = 12, 4, 20, [2, 0, NUM_PAGES - 1]
+    cache = randn(NUM_PAGES, page, d, seed=37)  # no guards: nothing of its storage after page 5's last row
+    table_t = torch.tensor(table, dtype=torch.int32)
+    check_guarded("2.9", f"gather_pages of {n_tokens} tokens, pages of {page}, a table of exactly {table}",
                   gather_launch(cache, table_t, n_tokens), "gather_pages", (n_tokens, d),
                   gathered(cache, table, n_tokens), impl.gather_pages, **EXACT)
 
@@ -280,12 +320,12 @@ def matmul_launch(a: torch.Tensor, b: torch.Tensor) -> Callable[[Callable], torc
 
 @pytest.mark.ex2_10
 def test_matmul_of_odd_shapes_writes_only_its_tiles(impl):
-    """[40, 50] @ [50, 36] in 16 x 16 x 16 tiles: every dimension ends in a partial tile, and A is a
-    transposed view (its strides are (1, 40))."""
+    """[40, 50] @ [50, 36] in 16 x 16 x 16 tiles: every dimension ends in a partial tile, and A and B are
+    transposed views (strides (1, 40) and (1, 50), as a weight stored [N, K] is used as W.t())."""
     M, K, N = 40, 50, 36
     _, a_t = guarded(randn(K, M, seed=35))
-    _, b = guarded(randn(K, N, seed=36))
-    a = a_t.t()
+    _, b_t = guarded(randn(N, K, seed=36))
+    a, b = a_t.t(), b_t.t()
     check_guarded("2.10", f"tiled_matmul [{M}, {K}] @ [{K}, {N}]", matmul_launch(a, b), "tiled_matmul", (M, N), a @ b,
                   impl.tiled_matmul, **TOL_MATMUL)
 
@@ -299,6 +339,17 @@ def test_tiled_matmul_matches_torch(impl, mkn):
     _, b = guarded(randn(K, N, seed=38))
     check_guarded("2.10", f"tiled_matmul [{M}, {K}] @ [{K}, {N}]", matmul_launch(a, b), "tiled_matmul", (M, N), a @ b,
                   impl.tiled_matmul, **TOL_MATMUL)
+
+
+@pytest.mark.ex2_10
+def test_matmul_reads_only_the_tensors_it_was_given(impl):
+    """[40, 50] @ [50, 36], each a contiguous tensor of its own: the last tiles' rows and columns past the
+    shapes lie past the storage, where an unmasked load fails at its line (the bounds check); the guards the
+    other tests put around A and B take such reads silently."""
+    M, K, N = 40, 50, 36
+    a, b = randn(M, K, seed=43), randn(K, N, seed=44)
+    check_guarded("2.10", f"tiled_matmul [{M}, {K}] @ [{K}, {N}] of tensors of their own", matmul_launch(a, b),
+                  "tiled_matmul", (M, N), a @ b, impl.tiled_matmul, **TOL_MATMUL)
 
 
 @pytest.mark.ex2_10
@@ -344,5 +395,23 @@ def test_softmax_weighted_sum_matches_torch(impl, case):
         return buf
 
     check_guarded("2.11", f"softmax_weighted_sum of {n_keys} keys in tiles of {ONLINE_BLOCK_N} ({case})", launch,
+                  "softmax_weighted_sum", (ONLINE_ROWS, ONLINE_DIM), torch.softmax(scores, dim=-1) @ values,
+                  impl.softmax_weighted_sum, **TOL_ONLINE)
+
+
+@pytest.mark.ex2_11
+def test_softmax_weighted_sum_reads_only_the_tensors_it_was_given(impl):
+    """Scores [5, 100] and values [100, 24], contiguous tensors of their own: the last tile's keys 100-111 and
+    the values' columns 24-31 lie past the storage, where an unmasked load fails at its line (the bounds
+    check); the slices of wider, guarded buffers in the test above take such reads silently."""
+    n_keys = 100
+    scores, values = online_scores("max-grows", n_keys), randn(n_keys, ONLINE_DIM, seed=45)
+
+    def launch(softmax_weighted_sum: Callable) -> torch.Tensor:
+        buf, out = guarded_output((ONLINE_ROWS, ONLINE_DIM))
+        softmax_weighted_sum(scores, values, block_n=ONLINE_BLOCK_N, out=out)
+        return buf
+
+    check_guarded("2.11", f"softmax_weighted_sum of {n_keys} keys of tensors of their own", launch,
                   "softmax_weighted_sum", (ONLINE_ROWS, ONLINE_DIM), torch.softmax(scores, dim=-1) @ values,
                   impl.softmax_weighted_sum, **TOL_ONLINE)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from minillm.course.exercises import load_impl
-from minillm.course.grading import check_close, check_equal, check_unmodified
+from minillm.course.grading import check_close, check_equal, check_type, check_unmodified
 from minillm.course.ranks import run_on_ranks
 from minillm.distributed import tensor_parallel
 from mistakes import call_pure, copied, suspects, suspects_of, wrong_versions
@@ -178,12 +178,14 @@ def copies_of(rank_calls: list[tuple]) -> list[tuple]:
 
 
 def graded_on_thread_ranks(impl, name: str, rank_calls: list[tuple], exercise_id: str,
-                           groups: list[list[int]] | None = None) -> list:
+                           groups: list[list[int]] | None = None, also: tuple[list[tuple], ...] = ()) -> list:
     """Your `name` on thread ranks (groups: as _thread_ranks) -> the ranks' outputs. Each rank gets its
     own copies of the tensors of rank_calls, which it must leave as they were (a rank that writes into an
     input fails the test, naming the input). An error a rank raises (other than a stub's
     NotImplementedError) fails the test, naming a known bug that raises the same errors on the same
-    ranks; an error that minillm's own version raises too is this machine's, and is raised as it is."""
+    ranks; an error that minillm's own version raises too is this machine's, and is raised as it is.
+    also: the test's other inputs (rank_calls each): a known bug is named for an error only where it also does
+    what your code does on them (the same error on another input can be another bug's)."""
     given = copies_of(rank_calls)
     outputs, errors = _thread_ranks(getattr(impl, name), given, groups)
     raised = [e for e in errors if e is not None and not isinstance(e, SystemExit)]
@@ -194,11 +196,14 @@ def graded_on_thread_ranks(impl, name: str, rank_calls: list[tuple], exercise_id
         if ref_error is not None:
             raise RuntimeError(f"thread ranks fail here for minillm's own {name} as well ({ref_error}): this "
                                f"machine's torch.distributed, not the code under test") from raised[0]
+        elsewhere = lambda fn: [rank_error(fn, copies_of(calls), groups) for calls in also]  # noqa: E731
         try:
             check_equal(errors_named(errors), "no error", exercise_id,
                         f"what {name} did on {len(rank_calls)} ranks{groups_named(groups)} (the error's traceback "
                         f"is above)",
-                        suspects=suspects_of(name, lambda fn: rank_error(fn, copies_of(rank_calls), groups)))
+                        suspects=suspects_of(name, lambda fn: rank_error(fn, copies_of(rank_calls), groups),
+                                             agree=(elsewhere, lambda: elsewhere(getattr(impl, name))) if also
+                                             else None))
         except AssertionError as failure:
             raise failure from raised[0]
     names = list(inspect.signature(getattr(load_impl("ref"), name)).parameters)
@@ -223,6 +228,16 @@ def groups_named(groups: list[list[int]] | None) -> str:
     return "" if groups is None else (" in the tensor-parallel groups of ranks " + " and ".join(map(str, groups)) +
                                       ", two groups running at once (each rank is given its own group: every "
                                       "collective needs group=group, and the rank in it is dist.get_rank(group))")
+
+
+def check_tensor_on_rank(y, name: str, rank_calls: list[tuple], rank: int, exercise_id: str, what: str,
+                         groups: list[list[int]] | None = None) -> None:
+    """Rank `rank`'s output y must be a tensor (checked before its values: check_close cannot name a known bug
+    that returns None); a known wrong version that returns the same type there is named."""
+    check_type(y, torch.Tensor, exercise_id, f"{name} must return a tensor on every rank: {what}",
+               f"{name} on rank {rank}",
+               suspects=suspects_of(name, lambda fn: type(on_thread_ranks(fn, copies_of(rank_calls), groups)[rank])
+                                    .__name__))
 
 
 def rank_suspects(name: str, rank_calls: list[tuple], rank: int, groups: list[list[int]] | None = None) -> dict:
@@ -397,6 +412,7 @@ def test_row_parallel_linear_on_two_thread_ranks(impl):
                               (biased_calls, want_biased, "a row-parallel layer with a bias against nn.Linear")):
         outs = graded_on_thread_ranks(impl, "row_parallel_linear", calls, "4.2")
         for r, y in enumerate(outs):
+            check_tensor_on_rank(y, "row_parallel_linear", calls, r, "4.2", what)
             check_close(y, want, "4.2", f"{what}, rank {r} of {TP}", ATOL, RTOL,
                         suspects=rank_suspects("row_parallel_linear", calls, r))
     # bfloat16, as the engine runs it: the result is in x's dtype (rounding: each rank's partial product, the sum)
@@ -451,8 +467,17 @@ def embedding_case():
 def test_vocab_parallel_embed_on_two_thread_ranks(impl):
     ids, weight, want = embedding_case()
     half = VOCAB // TP
-    calls = [(ids, chunk(weight, 0, r), r * half) for r in range(TP)]
+    # first ids on both sides but none at the cut (id V/p, the first of rank 1's slice): each shard's mask needs
+    # its upper bound here, and a bound one id too wide (<=) is still right
+    away = torch.tensor([5, 300, half - 2, VOCAB - 1, half + 1, 100])
+    away_calls = calls = [(away, chunk(weight, 0, r), r * half) for r in range(TP)]
     for r, y in enumerate(graded_on_thread_ranks(impl, "vocab_parallel_embed", calls, "4.3")):
+        what = f"vocab_parallel_embed of ids away from the cut ({away.tolist()}) on rank {r} of {TP}"
+        check_tensor_on_rank(y, "vocab_parallel_embed", calls, r, "4.3", what)
+        check_close(y, F.embedding(away, weight), "4.3", f"{what} against nn.Embedding",
+                    suspects=rank_suspects("vocab_parallel_embed", calls, r))
+    calls = [(ids, chunk(weight, 0, r), r * half) for r in range(TP)]
+    for r, y in enumerate(graded_on_thread_ranks(impl, "vocab_parallel_embed", calls, "4.3", also=(away_calls,))):
         check_close(y, want, "4.3", f"vocab_parallel_embed on rank {r} of {TP} against nn.Embedding",
                     suspects=rank_suspects("vocab_parallel_embed", calls, r))
     # bfloat16, as the engine runs it: rows of the table in its own dtype (a lookup and a sum with zeros: exact)
@@ -506,6 +531,13 @@ def test_parallel_lm_head_on_two_thread_ranks(impl):
                 suspects=rank_suspects("parallel_lm_head", calls, 1))
     returned = lambda fn: outcome(lambda: [None if y is None else tuple(y.shape)  # noqa: E731 -- what each rank
                                            for y in on_thread_ranks(fn, copies_of(calls))])  # returned, by shape
+    # bfloat16, as the engine runs it: the logits in hidden's dtype (each one a dot product rounded once)
+    calls16 = [(hidden.bfloat16(), chunk(weight, 0, r).bfloat16()) for r in range(TP)]
+    want16 = F.linear(hidden.bfloat16().float(), weight.bfloat16().float()).bfloat16()
+    check_close(graded_on_thread_ranks(impl, "parallel_lm_head", calls16, "4.4")[0], want16, "4.4",
+                f"parallel_lm_head's logits of bfloat16 hidden states on rank 0 ({TP} ranks) against F.linear in fp32 "
+                f"on the same bfloat16 values, rounded to bfloat16 (the logits in hidden's dtype)", *BF16_TOL,
+                suspects=rank_suspects("parallel_lm_head", calls16, 0))
     check_equal(collectives_on_thread_ranks(impl.parallel_lm_head, copies_of(calls)), [["gather"]] * TP, "4.4",
                 "the collectives each rank called (rank 0 alone needs the logits: one torch.distributed.gather to "
                 "it on every rank, not an all-gather, which sends every rank all of them)",

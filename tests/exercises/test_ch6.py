@@ -99,7 +99,7 @@ def test_sse_event_frames_decode_with_openai(impl):
         check_equal(outcome(lambda: decoded_by_openai(impl.sse_event(data))), [data], "6.1",
                     f"the events the openai package's SSE decoder reads in sse_event({data!r}) (vs the data itself)",
                     suspects=suspects_of("sse_event", lambda fn, data=data: outcome(
-                        lambda: decoded_by_openai(fn(data))), agree=written_the_same(impl, [data])))
+                        lambda: decoded_by_openai(fn(data))), agree=written_the_same(impl, PAYLOADS)))
     stream = "".join(impl.sse_event(d) for d in PAYLOADS)
     check_equal(decoded_by_openai(stream), PAYLOADS, "6.1",
                 f"the events the openai package's SSE decoder reads in the events of {PAYLOADS} written one after "
@@ -147,7 +147,7 @@ STREAM = [  # (lines of one event, does it hold a data line); each group ends wi
     (["retry: 100", "event: ping", ": keep-alive", ""], False),
     (['data: {"a": 1}', ": keep-alive inside an event", "data: : not a comment", ""], True),
     (["data:", ""], True),  # empty data
-    (["Data: not data", "datum: nor this", "event:data", ""], False),
+    (["Data: not data", "datum: nor this", "dataset: nor this", "event:data", ""], False),
     (["data: [DONE]", ""], True),
 ]
 
@@ -175,7 +175,7 @@ def sse_line(draw) -> tuple[str, bool]:
         return "data", True
     if kind == "comment":
         return ":" + draw(FIELD_VALUE), False
-    name = draw(st.sampled_from(["event", "id", "retry", "Data", "datum"]))
+    name = draw(st.sampled_from(["event", "id", "retry", "Data", "datum", "dataset"]))
     return (f"{name}:{sep}{draw(FIELD_VALUE)}" if kind == "field" else name), False
 
 
@@ -259,7 +259,8 @@ def qwen_tokenizers() -> tuple[Tokenizer, HFTokenizer]:
 
 
 DETOK_TEXTS = ["naïve café 🤖🚀 数字 👩‍👩‍👧 ✨", "Ünïcödé: ½ ÷ ∞ — “quotes” … ©®", "日本語のテキストと한국어 텍스트",
-               "🧑🏽‍🚀 flags 🇫🇷🇯🇵 keycap 1️⃣ end 🎉", "<|im_start|>assistant\nOK 👍🏿<|im_end|>"]
+               "🧑🏽‍🚀 flags 🇫🇷🇯🇵 keycap 1️⃣ end 🎉", "<|im_start|>assistant\nOK 👍🏿<|im_end|>",
+               "a real \ufffd in the text (mojibake), then 🤖 done"]  # a U+FFFD the text holds: not half a character
 
 
 class DecodeLog:
@@ -747,6 +748,7 @@ TRACES = [  # hand-made: times in seconds
     RequestTrace(start=4.0, prompt_tokens=5, error="HTTP 503: the server is busy"),  # failed before any chunk
     RequestTrace(start=5.0, chunk_times=[5.05, 5.10, 5.30, 5.31, 5.60, 5.625], end=5.7, prompt_tokens=9,
                  output_tokens=6),
+    RequestTrace(start=6.0, end=6.05, prompt_tokens=4),  # no error, but the stream closed with no chunk: not completed
 ]
 
 
