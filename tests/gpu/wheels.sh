@@ -4,6 +4,9 @@
 # (fastapi, uvicorn, pydantic) and the tests' clients (openai, httpx2, prometheus_client, hypothesis) and pytest-xdist (the CPU suite, run there as on CI).
 # tests/gpu/env.sh installs .whl/*.whl once per machine; carry ".whl" (about 35 MB with flash-attn's
 # wheel, which tests/gpu/build_flash_attn.sh builds).
+# Not ipywidgets, on purpose: with it, tqdm's bars in a notebook executed there are kept as widgets, and
+# JupyterLab 4.6 opening that notebook shows each kept bar as its text fallback frozen at 0% (checked in
+# Chromium, 2026-12-04); without it they are kept as finished text bars, under tqdm's one-line warning.
 #
 #   bash tests/gpu/wheels.sh
 set -euo pipefail
