@@ -1,6 +1,7 @@
 """Execute the course notebooks and record where their outputs come from.
 
     python -m minillm.course.notebooks run notebooks/02_decoder_layer.ipynb ...   # in place, device recorded
+    python -m minillm.course.notebooks tidy notebooks/*.ipynb   # drop what no reader should keep (below)
     python -m minillm.course.notebooks table     # the README's "where the outputs come from" table
     python -m minillm.course.notebooks check     # exit 1 when the README's table is not that table
 
@@ -11,6 +12,12 @@ outputs back with the executing machine in the notebook's metadata:
                 "gpus": 1, "executed": "2026-11-30", "seconds": 151.2}
 
 The README's table is generated from that metadata, so it cannot drift from the notebooks.
+
+Every output is kept as it came, but for what `tidy` drops (`run` tidies too): the reader's
+answers-check cell's outputs (its "0 of N correct" is the reader's to produce), tqdm's warning that
+the executing machine lacks ipywidgets (there its bars print as text, and are kept as such; a
+student's `make lab` has ipywidgets, the GPU machines go without it on purpose, tests/gpu/wheels.sh
+says why), and widget state that no kept output shows.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ import datetime
 import glob
 import json
 import os
+import re
 import sys
 import time
 
@@ -32,6 +40,12 @@ CELL_TIMEOUT_S = 900  # one cell; a notebook's GPU benchmark cell can take minut
 # the course's notebooks: NN_topic.ipynb, and NNx_topic.ipynb for one that sits between chapters
 # (02a_triton_primer.ipynb comes between 02's torch part and its kernel)
 NOTEBOOK_GLOBS = ("[0-9][0-9]_*.ipynb", "[0-9][0-9][a-z]_*.ipynb")
+
+
+# tqdm.auto's warning, as a kernel without ipywidgets prints it to stderr (the warning and its source line)
+NO_WIDGETS_WARNING = re.compile(r"\S*tqdm[/\\]auto\.py:\d+: TqdmWarning: IProgress not found\. .*\n"
+                                r"  from \.autonotebook import tqdm as notebook_tqdm\n")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 def course_notebooks() -> list[str]:
@@ -59,13 +73,39 @@ def run(path: str) -> dict:
                    resources={"metadata": {"path": os.path.dirname(os.path.abspath(path))}}).execute()
     record = {**machine(), "executed": datetime.date.today().isoformat(),
               "seconds": round(time.perf_counter() - t0, 1)}
-    # the reader's answers check cell keeps no outputs: its "0 of N correct" is the reader's to produce
-    for cell in nb.cells:
-        if cell.cell_type == "code" and "check_answers(" in cell.source:
-            cell.outputs, cell.execution_count = [], None
+    tidy(nb)
     nb.metadata["minillm"] = record
     nbformat.write(nb, path)
     return record
+
+
+def tidy(nb) -> list[str]:
+    """Remove, in place, what a notebook's kept outputs should not carry (the module's docstring says
+    what and why). nb: an nbformat notebook. -> a line per removal (empty: it was tidy)."""
+    removed = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        if "check_answers(" in cell.source:
+            if cell.outputs or cell.execution_count is not None:
+                removed.append(f"cell {i}: the answers check's outputs")
+            cell.outputs, cell.execution_count = [], None
+            continue
+        for out in list(cell.outputs):
+            text = out.get("text", "") if out.get("output_type") == "stream" and out.get("name") == "stderr" else ""
+            rest = NO_WIDGETS_WARNING.sub("", text)
+            if rest != text:
+                removed.append(f"cell {i}: tqdm's no-ipywidgets warning")
+                if rest:
+                    out["text"] = rest
+                else:
+                    cell.outputs.remove(out)
+    shown = any(WIDGET_VIEW in out.get("data", {}) for cell in nb.cells if cell.cell_type == "code"
+                for out in cell.outputs)
+    if "widgets" in nb.metadata and not shown:
+        removed.append("widget state that no output shows")
+        del nb.metadata["widgets"]
+    return removed
 
 
 def provenance(path: str) -> dict | None:
@@ -99,13 +139,26 @@ def main(argv: list[str] | None = None) -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="execute notebooks in place and record the device")
     r.add_argument("paths", nargs="+")
+    t = sub.add_parser("tidy", help="drop, in place, what kept outputs should not carry (nothing is executed)")
+    t.add_argument("paths", nargs="+")
     sub.add_parser("table", help="print the provenance table")
     sub.add_parser("check", help="exit 1 when README's table differs from the notebooks' metadata")
     args = p.parse_args(argv)
+    missing = [path for path in getattr(args, "paths", []) if not os.path.isfile(path)]
+    if missing:
+        p.error(f"no such notebook: {', '.join(missing)}")
     if args.cmd == "run":
         for path in args.paths:
             print(f"{path}: ...", flush=True)
             print(f"{path}: {run(path)}", flush=True)
+    elif args.cmd == "tidy":
+        import nbformat
+        for path in args.paths:
+            nb = nbformat.read(path, as_version=4)
+            removed = tidy(nb)
+            if removed:
+                nbformat.write(nb, path)
+            print(f"{path}: " + ("; ".join(removed) if removed else "tidy"))
     elif args.cmd == "table":
         print(f"{BEGIN}\n{table()}\n{END}")
     else:
