@@ -24,7 +24,11 @@ def sse_event(data: str) -> str:
 
     Every line of `data` (split on "\n") becomes its own `data: ` line, then a blank line ends the
     event:  sse_event('{"a": 1}') == 'data: {"a": 1}\n\n';  sse_event("a\nb") == "data: a\ndata: b\n\n".
-    A reader joins the data lines of one event with "\n", so it gets `data` back exactly.
+    A reader joins the data lines of one event with "\n", so it gets `data` back exactly when `data`
+    holds no carriage return: in an event stream "\r" ends a line too ("\r\n" is one line end), so the
+    text after a "\r" starts a line of its own, read as a field of its own: sse_event("a\rb") reads
+    back as "a" (the line "b" is a field named "b", ignored). The server's JSON payloads never hold
+    one (JSON writes a carriage return escaped, as a backslash and an "r").
 
     Hints: a line ends with "\n"; an event ends with an empty line, so the event ends in "\n\n".
     """

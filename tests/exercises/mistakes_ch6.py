@@ -1,10 +1,10 @@
 """Chapter 6's known wrong versions (see mistakes.py): serving.
 
 Each function below is an exercise function written the way students get it wrong: an event that
-never ends or a newline that breaks it, a parser that loses spaces, events or the field name (6.1);
-a detokenizer that emits half a character, loses or repeats text, or decodes everything every step
-(6.2); admission bookkeeping that leaks a waiting slot or counts one twice (6.3); latency figures
-with the wrong divisor, gap, percentile or unit (6.4).
+never ends or a newline that breaks it, a parser that loses spaces, events or the field name, or that
+ends an event at a line of spaces (6.1); a detokenizer that emits half a character, loses or repeats
+text, or decodes everything every step (6.2); admission bookkeeping that leaks a waiting slot or counts
+one twice (6.3); latency figures with the wrong divisor, gap, percentile, unit or dtype (6.4).
 """
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ import math
 import numpy as np
 
 from minillm.bench_serve import PERCENTILES
+from minillm.bench_serve import e2e_latencies as right_e2e_latencies
 from minillm.bench_serve import itls as right_itls
 from minillm.bench_serve import latency_percentiles as right_latency_percentiles
+from minillm.bench_serve import tpots as right_tpots
+from minillm.bench_serve import ttfts as right_ttfts
 from minillm.serving.async_engine import QueueFullError
 from mistakes import Mistake
 
@@ -324,6 +327,11 @@ def sse_data_joins_without_newline(line, lines):
     return _read7(line, lines, _data_value, join="")  # the bug: "".join
 
 
+def sse_data_whitespace_line_ends_event(line, lines):
+    # the bug: a line of whitespace only (" ") is taken for the empty line that ends the event
+    return _read7("" if not line.strip() else line, lines, _data_value)
+
+
 # 6.2
 def detokenize_read_offset_plus_one(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
     prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens)
@@ -354,6 +362,14 @@ def detokenize_fffd_anywhere(tokenizer, ids, prefix_offset, read_offset, skip_sp
     window = tokenizer.decode(ids[prefix_offset:], skip_special_tokens)
     if len(window) > len(prefix) and "\ufffd" not in window:  # the bug: anywhere, not at the end
         return window[len(prefix):], read_offset, len(ids)
+    return "", prefix_offset, read_offset
+
+
+def detokenize_decodes_from_start(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    prefix = tokenizer.decode(ids[:read_offset], skip_special_tokens)  # the bug: from ids[0], not prefix_offset
+    window = tokenizer.decode(ids, skip_special_tokens)
+    if len(window) > len(prefix) and not window.endswith("\ufffd"):
+        return window[len(prefix):], read_offset, len(ids)  # (the offsets are right, but never used)
     return "", prefix_offset, read_offset
 
 
@@ -492,6 +508,14 @@ def latency_percentiles_fixed(values_s, percentiles=PERCENTILES):
 
 
 
+def _float32(right):
+    return lambda traces: right(traces).astype(np.float32)  # the bug: np.array(..., dtype=np.float32)
+
+
+ttfts_float32, e2e_latencies_float32, tpots_float32, itls_float32 = (
+    _float32(right_ttfts), _float32(right_e2e_latencies), _float32(right_tpots), _float32(right_itls))
+
+
 MISTAKES = [
     # 6.1
     Mistake("ch6_sse_event_no_blank_line", "6.1", {"sse_event": sse_event_no_blank_line},
@@ -570,6 +594,12 @@ MISTAKES = [
             "an event's data lines are joined with '' : they are joined with '\\n' (the writer split the data at "
             "its newlines)",
             "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_whitespace_line_ends_event", "6.1", {"sse_data": sse_data_whitespace_line_ends_event},
+            "a line of whitespace only (' ', '\\t') is taken for the empty line that ends an event (`not "
+            "line.strip()`): only a line with nothing in it ends one; ' ' is a field named ' ' with an empty value, "
+            "ignored, and the event goes on (openai's decoder reads 'data: x\\n \\ndata: y\\n\\n' as one event, "
+            "'x\\ny'). Test the line itself: `if not line`",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
     # 6.2
     Mistake("ch6_detok_no_hold_back", "6.2", {"detokenize_incrementally": detokenize_no_hold_back},
             "text ending in U+FFFD is emitted: those are the first bytes of a character whose last bytes are in the "
@@ -598,6 +628,12 @@ MISTAKES = [
     Mistake("ch6_detok_window_never_slides", "6.2", {"detokenize_incrementally": detokenize_window_never_slides},
             "prefix_offset never moves on, so every step decodes the whole completion (quadratic in its length). "
             "After an emission the new prefix_offset is the old read_offset",
+            "test_ch6.py::test_detokenize_window_stays_short"),
+    Mistake("ch6_detok_decodes_from_start", "6.2", {"detokenize_incrementally": detokenize_decodes_from_start},
+            "every step decodes from the start of the completion (ids[:read_offset] and all of ids), whatever "
+            "prefix_offset says: the text and the offsets returned are right, but each step decodes the whole "
+            "text so far, so its cost grows with the completion (quadratic over it). Decode only the window: the "
+            "prefix ids[prefix_offset:read_offset] and the window ids[prefix_offset:]",
             "test_ch6.py::test_detokenize_window_stays_short"),
     Mistake("ch6_detok_emits_nothing", "6.2", {"detokenize_incrementally": detokenize_emits_nothing},
             "the offsets move on when the new tokens add no text (len(window) >= len(prefix): a skipped special "
@@ -720,6 +756,13 @@ MISTAKES = [
     Mistake("ch6_latencies_as_lists", "6.4", {"ttfts": ttfts_as_list, "e2e_latencies": e2e_latencies_as_list},
             "the figures come back as a Python list: ttfts and e2e_latencies, like tpots and itls, return a numpy "
             "array, np.array([...], dtype=np.float64) (an empty float64 array when no request completed)",
+            "test_ch6.py::test_latencies_by_their_definitions"),
+    Mistake("ch6_latencies_float32", "6.4",
+            {"ttfts": ttfts_float32, "e2e_latencies": e2e_latencies_float32, "tpots": tpots_float32,
+             "itls": itls_float32},
+            "the figures are made float32 (dtype=np.float32): the times are float64 seconds, and float32 keeps "
+            "about 7 significant digits (0.05 s comes back as 0.0500000007). Build them as float64: np.array([...], "
+            "dtype=np.float64)",
             "test_ch6.py::test_latencies_by_their_definitions"),
     Mistake("ch6_tpot_per_chunk", "6.4", {"tpots": tpots_per_chunk},
             "TPOT is divided by the chunks after the first: a chunk can carry several tokens. Divide by "
