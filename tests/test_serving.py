@@ -623,6 +623,20 @@ BAD = [
      "presence_penalty"),
     ("completions", {"prompt": "Hi", "logit_bias": {"x": 1}}, 400, "logit_bias", "logit_bias"),
     ("completions", {"prompt": "Hi", "foo": 1}, 400, "unknown field 'foo'", "foo"),
+    ("completions", {"prompt": "Hi", "logit_bias": {"999999999": 5}}, 400, "outside the vocabulary", "logit_bias"),
+    ("completions", {"prompt": "Hi", "echo": True}, 400, "echo=true is not supported", "echo"),
+    ("completions", {"prompt": "Hi", "best_of": 3}, 400, "best_of=3 is not supported", "best_of"),
+    ("completions", {"prompt": "Hi", "suffix": "!"}, 400, 'suffix="!" is not supported', "suffix"),
+    ("completions", {"prompt": "Hi", "stream": True, "stream_options": {"continuous_usage_stats": True}}, 400,
+     "continuous_usage_stats only false", "stream_options"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "logit_bias": {"999999999": 5}}, 400,
+     "outside the vocabulary", "logit_bias"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_object"}},
+     400, "response_format=", "response_format"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                          "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools=", "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "tool_choice": "required"}, 400,
+     'tool_choice="required" is not supported', "tool_choice"),
     ("completions", {"prompt": "Hi", "stream": "yes"}, 400, "stream must be true or false", "stream"),
     ("completions", {"prompt": "Hi", "stream_options": {"include_usage": True}}, 400, "only allowed with stream",
      "stream_options"),
@@ -660,6 +674,43 @@ def test_bad_requests_get_an_openai_error_and_the_server_goes_on(server, path, b
     assert error["param"] == param
     assert "Traceback" not in r.text
     good_request(server.base_url)
+
+
+def test_openai_fields_holding_their_unused_values_are_accepted(server, client):
+    """What SDKs and existing clients send by default (echo=false, best_of=n, response_format text, no
+    tools, ...) is accepted, as vLLM accepts it, and changes nothing: the same greedy text as without them.
+    Other values of those fields are 400s naming them (the bad-input battery)."""
+    greedy = dict(max_tokens=6, temperature=0.0, ignore_eos=True)
+    plain = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "Hi", **greedy}, timeout=TIMEOUT).json()
+    r = httpx.post(f"{server.base_url}/v1/completions", timeout=TIMEOUT, json={
+        "prompt": "Hi", **greedy, "echo": False, "suffix": None, "best_of": 1, "user": "u"})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain["choices"][0]["text"], r.text
+    r = httpx.post(f"{server.base_url}/v1/completions", timeout=TIMEOUT, json={"prompt": "Hi", **greedy, "n": 2,
+                                                                               "best_of": 2})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2, r.text
+    messages = [{"role": "user", "content": "Hi"}]
+    want = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0.0)
+    got = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=6, temperature=0.0, response_format={"type": "text"},
+        tool_choice="none", parallel_tool_calls=False, store=False, service_tier="auto",
+        extra_body={"tools": [], "modalities": ["text"]})
+    assert got.choices[0].message.content == want.choices[0].message.content
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", timeout=TIMEOUT, json={
+            "prompt": "Hi", **greedy, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": False}}) as r:
+        events = [e for e in sse_events(r) if e != "[DONE]"]
+    assert r.status_code == 200 and events[-1]["usage"]["completion_tokens"] == 6
+
+
+def test_a_prompt_longer_than_the_context_is_context_length_exceeded(server):
+    """OpenAI's and vLLM's code for it, as for a max_tokens the context cannot hold: a client that checks
+    the code sees both."""
+    for path, body, param in (("completions", {"prompt": OVER}, "prompt"),
+                              ("completions", {"prompt": ["Hi", OVER]}, "prompt")):
+        r = httpx.post(f"{server.base_url}/v1/{path}", json=body, timeout=TIMEOUT)
+        error = r.json()["error"]
+        assert r.status_code == 400 and (error["code"], error["param"]) == ("context_length_exceeded", param), r.text
+        assert "max_model_len is 512" in error["message"]
 
 
 def test_unknown_paths_and_methods(server):

@@ -92,6 +92,11 @@ def fill_placeholders(token_lists: list[list[int]], positions: list[int], sample
 # <<< exercise 5.2
 
 
+class PromptTooLongError(ValueError):
+    """A prompt that leaves no room in max_model_len for one generated token (the server's 400
+    context_length_exceeded, as OpenAI and vLLM code it)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RequestChecks:
     """What this engine accepts, checked before a request is queued. Plain values, so `serve`'s API
@@ -123,8 +128,9 @@ class RequestChecks:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         limit = self.max_model_len
         if len(token_ids) >= limit:
-            raise ValueError(f"the prompt has {len(token_ids)} tokens but max_model_len is {limit}: the prompt "
-                             f"plus at least one generated token must fit; shorten it or raise max_model_len")
+            raise PromptTooLongError(f"the prompt has {len(token_ids)} tokens but max_model_len is {limit}: the "
+                                     f"prompt plus at least one generated token must fit; shorten it or raise "
+                                     f"max_model_len")
         return list(token_ids)
 
     def check_params(self, params) -> SamplingParams:

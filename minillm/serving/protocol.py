@@ -7,6 +7,7 @@ SamplingParams' names and its checks (a bad value's ValueError becomes the 400's
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 from minillm.outputs import CompletionOutput
@@ -24,6 +25,37 @@ COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"}
 
 
+def _off(*values):
+    """A check that a field holds one of `values` (compared by identity for False, so 0 is not false)."""
+    return lambda v, body: any(v is x if isinstance(x, bool) or x is None else v == x for x in values)
+
+
+# OpenAI's (and vLLM's) request fields this server does not implement, each with the values that leave it
+# unused, which SDKs and existing clients send (echo=false, best_of=n, response_format text, ...): accepted
+# holding one of those, as vLLM accepts them; any other value is a 400 naming the field. A field in neither
+# table is a 400 too (a typo must not be dropped silently).
+COMPLETION_UNUSED = {
+    "echo": (_off(None, False), "false"),
+    "suffix": (_off(None, ""), "null"),
+    "best_of": (lambda v, body: v is None or (type(v) is int and v == (body.get("n") or 1)), "null, or equal to n"),
+}
+CHAT_UNUSED = {
+    "response_format": (_off(None, {"type": "text"}), '{"type": "text"}'),
+    "tools": (_off(None, []), "null or []"),
+    "functions": (_off(None, []), "null or []"),
+    "tool_choice": (lambda v, body: _off(None, "none")(v, body) or (v == "auto" and not body.get("tools")),
+                    '"none", or "auto" without tools'),
+    "function_call": (lambda v, body: _off(None, "none")(v, body) or (v == "auto" and not body.get("functions")),
+                      '"none", or "auto" without functions'),
+    "parallel_tool_calls": (lambda v, body: v is None or (isinstance(v, bool) and not body.get("tools")),
+                            "true or false, without tools"),
+    "store": (_off(None, False), "false"),
+    "metadata": (_off(None, {}), "null"),
+    "service_tier": (_off(None, "auto", "default"), '"auto"'),
+    "modalities": (_off(None, ["text"]), '["text"]'),
+}
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: dict | None = None):
@@ -39,13 +71,22 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
-def check_fields(body, allowed: set[str]) -> None:
+def check_fields(body, allowed: set[str], unused: dict | None = None) -> None:
+    """A JSON object of `allowed` fields, and of `unused` ones (COMPLETION_UNUSED, CHAT_UNUSED) holding a
+    value that leaves them unused."""
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
-    unknown = sorted(set(body) - allowed)
+    unused = unused or {}
+    unknown = sorted(set(body) - allowed - set(unused))
     if unknown:
         raise bad_request(f"unknown field {unknown[0]!r}; this endpoint accepts: {', '.join(sorted(allowed))}",
                           param=unknown[0], code="unknown_field")
+    for name in sorted(set(body) & set(unused)):
+        leaves_unused, accepted = unused[name]
+        if not leaves_unused(body[name], body):
+            raise bad_request(f"{name}={json.dumps(body[name])[:80]} is not supported by this server; it accepts "
+                              f"{name} only as {accepted}, which leaves it unused", param=name,
+                              code="unsupported_value")
 
 
 def _flag(body: dict, name: str) -> bool:
@@ -65,9 +106,11 @@ def stream_flags(body: dict) -> tuple[bool, bool]:
         return stream, False
     if not stream:
         raise bad_request("stream_options is only allowed with stream: true", param="stream_options")
-    if not isinstance(opts, dict) or set(opts) - {"include_usage"}:
-        raise bad_request(f"stream_options must be {{\"include_usage\": true|false}}, got {opts!r:.80}",
-                          param="stream_options")
+    # vLLM's continuous_usage_stats (usage in every chunk) is not implemented: accepted when false
+    if not isinstance(opts, dict) or set(opts) - {"include_usage", "continuous_usage_stats"} or _flag(
+            opts, "continuous_usage_stats"):
+        raise bad_request(f"stream_options must be {{\"include_usage\": true|false}} (continuous_usage_stats "
+                          f"only false), got {opts!r:.80}", param="stream_options")
     return stream, _flag(opts, "include_usage")
 
 
@@ -97,9 +140,14 @@ def sampling_params(body: dict, defaults: SamplingParams, chat: bool) -> Samplin
     try:
         return dataclasses.replace(defaults, **changes)
     except ValueError as e:
-        m = re.match(r"SamplingParams\.(\w+)", str(e))
-        param = renamed.get(m.group(1), m.group(1)) if m else None
-        raise bad_request(str(e), param=param) from None
+        raise bad_request(str(e), param=param_of(e, renamed)) from None
+
+
+def param_of(error: ValueError, renamed: dict | None = None, default: str | None = None) -> str | None:
+    """The request field a ValueError of SamplingParams names ("SamplingParams.top_p must ..."): its own
+    name, or the request's for a renamed one (max_completion_tokens for max_tokens); else `default`."""
+    m = re.match(r"SamplingParams\.(\w+)", str(error))
+    return (renamed or {}).get(m.group(1), m.group(1)) if m else default
 
 
 def _token_ids(p) -> bool:

@@ -29,10 +29,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from minillm.engine.llm_engine import PromptTooLongError
 from minillm.serving.async_engine import AsyncStream, EngineClient, EngineError, QueueFullError
-from minillm.serving.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_BODY_BYTES, APIError, bad_request,
-                                      chat_logprobs, chat_messages, check_fields, completion_logprobs,
-                                      completion_prompts, merge, sampling_params, stream_flags, usage)
+from minillm.serving.protocol import (CHAT_FIELDS, CHAT_UNUSED, COMPLETION_FIELDS, COMPLETION_UNUSED, MAX_BODY_BYTES,
+                                      APIError, bad_request, chat_logprobs, chat_messages, check_fields,
+                                      completion_logprobs, completion_prompts, merge, param_of, sampling_params,
+                                      stream_flags, usage)
 from minillm.serving.sse import sse_event
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
@@ -177,10 +179,10 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
             raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                            type="authentication_error", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
-    async def parse(request: Request, allowed: set[str]) -> dict:
+    async def parse(request: Request, allowed: set[str], unused: dict) -> dict:
         authorize(request)
         body = await _read_json(request)
-        check_fields(body, allowed)
+        check_fields(body, allowed, unused)
         model = body.get("model")
         if model is not None and model != model_name:
             raise APIError(404, f"the model {model!r} does not exist; this server serves {model_name!r}",
@@ -205,8 +207,10 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
             where = f"prompt {i}: " if len(prompts) > 1 else ""
             try:
                 checked.append(async_llm.check_request(prompt, params))
-            except ValueError as e:
-                raise bad_request(where + str(e), param=param) from None
+            except PromptTooLongError as e:
+                raise bad_request(where + str(e), param=param, code="context_length_exceeded") from None
+            except ValueError as e:  # the prompt's, or a sampling field's the vocabulary decides (logit_bias)
+                raise bad_request(where + str(e), param=param_of(e, default=param)) from None
             n_prompt, limit = len(checked[-1][1]), async_llm.max_model_len
             if given is not None and n_prompt + params.max_tokens > limit:
                 raise bad_request(f"{where}This model's maximum context length is {limit} tokens. However, you "
@@ -286,7 +290,7 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await parse(request, COMPLETION_FIELDS)
+        body = await parse(request, COMPLETION_FIELDS, COMPLETION_UNUSED)
         stream_mode, include_usage = stream_flags(body)
         params = sampling_params(body, async_llm.default_sampling_params(), chat=False)
         streams = submit(completion_prompts(body), params, body, chat=False)
@@ -294,7 +298,7 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await parse(request, CHAT_FIELDS)
+        body = await parse(request, CHAT_FIELDS, CHAT_UNUSED)
         stream_mode, include_usage = stream_flags(body)
         params = sampling_params(body, async_llm.default_sampling_params(), chat=True)
         messages = chat_messages(body)
