@@ -121,3 +121,22 @@ def test_a_graded_test_names_the_pattern_of_a_bug_outside_the_catalogue():
     message = str(failure.value)
     assert "looks like a known bug" not in message
     assert "a factor per row times a factor per column" in message, message
+
+
+def test_check_equal_says_a_tensors_shape_first_and_where_its_values_differ():
+    """A shard one column too wide printed only its values (two long lists that look alike): the shape leads,
+    as in check_close; a tensor of the right shape names its first wrong element (and a dtype that differs)."""
+    w = torch.arange(24).reshape(12, 2)
+    with pytest.raises(AssertionError) as failure:
+        check_equal(torch.zeros(12, 3, dtype=torch.int32), w, "4.1", "shard_weight(...)")
+    assert "shard_weight(...) has shape (12, 3), expected (12, 2) (dtype torch.int32, expected torch.int64).\n" \
+           "  got:      [[0, 0, 0]" in str(failure.value), str(failure.value)
+    wrong = w.clone()
+    wrong[3, 1] = -1
+    with pytest.raises(AssertionError) as failure:
+        check_equal(wrong, w, "4.1", "shard_weight(...)")
+    assert ("shard_weight(...) is wrong: 1 of 24 elements differ, the first at index (3, 1): got -1, expected 7.\n"
+            "  got:      [[0, 1]") in str(failure.value), str(failure.value)
+    with pytest.raises(AssertionError) as failure:  # not tensors: as before
+        check_equal([1, 2], [1, 3], "3.1", "slot mapping")
+    assert "slot mapping is wrong.\n  got:      [1, 2]\n  expected: [1, 3]" in str(failure.value)

@@ -152,6 +152,31 @@ def test_a_crash_or_an_endless_loop_names_the_students_line_and_the_notebook_sec
     assert "-- see notebooks/02a_triton_primer.ipynb" in r.stdout, r.stdout
 
 
+def test_a_crash_on_a_thread_rank_names_the_students_line(tmp_path):
+    """Chapter 4's thread-rank tests fail a rank's error with a check (which names the known bug that raises the
+    same errors), raised from that error: make grade used to drop the line that raised, which only a crash
+    that was not a failed check got."""
+    root = _copy_repo(tmp_path)
+    _write_function(root, 4, "vocab_parallel_embed", (
+        "\ndef vocab_parallel_embed(token_ids, weight_shard, vocab_start, group):\n"
+        "    local = token_ids - vocab_start\n"
+        "    mask = (local >= 0) & (local < weight_shard.shape[0])\n"
+        "    y = torch.zeros(token_ids.shape[0], weight_shard.shape[1])  # float32, whatever the shard's dtype\n"
+        "    y[mask] = weight_shard[local[mask]]\n"
+        "    dist.all_reduce(y, group=group)\n"
+        "    return y"))
+    lines = open(os.path.join(root, "exercises", "ch4.py")).read().splitlines()
+    crash_line = next(i for i, line in enumerate(lines, 1) if "y[mask] = weight_shard[local[mask]]" in line)
+    r = run_in(root, "-m", "minillm.course.grade", "--exercise", "4.3")
+    assert r.returncode == 1, r.stdout + r.stderr
+    board = r.stdout[r.stdout.index("first failure"):]
+    assert "what vocab_parallel_embed did on 2 ranks is wrong." in board, r.stdout
+    assert (f"raised at exercises/ch4.py:{crash_line} in vocab_parallel_embed: y[mask] = weight_shard[local[mask]]"
+            in board), r.stdout
+    assert "Index put requires the source and destination dtypes match" in board, r.stdout  # the error itself
+    assert "traceback is above" not in r.stdout, r.stdout  # make grade shows none
+
+
 def test_a_test_that_kills_the_process_fails_its_exercise_and_the_rest_still_grade(tmp_path):
     """A kernel storing outside its tensor under Triton's interpreter wrote into the grader's own memory and
     killed it later, elsewhere (SIGABRT or SIGSEGV in check_close), with no scoreboard. Now such a store
@@ -267,3 +292,60 @@ def test_the_notebook_switch_says_which_code_runs_and_how_to_check_it(repo_copy)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "running your exercises/ for: 3.1 slot_mapping_for" in r.stdout, r.stdout
     assert "check yours first: make grade EX=3.1" in r.stdout, r.stdout
+
+
+def _exercise_tests() -> None:
+    """tests/exercises importable (the graded tests and the catalogue of known wrong versions)."""
+    path = os.path.join(REPO_DIR, "tests", "exercises")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+
+def _ch4_graded(replaced: dict, test: str, drop: str | None = None) -> str | None:
+    """Chapter 4's graded `test` run on minillm with the functions in `replaced`, and with the known wrong
+    version `drop` out of the catalogue -> its failure message (None if it passed)."""
+    import types
+    from unittest import mock
+    _exercise_tests()
+    import mistakes
+    import test_ch4
+    from minillm.course.exercises import load_impl
+    kept = {k: m for k, m in mistakes.all_mistakes().items() if k != drop}
+    impl = types.SimpleNamespace(**{**vars(load_impl("ref")), **replaced})
+    with mock.patch.object(mistakes, "all_mistakes", lambda: kept):
+        try:
+            getattr(test_ch4, test)(impl=impl)
+        except AssertionError as failure:
+            return str(failure)
+    return None
+
+
+def test_the_thread_ranks_pass_an_async_collective_that_is_waited_on():
+    """The thread ranks fail a handle of all_reduce(..., async_op=True) never waited on (a race between
+    processes, which their synchronous group hides): one waited on is right and must pass."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    def waited(x, weight, bias, group):
+        y = F.linear(x, weight)
+        work = dist.all_reduce(y, group=group, async_op=True)
+        work.wait()
+        return y if bias is None else y + bias
+    assert _ch4_graded({"row_parallel_linear": waited}, "test_row_parallel_linear_on_two_thread_ranks") is None
+
+
+def test_a_known_bug_is_named_only_where_it_matches_on_every_rank():
+    """A right gather whose other ranks return their own slice (not None) matched the "no gather" bug on rank 1
+    alone, and was told to gather: with its own entry out of the catalogue, no known bug is named, and the
+    message says why rank 1 returns None."""
+    _exercise_tests()
+    from mistakes import all_mistakes
+    from mistakes_ch4 import lm_head_logits_on_every_rank, lm_head_without_gather
+    message = _ch4_graded({"parallel_lm_head": lm_head_logits_on_every_rank},
+                          "test_parallel_lm_head_on_two_thread_ranks", drop="ch4_lm_head_logits_on_every_rank")
+    assert message is not None and "looks like a known bug" not in message, message
+    assert not any(m.hint in message for m in all_mistakes().values()
+                   if lm_head_without_gather in m.replaces.values()), message
+    assert ("parallel_lm_head must return None on rank 1 of 2: rank 0 of the group alone holds the full logits "
+            "(it samples); every other rank returns None, as vLLM's LM head does (it returned a tensor of shape "
+            "(3, 256))") in message, message

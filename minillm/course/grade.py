@@ -94,10 +94,17 @@ class _Recorder:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
-        """A test that crashed (not a failed check): remember the line of the graded code that raised."""
+        """A test that crashed (not a failed check), or a failed check raised from a crash (a rank's error
+        that the thread-rank tests of chapter 4 grade): remember the line of the graded code that raised."""
         report = yield
-        if report.failed and call.excinfo is not None and not call.excinfo.errisinstance(
-                (AssertionError, NotImplementedError)):
+        if not (report.failed and call.excinfo is not None):
+            return report
+        if call.excinfo.errisinstance(AssertionError):
+            crash = _crash_behind(call.excinfo.value)
+            at = raised_at(crash, self.files) if crash is not None else None
+            if at:
+                report.user_properties.extend([("raised_at", at), ("checked", True)])
+        elif not call.excinfo.errisinstance(NotImplementedError):
             at = raised_at(call.excinfo.value, self.files)
             if at:
                 report.user_properties.append(("raised_at", at))
@@ -126,6 +133,18 @@ def _chain(exc: BaseException | None):
         seen.add(id(exc))
         yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+def _crash_behind(failure: AssertionError) -> BaseException | None:
+    """The error a failed check was raised from (`raise ... from error`), if it is a crash: not another
+    failed check, not a stub's NotImplementedError."""
+    exc, seen = failure.__cause__, set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if not isinstance(exc, (AssertionError, NotImplementedError)):
+            return exc
+        exc = exc.__cause__
+    return None
 
 
 def _graded_line(path: str, lineno: int, name: str, files: list[str]) -> str | None:
@@ -159,7 +178,10 @@ def _failure_text(report, where: str = "") -> str:
     label = "raised at"
     if "timed_out" in props:
         text, label = f"did not finish within {props['timed_out']:g} s (an endless loop?)", "still running"
-    if at:  # a crash, not a failed check: where in the graded code, and where the notebook explains it
+    if at and props.get("checked"):  # a failed check of a crash: its words (they name the error), and the line
+        head, *rest = text.splitlines() or [""]
+        text = "\n".join([head, f"  {label} {at}", *rest])
+    elif at:  # a crash, not a failed check: where in the graded code, and where the notebook explains it
         first = props["message"] if "message" in props else (text.splitlines()[0] if text else "")[:MAX_CRASH_CHARS]
         text = f"{first}\n  {label} {at}" + (f"\n  -- see {where}" if where else "")
     return f"{report.nodeid.split('::')[-1]}: {text}"

@@ -38,9 +38,10 @@ def check_close(actual, expected, exercise_id: str, what: str = "output", atol: 
 
 
 def check_equal(actual, expected, exercise_id: str, what: str = "output", suspects: Suspects | None = None) -> None:
-    """Assert exact equality (token ids, slot numbers, block tables, ...)."""
+    """Assert exact equality (token ids, slot numbers, block tables, ...). Two tensors that differ are told by
+    their shape first, as check_close does, else by their first differing element."""
     if not equal(actual, expected):
-        problem = f"is wrong.\n  got:      {_short(actual)}\n  expected: {_short(expected)}"
+        problem = f"{_unequal(actual, expected)}.\n  got:      {_short(actual)}\n  expected: {_short(expected)}"
         diagnosis = _diagnose(actual, suspects, equal)
         _fail(exercise_id, what, problem, diagnosis, None if diagnosis else describe_mismatch(actual, expected))
 
@@ -125,6 +126,27 @@ def _close_problem(actual, expected, atol: float, rtol: float) -> str | None:
     return (f"differs from the reference at {int(bad.sum())} of {bad.numel()} elements; max abs error "
             f"{err.max().item():.3g} (atol {atol:g}, rtol {rtol:g}); first at index {idx}: "
             f"got {a[idx].item():.6g}, expected {e[idx].item():.6g}")
+
+
+def _unequal(actual, expected) -> str:
+    """check_equal's first words for a mismatch: for two tensors, a shape that differs (the values alone
+    would hide it in a long list), else where the first value differs (and a dtype that differs too)."""
+    if not (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)):
+        return "is wrong"
+    dtypes = "" if actual.dtype == expected.dtype else f" (dtype {actual.dtype}, expected {expected.dtype})"
+    if actual.shape != expected.shape:
+        return f"has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}{dtypes}"
+    a, e = actual.detach().cpu(), expected.detach().cpu()
+    try:
+        differs = a != e
+    except RuntimeError:  # dtypes torch cannot compare: the values below say the rest
+        return f"is wrong{dtypes}"
+    if a.dim() == 0 or not differs.any():
+        return f"is wrong{dtypes}"
+    idx = tuple(int(i) for i in differs.nonzero()[0])
+    at = f"[{idx[0]}]" if len(idx) == 1 else str(idx)
+    return (f"is wrong{dtypes}: {int(differs.sum())} of {differs.numel()} elements differ, the first at index "
+            f"{at}: got {a[idx].item()!r}, expected {e[idx].item()!r}")
 
 
 def _modified(original, after) -> str | None:

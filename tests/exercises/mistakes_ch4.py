@@ -438,3 +438,46 @@ MISTAKES += [
             "what it needs, and a float32 gather sends twice the bytes): compute in it, or cast the result back",
             "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
 ]
+
+
+# ---- more wrong versions (what the threaded process group hides or cannot run) -------------------------------
+def row_parallel_async_without_wait(x, weight, bias, group):
+    y = F.linear(x, weight)
+    dist.all_reduce(y, group=group, async_op=True)  # the bug: the handle is dropped, never waited on
+    return y if bias is None else y + bias
+
+
+def row_parallel_reduce(x, weight, bias, group):
+    y = F.linear(x, weight)
+    dist.reduce(y, group_dst=0, group=group)  # the bug: the sum lands on rank 0 of the group alone
+    return y if bias is None else y + bias
+
+
+def lm_head_logits_on_every_rank(hidden, weight_shard, group):
+    logits = F.linear(hidden, weight_shard)
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    parts = [torch.empty_like(logits) for _ in range(size)] if rank == 0 else None
+    dist.gather(logits, parts, group_dst=0, group=group)
+    return torch.cat(parts, dim=-1) if rank == 0 else logits  # the bug: the other ranks return their own slice
+
+
+MISTAKES += [
+    # 4.2
+    Mistake("ch4_row_parallel_async_without_wait", "4.2", {"row_parallel_linear": row_parallel_async_without_wait},
+            "all_reduce(..., async_op=True) only starts the sum: it returns a handle at once, and y holds the sum "
+            "only after handle.wait(). Without it the result is a race (between processes it is sometimes right, "
+            "sometimes this rank's partial product). Call all_reduce without async_op, or call .wait() on what it "
+            "returns before using y",
+            "test_ch4.py::test_row_parallel_linear_on_two_thread_ranks"),
+    Mistake("ch4_row_parallel_reduce", "4.2", {"row_parallel_linear": row_parallel_reduce},
+            "torch.distributed.reduce sums the partial products on one rank (the destination) alone; the other "
+            "ranks keep their own part, but the next layer runs on every rank and needs the whole sum there: "
+            "torch.distributed.all_reduce(y, group=group) leaves it on every rank",
+            "test_ch4.py::test_row_parallel_linear_on_two_thread_ranks"),
+    # 4.4
+    Mistake("ch4_lm_head_logits_on_every_rank", "4.4", {"parallel_lm_head": lm_head_logits_on_every_rank},
+            "rank 0 gathers and returns the full logits, but the other ranks return their own vocabulary slice's "
+            "logits: rank 0 alone holds the full logits and samples; every other rank returns None (as vLLM's LM "
+            "head does), so nothing can sample from a slice by mistake",
+            "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
+]

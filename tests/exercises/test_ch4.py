@@ -19,6 +19,9 @@ import contextlib
 import functools
 import importlib
 import inspect
+import linecache
+import os
+import sys
 import threading
 
 import pytest
@@ -26,8 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from minillm.course.exercises import load_impl
-from minillm.course.grading import check_close, check_equal, check_type, check_unmodified
+from minillm.course.exercises import REPO_DIR, load_impl
+from minillm.course.grading import check_close, check_equal, check_that, check_type, check_unmodified
 from minillm.course.ranks import run_on_ranks
 from minillm.distributed import tensor_parallel
 from mistakes import call_pure, copied, suspects, suspects_of, wrong_versions
@@ -67,6 +70,98 @@ def chunk(t: torch.Tensor, dim: int, rank: int) -> torch.Tensor:
 TP_GROUPS = [[0, 1], [2, 3]]  # two tensor-parallel groups of TP ranks in a world of 4 (neither is WORLD)
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
                "broadcast", "gather", "reduce", "send", "recv")
+# the collectives torch's threaded process group runs, each of which returns a handle with async_op=True
+ASYNC_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+                     "broadcast", "gather", "scatter", "all_to_all", "barrier")
+POINT_TO_POINT = ("send", "recv", "isend", "irecv", "batch_isend_irecv")  # the threaded group has none of these
+NOT_WAITED = ("called torch.distributed.{op}(..., async_op=True) and never called .wait() on the handle it "
+              "returned: the collective returned before the data arrived (these thread ranks happen to finish it "
+              "first; between processes the tensor is read while the other ranks' parts are still on their way). "
+              "Call it without async_op, or call .wait() on its result before using the tensor")
+REDUCED_TO_ONE = ("called torch.distributed.reduce, which leaves the sum on rank {to} of the group alone, and rank "
+                  "{other} needs the sum too: all_reduce, not reduce")
+POINT_TO_POINT_CALLED = ("called torch.distributed.{op}, which moves a tensor from one rank to one other: this "
+                         "exercise needs a collective that every rank of the group calls, the same one on each "
+                         "(all_reduce, all_gather, gather, with group=group)")
+
+
+class CollectiveMisuse(Exception):
+    """A rank's call of torch.distributed that the thread ranks refuse (one they cannot run: reduce, send, recv),
+    or a collective's handle never waited on: what the bug is, in the same words for every rank and input (so
+    a known wrong version that does the same is named); site: the line of the call, when the error is raised
+    after it returned (a handle found un-waited once the function has returned)."""
+
+    def __init__(self, message: str, site: str = ""):
+        super().__init__(message)
+        self.site = site
+
+
+class _Handle:
+    """A collective's async_op=True handle (torch's Work) that remembers whether .wait() was called."""
+
+    def __init__(self, work, op: str, site: str):
+        self._work, self.op, self.site, self.waited = work, op, site, False
+
+    def wait(self, *args, **kwargs):
+        self.waited = True
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _call_site(frame) -> str:
+    """'exercises/ch4.py:57 in row_parallel_linear: <that line>' for a frame of the caller."""
+    path = os.path.relpath(frame.f_code.co_filename, REPO_DIR).replace(os.sep, "/")
+    return (f"{path}:{frame.f_lineno} in {frame.f_code.co_name}: "
+            f"{linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()}")
+
+
+def _reduce_refused(args: dict) -> CollectiveMisuse:
+    """reduce's CollectiveMisuse: names its destination (rank `to` of the group) and a rank left without the sum."""
+    to = args.get("group_dst")
+    if to is None:
+        try:
+            to = dist.get_group_rank(args.get("group") or dist.group.WORLD, args.get("dst") or 0)
+        except Exception:  # noqa: BLE001 -- a dst outside the group: torch's own error would follow
+            to = 0
+    return CollectiveMisuse(REDUCED_TO_ONE.format(to=to, other=1 if to == 0 else 0))
+
+
+@contextlib.contextmanager
+def checked_collectives(handles: threading.local):
+    """While it lasts, a rank's torch.distributed calls are checked for what the thread ranks would hide or cannot
+    run: a collective called with async_op=True returns a _Handle, listed in handles.pending of the rank's thread
+    (_thread_ranks fails a rank that returns with one not waited on: the threaded group finishes a collective
+    before returning, so the missing wait() that races between processes passes here); reduce and the
+    point-to-point calls raise CollectiveMisuse (the threaded group has none of them, and none is what a
+    chapter 4 exercise needs)."""
+    real = {op: getattr(dist, op) for op in ASYNC_COLLECTIVES + POINT_TO_POINT + ("reduce",)}
+    signature = {op: inspect.signature(fn) for op, fn in real.items()}
+
+    def refused(op):
+        def call(*args, **kwargs):
+            if op == "reduce":
+                raise _reduce_refused(signature[op].bind(*args, **kwargs).arguments)
+            raise CollectiveMisuse(POINT_TO_POINT_CALLED.format(op=op))
+        return call
+
+    def handled(op):
+        def call(*args, **kwargs):
+            result = real[op](*args, **kwargs)
+            if not signature[op].bind(*args, **kwargs).arguments.get("async_op"):
+                return result
+            handle = _Handle(result, op, _call_site(sys._getframe(1)))
+            getattr(handles, "pending", []).append(handle)
+            return handle
+        return call
+    for op in real:
+        setattr(dist, op, handled(op) if op in ASYNC_COLLECTIVES else refused(op))
+    try:
+        yield
+    finally:
+        for op, fn in real.items():
+            setattr(dist, op, fn)
 
 
 def _thread_ranks(fn, rank_calls: list[tuple], groups: list[list[int]] | None = None) -> tuple[list, list]:
@@ -74,11 +169,14 @@ def _thread_ranks(fn, rank_calls: list[tuple], groups: list[list[int]] | None = 
     in-process "threaded" process group: every torch.distributed call works as between processes.
     group: WORLD, or with `groups` (lists of ranks covering the world) the one holding rank r, made by
     dist.new_group on every rank. -> (the ranks' outputs, the errors they raised: None, or the error; a
-    rank released from a collective by another rank's error raises SystemExit)."""
+    rank released from a collective by another rank's error raises SystemExit; one that returned with an
+    async_op=True handle it never waited on gets a CollectiveMisuse, as do calls the threaded group cannot
+    run: checked_collectives)."""
     from torch.testing._internal.distributed.multi_threaded_pg import (ProcessLocalGroup, _install_threaded_pg,
                                                                         _uninstall_threaded_pg)
     store, size = dist.HashStore(), len(rank_calls)
     outputs, errors = [None] * size, [None] * size
+    handles = threading.local()  # each rank's async_op=True handles (checked_collectives)
 
     def rank_main(rank: int) -> None:
         try:
@@ -88,6 +186,7 @@ def _thread_ranks(fn, rank_calls: list[tuple], groups: list[list[int]] | None = 
                 if groups is not None:
                     made = [dist.new_group(ranks) for ranks in groups]  # every rank makes every group, in order
                     group = next(g for g, ranks in zip(made, groups) if rank in ranks)
+                handles.pending = []
                 with torch.no_grad():
                     outputs[rank] = fn(*rank_calls[rank], group)
             finally:
@@ -95,22 +194,27 @@ def _thread_ranks(fn, rank_calls: list[tuple], groups: list[list[int]] | None = 
         except BaseException as e:  # noqa: BLE001 -- raised in the caller's thread (on_thread_ranks)
             errors[rank] = e
             ProcessLocalGroup.exception_handle(e)  # wake the other ranks out of their collectives
+            return
+        not_waited = next((h for h in handles.pending if not h.waited), None)
+        if not_waited is not None:  # the rank's error, though it returned: the others go on as after a return
+            errors[rank] = CollectiveMisuse(NOT_WAITED.format(op=not_waited.op), not_waited.site)
 
     torch._C._distributed_c10d._set_thread_isolation_mode(True)  # each thread keeps its own group names
     _install_threaded_pg()
     try:
-        threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(size)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(THREAD_RANKS_TIMEOUT_S)
-        stuck = [r for r, t in enumerate(threads) if t.is_alive()]
-        if stuck:
-            ProcessLocalGroup.exception_handle(TimeoutError())
+        with checked_collectives(handles):
+            threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(size)]
             for t in threads:
-                t.join(5.0)
-            raise TimeoutError(f"ranks {stuck} still wait after {THREAD_RANKS_TIMEOUT_S:.0f} s: a collective that "
-                               f"not every rank calls?")
+                t.start()
+            for t in threads:
+                t.join(THREAD_RANKS_TIMEOUT_S)
+            stuck = [r for r, t in enumerate(threads) if t.is_alive()]
+            if stuck:
+                ProcessLocalGroup.exception_handle(TimeoutError())
+                for t in threads:
+                    t.join(5.0)
+                raise TimeoutError(f"ranks {stuck} still wait after {THREAD_RANKS_TIMEOUT_S:.0f} s: a collective "
+                                   f"that not every rank calls?")
     finally:
         _uninstall_threaded_pg()
         ProcessLocalGroup.reset()
@@ -197,15 +301,19 @@ def graded_on_thread_ranks(impl, name: str, rank_calls: list[tuple], exercise_id
             raise RuntimeError(f"thread ranks fail here for minillm's own {name} as well ({ref_error}): this "
                                f"machine's torch.distributed, not the code under test") from raised[0]
         elsewhere = lambda fn: [rank_error(fn, copies_of(calls), groups) for calls in also]  # noqa: E731
+        suspected = suspects_of(name, lambda fn: rank_error(fn, copies_of(rank_calls), groups),
+                                agree=(elsewhere, lambda: elsewhere(getattr(impl, name))) if also else None)
+        misuse = next(((r, e) for r, e in enumerate(errors) if isinstance(e, CollectiveMisuse)), None)
         try:
+            if misuse is not None:  # the harness's own words name the bug (and the line, for a handle not waited on)
+                rank, error = misuse
+                check_that(f"{error}" + (f"\n  the call: {error.site}" if error.site else ""), exercise_id,
+                           f"{name} on rank {rank} of {len(rank_calls)}{groups_named(groups)}",
+                           actual=errors_named(errors), suspects=suspected)
             check_equal(errors_named(errors), "no error", exercise_id,
-                        f"what {name} did on {len(rank_calls)} ranks{groups_named(groups)} (the error's traceback "
-                        f"is above)",
-                        suspects=suspects_of(name, lambda fn: rank_error(fn, copies_of(rank_calls), groups),
-                                             agree=(elsewhere, lambda: elsewhere(getattr(impl, name))) if also
-                                             else None))
+                        f"what {name} did on {len(rank_calls)} ranks{groups_named(groups)}", suspects=suspected)
         except AssertionError as failure:
-            raise failure from raised[0]
+            raise failure from (misuse[1] if misuse is not None else raised[0])
     names = list(inspect.signature(getattr(load_impl("ref"), name)).parameters)
 
     def left_in(fn, rank: int, i: int):
@@ -230,20 +338,61 @@ def groups_named(groups: list[list[int]] | None) -> str:
                                       "collective needs group=group, and the rank in it is dist.get_rank(group))")
 
 
-def check_tensor_on_rank(y, name: str, rank_calls: list[tuple], rank: int, exercise_id: str, what: str,
-                         groups: list[list[int]] | None = None) -> None:
-    """Rank `rank`'s output y must be a tensor (checked before its values: check_close cannot name a known bug
-    that returns None); a known wrong version that returns the same type there is named."""
+class RankOutputs(list):
+    """Every rank's outputs, equal to another's where each rank's is: None for None, tensors of one shape and
+    dtype with values within BF16_TOL (a rounding apart, not another bug), anything else by ==."""
+
+    __hash__ = None
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, list) and len(self) == len(other) and all(map(_same_output, self, other))
+
+
+def _same_output(a, b) -> bool:
+    """RankOutputs' test for one rank's outputs."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        atol, rtol = BF16_TOL
+        return (a.shape == b.shape and a.dtype == b.dtype
+                and torch.allclose(a.double(), b.double(), rtol=rtol, atol=atol, equal_nan=True))
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return False
+    return a == b
+
+
+def everywhere_suspects(name: str, rank_calls: list[tuple], outputs: list, part, groups=None) -> dict:
+    """diagnosis -> part(every rank's output) of each known wrong version of `name` on thread ranks (each run on
+    fresh copies of the inputs), for those whose outputs match `outputs` (the code under test's) on EVERY rank:
+    one that matches on the rank checked alone is another bug (a right gather that returns a tensor on rank 1 is
+    not a missing gather, though rank 1's tensor is the same)."""
+    ran = functools.cache(lambda fn: RankOutputs(on_thread_ranks(fn, copies_of(rank_calls), groups)))
+    return suspects_of(name, lambda fn: part(ran(fn)), agree=(ran, lambda: RankOutputs(outputs)))
+
+
+def check_tensor_on_rank(y, name: str, rank_calls: list[tuple], rank: int, outputs: list, exercise_id: str,
+                         what: str, groups: list[list[int]] | None = None) -> None:
+    """Rank `rank`'s output y (outputs: every rank's) must be a tensor (checked before its values: check_close
+    cannot name a known bug that returns None); a known wrong version that returns what your code does on
+    every rank is named."""
     check_type(y, torch.Tensor, exercise_id, f"{name} must return a tensor on every rank: {what}",
                f"{name} on rank {rank}",
-               suspects=suspects_of(name, lambda fn: type(on_thread_ranks(fn, copies_of(rank_calls), groups)[rank])
-                                    .__name__))
+               suspects=everywhere_suspects(name, rank_calls, outputs, lambda out: type(out[rank]).__name__, groups))
 
 
-def rank_suspects(name: str, rank_calls: list[tuple], rank: int, groups: list[list[int]] | None = None) -> dict:
-    """diagnosis -> rank `rank`'s output of each known wrong version of `name` on thread ranks (each
-    run on fresh copies of the inputs)."""
-    return suspects_of(name, lambda fn: on_thread_ranks(fn, copies_of(rank_calls), groups)[rank])
+def rank_suspects(name: str, rank_calls: list[tuple], rank: int, outputs: list,
+                  groups: list[list[int]] | None = None) -> dict:
+    """diagnosis -> rank `rank`'s output of each known wrong version of `name` on thread ranks whose outputs
+    match `outputs` (your code's, every rank's) on every rank (everywhere_suspects)."""
+    return everywhere_suspects(name, rank_calls, outputs, lambda out: out[rank], groups)
+
+
+def check_none_on_rank(y, name: str, rank: int, exercise_id: str, where: str, suspected: dict) -> None:
+    """Rank `rank` (not its group's first; where: e.g. " of 2") must return None (parallel_lm_head): a tensor
+    there is named as one, with why the rank returns None, not printed as a list of values."""
+    got = None if y is None else (f"a tensor of shape {tuple(y.shape)}" if isinstance(y, torch.Tensor)
+                                  else f"a {type(y).__name__}")
+    check_that(None if y is None else f"(it returned {got})", exercise_id,
+               f"{name} must return None on rank {rank}{where}: rank 0 of the group alone holds the full logits "
+               f"(it samples); every other rank returns None, as vLLM's LM head does", actual=y, suspects=suspected)
 
 
 @contextlib.contextmanager
@@ -412,24 +561,26 @@ def test_row_parallel_linear_on_two_thread_ranks(impl):
                               (biased_calls, want_biased, "a row-parallel layer with a bias against nn.Linear")):
         outs = graded_on_thread_ranks(impl, "row_parallel_linear", calls, "4.2")
         for r, y in enumerate(outs):
-            check_tensor_on_rank(y, "row_parallel_linear", calls, r, "4.2", what)
+            check_tensor_on_rank(y, "row_parallel_linear", calls, r, outs, "4.2", what)
             check_close(y, want, "4.2", f"{what}, rank {r} of {TP}", ATOL, RTOL,
-                        suspects=rank_suspects("row_parallel_linear", calls, r))
+                        suspects=rank_suspects("row_parallel_linear", calls, r, outs))
     # bfloat16, as the engine runs it: the result is in x's dtype (rounding: each rank's partial product, the sum)
     calls = [tuple(t.bfloat16() if isinstance(t, torch.Tensor) else t for t in call) for call in biased_calls]
     z16, w16 = (torch.cat([call[i] for call in calls], dim=-1) for i in (0, 1))  # the whole layer, in bfloat16
     want = F.linear(z16.float(), w16.float(), calls[0][2].float()).bfloat16()
-    for r, y in enumerate(graded_on_thread_ranks(impl, "row_parallel_linear", calls, "4.2")):
+    outs = graded_on_thread_ranks(impl, "row_parallel_linear", calls, "4.2")
+    for r, y in enumerate(outs):
         check_close(y, want, "4.2", f"a row-parallel layer with a bias in bfloat16, rank {r} of {TP} (vs F.linear in "
                     f"fp32 on the same bfloat16 values, rounded to bfloat16: the result in x's dtype)", *BF16_TOL,
-                    suspects=rank_suspects("row_parallel_linear", calls, r))
+                    suspects=rank_suspects("row_parallel_linear", calls, r, outs))
     # two tensor-parallel groups at once (ranks 0-1 and 2-3 of 4), each on its own tokens: each sums its own
     _, _, want_b, mlp_calls_b, _, _ = row_parallel_case(seed=5)
     calls, wants = mlp_calls + mlp_calls_b, [want_mlp] * TP + [want_b] * TP
     outs = graded_on_thread_ranks(impl, "row_parallel_linear", calls, "4.2", TP_GROUPS)
     for r, (y, want) in enumerate(zip(outs, wants)):
         check_close(y, want, "4.2", f"the MLP's output on rank {r} of 4{groups_named(TP_GROUPS)}, each group on "
-                    f"its own tokens", ATOL, RTOL, suspects=rank_suspects("row_parallel_linear", calls, r, TP_GROUPS))
+                    f"its own tokens", ATOL, RTOL,
+                    suspects=rank_suspects("row_parallel_linear", calls, r, outs, TP_GROUPS))
 
 
 @pytest.mark.ex4_2
@@ -471,31 +622,34 @@ def test_vocab_parallel_embed_on_two_thread_ranks(impl):
     # its upper bound here, and a bound one id too wide (<=) is still right
     away = torch.tensor([5, 300, half - 2, VOCAB - 1, half + 1, 100])
     away_calls = calls = [(away, chunk(weight, 0, r), r * half) for r in range(TP)]
-    for r, y in enumerate(graded_on_thread_ranks(impl, "vocab_parallel_embed", calls, "4.3")):
+    outs = graded_on_thread_ranks(impl, "vocab_parallel_embed", calls, "4.3")
+    for r, y in enumerate(outs):
         what = f"vocab_parallel_embed of ids away from the cut ({away.tolist()}) on rank {r} of {TP}"
-        check_tensor_on_rank(y, "vocab_parallel_embed", calls, r, "4.3", what)
+        check_tensor_on_rank(y, "vocab_parallel_embed", calls, r, outs, "4.3", what)
         check_close(y, F.embedding(away, weight), "4.3", f"{what} against nn.Embedding",
-                    suspects=rank_suspects("vocab_parallel_embed", calls, r))
+                    suspects=rank_suspects("vocab_parallel_embed", calls, r, outs))
     calls = [(ids, chunk(weight, 0, r), r * half) for r in range(TP)]
-    for r, y in enumerate(graded_on_thread_ranks(impl, "vocab_parallel_embed", calls, "4.3", also=(away_calls,))):
+    outs = graded_on_thread_ranks(impl, "vocab_parallel_embed", calls, "4.3", also=(away_calls,))
+    for r, y in enumerate(outs):
         check_close(y, want, "4.3", f"vocab_parallel_embed on rank {r} of {TP} against nn.Embedding",
-                    suspects=rank_suspects("vocab_parallel_embed", calls, r))
+                    suspects=rank_suspects("vocab_parallel_embed", calls, r, outs))
     # bfloat16, as the engine runs it: rows of the table in its own dtype (a lookup and a sum with zeros: exact)
     weight16 = weight.bfloat16()
     calls16 = [(ids, chunk(weight16, 0, r), r * half) for r in range(TP)]
-    for r, y in enumerate(graded_on_thread_ranks(impl, "vocab_parallel_embed", calls16, "4.3")):
+    outs = graded_on_thread_ranks(impl, "vocab_parallel_embed", calls16, "4.3")
+    for r, y in enumerate(outs):
         check_close(y, F.embedding(ids, weight16), "4.3", f"vocab_parallel_embed of a bfloat16 table on rank {r} of "
                     f"{TP} against nn.Embedding (the rows in weight_shard's dtype)", atol=0, rtol=0,
-                    suspects=rank_suspects("vocab_parallel_embed", calls16, r))
+                    suspects=rank_suspects("vocab_parallel_embed", calls16, r, outs))
     # two tensor-parallel groups at once (ranks 0-1 and 2-3 of 4), each embedding its own ids
     ids_b = ids.flip(0)
     calls = calls + [(ids_b, chunk(weight, 0, r), r * half) for r in range(TP)]
     wants = [want] * TP + [F.embedding(ids_b, weight)] * TP
-    for r, (y, w) in enumerate(zip(graded_on_thread_ranks(impl, "vocab_parallel_embed", calls, "4.3", TP_GROUPS),
-                                   wants)):
+    outs = graded_on_thread_ranks(impl, "vocab_parallel_embed", calls, "4.3", TP_GROUPS)
+    for r, (y, w) in enumerate(zip(outs, wants)):
         check_close(y, w, "4.3", f"vocab_parallel_embed on rank {r} of 4{groups_named(TP_GROUPS)}, each group "
                     f"embedding its own ids, against nn.Embedding",
-                    suspects=rank_suspects("vocab_parallel_embed", calls, r, TP_GROUPS))
+                    suspects=rank_suspects("vocab_parallel_embed", calls, r, outs, TP_GROUPS))
 
 
 @pytest.mark.ex4_3
@@ -524,20 +678,22 @@ def lm_head_case():
 def test_parallel_lm_head_on_two_thread_ranks(impl):
     hidden, weight, want = lm_head_case()
     calls = [(hidden, chunk(weight, 0, r)) for r in range(TP)]
-    logits0, logits1 = graded_on_thread_ranks(impl, "parallel_lm_head", calls, "4.4")
+    outs = graded_on_thread_ranks(impl, "parallel_lm_head", calls, "4.4")
+    logits0, logits1 = outs
     check_close(logits0, want, "4.4", f"parallel_lm_head's logits on rank 0 ({TP} ranks) against nn.Linear", ATOL, RTOL,
-                suspects=rank_suspects("parallel_lm_head", calls, 0))
-    check_equal(logits1, None, "4.4", "parallel_lm_head's result on rank 1 (only rank 0 samples)",
-                suspects=rank_suspects("parallel_lm_head", calls, 1))
+                suspects=rank_suspects("parallel_lm_head", calls, 0, outs))
+    check_none_on_rank(logits1, "parallel_lm_head", 1, "4.4", f" of {TP}",
+                       rank_suspects("parallel_lm_head", calls, 1, outs))
     returned = lambda fn: outcome(lambda: [None if y is None else tuple(y.shape)  # noqa: E731 -- what each rank
                                            for y in on_thread_ranks(fn, copies_of(calls))])  # returned, by shape
     # bfloat16, as the engine runs it: the logits in hidden's dtype (each one a dot product rounded once)
     calls16 = [(hidden.bfloat16(), chunk(weight, 0, r).bfloat16()) for r in range(TP)]
     want16 = F.linear(hidden.bfloat16().float(), weight.bfloat16().float()).bfloat16()
-    check_close(graded_on_thread_ranks(impl, "parallel_lm_head", calls16, "4.4")[0], want16, "4.4",
+    outs16 = graded_on_thread_ranks(impl, "parallel_lm_head", calls16, "4.4")
+    check_close(outs16[0], want16, "4.4",
                 f"parallel_lm_head's logits of bfloat16 hidden states on rank 0 ({TP} ranks) against F.linear in fp32 "
                 f"on the same bfloat16 values, rounded to bfloat16 (the logits in hidden's dtype)", *BF16_TOL,
-                suspects=rank_suspects("parallel_lm_head", calls16, 0))
+                suspects=rank_suspects("parallel_lm_head", calls16, 0, outs16))
     check_equal(collectives_on_thread_ranks(impl.parallel_lm_head, copies_of(calls)), [["gather"]] * TP, "4.4",
                 "the collectives each rank called (rank 0 alone needs the logits: one torch.distributed.gather to "
                 "it on every rank, not an all-gather, which sends every rank all of them)",
@@ -548,14 +704,15 @@ def test_parallel_lm_head_on_two_thread_ranks(impl):
     hidden_b = hidden.flip(0)
     calls = calls + [(hidden_b, chunk(weight, 0, r)) for r in range(TP)]
     wants = [want, None, F.linear(hidden_b, weight), None]
-    for r, (y, w) in enumerate(zip(graded_on_thread_ranks(impl, "parallel_lm_head", calls, "4.4", TP_GROUPS), wants)):
-        what = (f"parallel_lm_head's result on rank {r} of 4{groups_named(TP_GROUPS)}, each group on its own hidden "
-                f"states: {'None' if w is None else 'the logits'} (rank {r % TP} of its group)")
-        suspected = rank_suspects("parallel_lm_head", calls, r, TP_GROUPS)
+    outs = graded_on_thread_ranks(impl, "parallel_lm_head", calls, "4.4", TP_GROUPS)
+    for r, (y, w) in enumerate(zip(outs, wants)):
+        where = f" of 4{groups_named(TP_GROUPS)}, each group on its own hidden states (rank {r % TP} of its group)"
+        suspected = rank_suspects("parallel_lm_head", calls, r, outs, TP_GROUPS)
         if w is None:
-            check_equal(y, None, "4.4", what, suspects=suspected)
+            check_none_on_rank(y, "parallel_lm_head", r, "4.4", where, suspected)
         else:
-            check_close(y, w, "4.4", what, ATOL, RTOL, suspects=suspected)
+            check_close(y, w, "4.4", f"parallel_lm_head's result on rank {r}{where}: the logits", ATOL, RTOL,
+                        suspects=suspected)
 
 
 @pytest.mark.ex4_4
