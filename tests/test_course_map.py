@@ -39,3 +39,26 @@ def test_the_tours_map_lists_every_notebook_and_exercise():
                if e.module.replace(".", "/") + ".py" not in shown]
     assert not absent, (f"the tour's course map (its stored output) leaves out {sorted(set(absent))}: "
                         f"re-run notebooks/00_tour.ipynb after adding a chapter")
+
+
+def test_every_exercise_notebook_runs_the_readers_code_after_its_switch():
+    """Each notebook with exercises has the USE_MY_CODE switch of their chapter, and imports the exercises'
+    functions by name only after it (an import before the switch keeps minillm's function whatever the
+    switch says). Notebook 04 had no switch: its 4.x ran minillm's code alone."""
+    wrong = []
+    for notebook in sorted({e.notebook for e in find_exercises()}):
+        exercises = [e for e in find_exercises() if e.notebook == notebook]
+        code = [c.source for c in nbformat.read(os.path.join(REPO_DIR, notebook), as_version=4).cells
+                if c.cell_type == "code"]
+        switch = next((i for i, s in enumerate(code) if "USE_MY_CODE = False" in s), None)
+        chapters = {e.chapter for e in exercises}
+        if switch is None or not any(f"use_my_code(chapter={ch}, enabled=USE_MY_CODE)" in code[switch]
+                                     for ch in chapters):
+            wrong.append(f"{notebook}: no USE_MY_CODE switch for chapter {sorted(chapters)}")
+            continue
+        for i, source in enumerate(code[:switch]):
+            for e in exercises:
+                for name in e.stubbed:
+                    if re.search(rf"^from {re.escape(e.module)} import .*\b{name}\b", source, re.M):
+                        wrong.append(f"{notebook}: code cell {i} imports {name} before the switch")
+    assert not wrong, wrong

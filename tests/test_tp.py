@@ -18,7 +18,9 @@ import torch.distributed as dist
 from helpers import small_engine_args
 from minillm import LLM, SamplingParams
 from minillm.course.ranks import run_on_ranks
-from minillm.course.tp_tools import decode_step_times, shard_summary
+from minillm.course.exercises import use_impl
+from minillm.course.tp_tools import decode_step_times, exercise_code, shard_summary
+from minillm.engine import tp
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = ["Hello", "The capital of France is", "1 2 3 4 5 6 7 8", "def fib(n):\n    return"]
@@ -73,6 +75,51 @@ def test_qwen3_tiny_tp2_equals_tp1_and_shuts_down_when_collected():
     gc.collect()
     assert gone(procs), "the worker outlived its LLM"
     assert not dist.is_initialized(), "the process group outlived its LLM"
+
+
+def test_the_notebook_switch_runs_the_swapped_code_on_every_rank():
+    """use_my_code (swap_in) replaced the functions in rank 0's process alone: the workers that a
+    tensor-parallel LLM spawned ran minillm's 4.x, not the reader's. A worker spawned while a swap is on
+    runs the same swap, and none once it is restored."""
+    args = small_engine_args()
+    with LLM("qwen3-tiny", **args) as ref:
+        want = tokens(ref, PROMPTS)
+    with use_impl("solutions", chapters={4}) as swap:
+        assert swap.swapped == ["4.1", "4.2", "4.3", "4.4"]
+        with LLM("qwen3-tiny", tensor_parallel_size=2, **args) as llm:
+            assert tokens(llm, PROMPTS) == want
+            where = llm.engine.model_runner.collective_rpc(exercise_code, 4)
+    names = ["shard_weight", "shard_packed", "row_parallel_linear", "vocab_parallel_embed", "parallel_lm_head"]
+    assert where == [{n: "solutions.ch4" for n in names}] * 2, where
+    assert tp.WORKER_SETUP == []
+
+
+SWITCHED_RANKS_SCRIPT = """
+import os, sys
+import torch
+from minillm.course.exercises import REPO_DIR, use_my_code
+from minillm.course.ranks import call_sharded, run_on_ranks
+
+if __name__ == "__main__":
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != REPO_DIR]  # as in notebooks/
+    use_my_code(4, True, impl="solutions")
+    from minillm.layers.linear import row_parallel_linear, shard_weight
+    x, w = torch.randn(3, 8), torch.randn(6, 8)
+    outs = run_on_ranks(call_sharded, 2, row_parallel_linear, [(shard_weight(x, 1, r, 2), shard_weight(w, 1, r, 2),
+                                                                  None) for r in range(2)])
+    print(row_parallel_linear.__module__, [(y - x @ w.T).abs().max().item() < 1e-5 for y in outs])
+"""
+
+
+def test_the_notebook_switch_hands_the_swapped_function_to_run_on_ranks(tmp_path):
+    """Notebook 04 gives its 4.x functions to run_on_ranks; under USE_MY_CODE = True they are
+    exercises/ch4.py's, which pickle could not find from a notebook's directory (not the repository's):
+    PicklingError 'import of module ... failed'."""
+    script = tmp_path / "switched_ranks.py"
+    script.write_text(SWITCHED_RANKS_SCRIPT)
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines()[-1] == "solutions.ch4 [True, True]", r.stdout
 
 
 def test_killed_worker_makes_generate_raise():

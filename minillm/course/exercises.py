@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -305,6 +306,8 @@ def _import_generated(impl: str, chapter: int):
         digest = hashlib.sha256(f.read()).hexdigest()
     if name in sys.modules and _IMPORTED.get(name) == digest:
         return sys.modules[name]
+    if REPO_DIR not in sys.path:  # `impl.chN` importable by name: a process spawned from here (run_on_ranks)
+        sys.path.append(REPO_DIR)  # unpickles its functions by importing it
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod  # before running it: its own code (dataclasses, pickling by name) looks itself up
@@ -373,9 +376,16 @@ class Swap:
     # while swapped in under Triton's interpreter: kernel_bounds' check, so a student's kernel that stores
     # outside its tensor raises at its line instead of corrupting (and later killing) the notebook's kernel
     bounds_check: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
+    # while swapped in: the same swap, for the tensor-parallel workers spawned meanwhile (in tp.WORKER_SETUP)
+    in_workers: functools.partial | None = field(default=None, repr=False)
 
     def restore(self) -> None:
         self.bounds_check.close()
+        if self.in_workers is not None:
+            from minillm.engine import tp
+            if self.in_workers in tp.WORKER_SETUP:
+                tp.WORKER_SETUP.remove(self.in_workers)
+            self.in_workers = None
         for mod, name, ref, _ in reversed(self.patched):
             setattr(mod, name, ref)
         # a module imported while the swap was on copied a swapped function: put the reference back there too
@@ -408,7 +418,9 @@ def swap_in(impl: str, exercises: set[str] | None = None, chapters: set[int] | N
     function under its name, so the running engine calls them. Only the functions a student has
     written are swapped: a stub still raising NotImplementedError leaves minillm's own function in
     place, so one solved exercise runs in the engine while the rest are not started.
-    exercises: ids to swap (default all); chapters: restrict to these chapters."""
+    exercises: ids to swap (default all); chapters: restrict to these chapters. Tensor-parallel workers
+    spawned while it is on run the same swap (tp.WORKER_SETUP)."""
+    from minillm.engine import tp  # imported first, so its modules are among those patched below
     wanted = {e.chapter for e in find_exercises()
               if (chapters is None or e.chapter in chapters) and (exercises is None or e.id in exercises)}
     chosen, todo = load_impl(impl, wanted), unsolved(impl, wanted)  # only those files: another chapter's
@@ -433,7 +445,16 @@ def swap_in(impl: str, exercises: set[str] | None = None, chapters: set[int] | N
     if swap.patched and os.environ.get("TRITON_INTERPRET") == "1":
         from minillm.course.kernel_bounds import checked_bounds
         swap.bounds_check.enter_context(checked_bounds())
+    if swap.patched:  # a tensor-parallel engine's other ranks are processes of their own: swap there too
+        swap.in_workers = functools.partial(_swap_in_worker, impl, exercises, chapters)
+        tp.WORKER_SETUP.append(swap.in_workers)
     return swap
+
+
+def _swap_in_worker(impl: str, exercises: set[str] | None, chapters: set[int] | None) -> None:
+    """A spawned tensor-parallel worker's first step while a swap is on (tp.WORKER_SETUP): the same swap in
+    its own modules, for the rest of its life."""
+    swap_in(impl, exercises=exercises, chapters=chapters)
 
 
 @contextlib.contextmanager

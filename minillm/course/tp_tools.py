@@ -5,11 +5,13 @@ by name.
 
     runner = llm.engine.model_runner
     runner.collective_rpc(shard_summary)                          # what each rank holds
+    runner.collective_rpc(exercise_code, 4)                       # whose 4.x functions each rank runs
     runner.collective_rpc(decode_step_times, [1, 8], 128)         # ms per decode step, and in collectives
     decode_step_times(runner, [1, 8], 128)                        # the same on a one-rank engine
 """
 from __future__ import annotations
 
+import importlib
 import statistics
 
 import numpy as np
@@ -17,8 +19,17 @@ import torch
 import torch.distributed as dist
 
 from minillm.config import ModelConfig
+from minillm.course.exercises import find_exercises
 from minillm.engine.model_runner import Batch
 from minillm.engine.tp import ShardRunner
+
+
+def exercise_code(runner: ShardRunner, chapter: int) -> dict[str, str]:
+    """For collective_rpc: whose code this rank's engine runs for the chapter's exercise functions, as the
+    module each came from ('minillm.layers.linear' for minillm's; 'exercises.ch4' for a reader's
+    swapped in by the notebook switch). -> {function name: module}"""
+    return {name: getattr(importlib.import_module(e.module), name).__module__
+            for e in find_exercises() if e.chapter == chapter for name in e.stubbed}
 
 
 def shard_summary(runner: ShardRunner) -> dict:

@@ -42,6 +42,7 @@ import pickle
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import wait
 
@@ -60,6 +61,10 @@ ERROR_GRACE_S = 3.0  # how long rank 0 waits for a failing worker's own report
 STOP_TIMEOUT_S = 30.0  # a stopping worker frees its memory and answers within this, or it is killed
 JOIN_TIMEOUT_S = 10.0  # a worker that answered "stopped" leaves its group and exits within this
 PARENT_POLL_S = 1.0  # how often a spawned worker checks that rank 0's process is still there
+# What every worker spawned from now on runs first, before it joins the group: picklable callables (a
+# module-level function or a functools.partial of one). The course's notebook switch (use_my_code) puts a
+# reader's exercise functions into the workers this way, as it does into rank 0's process.
+WORKER_SETUP: list[Callable[[], object]] = []
 STOP = ("stop",)  # rank 0 -> workers: free your memory, answer, leave the group, exit
 EXIT = ("exit",)  # minillm.launch's rank 0 -> the other ranks: the script has ended
 
@@ -206,12 +211,14 @@ def serve_engine(channel, config: EngineConfig, model_config: ModelConfig, model
 
 
 def _worker_main(rank: int, world_size: int, port: int, config: EngineConfig, model_config: ModelConfig,
-                 model_path: str, conn, parent_pid: int) -> None:
-    """A spawned worker process (rank >= 1): join the group, serve rank 0's engine (serve_engine), then
-    leave the group (see the module docstring)."""
+                 model_path: str, conn, parent_pid: int, setup: tuple[Callable[[], object], ...] = ()) -> None:
+    """A spawned worker process (rank >= 1): run `setup` (WORKER_SETUP's callables when it was spawned),
+    join the group, serve rank 0's engine (serve_engine), then leave the group (see the module docstring)."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="minillm-watch-rank0").start()
     channel, stopped = PipeChannel([conn]), False
     try:
+        for fn in setup:  # first: an error here is what rank 0 reads instead of the hello, and raises
+            fn()
         send_message(conn, ("hello", os.getpid()))  # the interpreter is up: rank 0 may enter the rendezvous
         use_device(config, rank, world_size)
         join_group(rank, world_size, config.device, port)
@@ -347,7 +354,8 @@ class TPModelRunner(ShardRunner):
         for rank in range(1, size):
             mine, theirs = ctx.Pipe(duplex=True)
             p = ctx.Process(target=_worker_main, name=f"tensor-parallel worker rank {rank}",
-                            args=(rank, size, store.port, config, model_config, model_path, theirs, os.getpid()))
+                            args=(rank, size, store.port, config, model_config, model_path, theirs, os.getpid(),
+                                  tuple(WORKER_SETUP)))
             p.start()
             theirs.close()
             w.procs.append(p)
