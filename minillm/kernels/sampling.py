@@ -56,7 +56,7 @@ def _sample_chunk_kernel(logits_ptr, temps_ptr, seeds_ptr, part_val_ptr, part_id
     lane = tl.arange(0, QUARTER)
     logits_row = logits_ptr + row.to(tl.int64) * stride_row
     t = tl.load(temps_ptr + row)
-    inv_t = tl.where(t > 0, 1.0 / t, 0.0)
+    inv_t = tl.where(t > 0, 1.0 / tl.where(t > 0, t, 1.0), 0.0)  # no 1/0 for greedy rows, even unused
     # One Philox call gives four uniforms, one for each quarter of the chunk's columns: Philox's
     # rounds, with the logs, bound this kernel (one call per column took 3x the read at batch 256).
     # The same (seed, chunk, column) always draws the same U.
