@@ -446,15 +446,9 @@ def swap_in(impl: str, exercises: set[str] | None = None, chapters: set[int] | N
         from minillm.course.kernel_bounds import checked_bounds
         swap.bounds_check.enter_context(checked_bounds())
     if swap.patched:  # a tensor-parallel engine's other ranks are processes of their own: swap there too
-        swap.in_workers = functools.partial(_swap_in_worker, impl, exercises, chapters)
+        swap.in_workers = functools.partial(swap_in, impl, exercises, chapters)
         tp.WORKER_SETUP.append(swap.in_workers)
     return swap
-
-
-def _swap_in_worker(impl: str, exercises: set[str] | None, chapters: set[int] | None) -> None:
-    """A spawned tensor-parallel worker's first step while a swap is on (tp.WORKER_SETUP): the same swap in
-    its own modules, for the rest of its life."""
-    swap_in(impl, exercises=exercises, chapters=chapters)
 
 
 @contextlib.contextmanager

@@ -138,13 +138,8 @@ def _chain(exc: BaseException | None):
 def _crash_behind(failure: AssertionError) -> BaseException | None:
     """The error a failed check was raised from (`raise ... from error`), if it is a crash: not another
     failed check, not a stub's NotImplementedError."""
-    exc, seen = failure.__cause__, set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if not isinstance(exc, (AssertionError, NotImplementedError)):
-            return exc
-        exc = exc.__cause__
-    return None
+    return next((e for e in _chain(failure.__cause__) if not isinstance(e, (AssertionError, NotImplementedError))),
+                None)
 
 
 def _graded_line(path: str, lineno: int, name: str, files: list[str]) -> str | None:

@@ -211,7 +211,7 @@ def serve_engine(channel, config: EngineConfig, model_config: ModelConfig, model
 
 
 def _worker_main(rank: int, world_size: int, port: int, config: EngineConfig, model_config: ModelConfig,
-                 model_path: str, conn, parent_pid: int, setup: tuple[Callable[[], object], ...] = ()) -> None:
+                 model_path: str, conn, parent_pid: int, setup: tuple[Callable[[], object], ...]) -> None:
     """A spawned worker process (rank >= 1): run `setup` (WORKER_SETUP's callables when it was spawned),
     join the group, serve rank 0's engine (serve_engine), then leave the group (see the module docstring)."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="minillm-watch-rank0").start()
