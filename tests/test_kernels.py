@@ -98,6 +98,40 @@ def test_paged_decode_matches_references(dtype, block_size, num_splits):
                                **TOL[dtype])
 
 
+@pytest.mark.parametrize("layout", ["one block", "consecutive blocks", "shuffled blocks", "equal lengths",
+                                    "unequal lengths"])
+def test_paged_decode_torch_each_path(layout):
+    """paged_decode_torch reads one sequence on consecutive blocks in place, copies the blocks of any
+    other batch, and masks only when the lengths differ: each path against SDPA on each sequence's
+    own K/V. Every row no sequence owns is NaN, the last block's tail included."""
+    lengths, bs = {"one block": ([13], 16), "consecutive blocks": ([40], 16), "shuffled blocks": ([40], 16),
+                   "equal lengths": ([21, 21], 16), "unequal lengths": ([21, 3], 16)}[layout]
+    H, hkv, d = 6, 2, 8
+    ks, vs, k_cache, v_cache, _, _, tables = make_paged(lengths, hkv, d, bs, torch.float32)
+    if layout == "consecutive blocks":  # move the sequence onto blocks 1, 2, 3 (NaN everywhere else)
+        k_cache[1:4] = k_cache[tables[0, :3].long()].clone()
+        v_cache[1:4] = v_cache[tables[0, :3].long()].clone()
+        k_cache[4:], v_cache[4:], k_cache[0], v_cache[0] = float("nan"), float("nan"), float("nan"), float("nan")
+        tables[0, :3] = torch.tensor([1, 2, 3], dtype=torch.int32)
+    elif layout == "shuffled blocks":
+        assert not bool((tables[0, :3].diff() == 1).all())  # the copy path, not the view
+    q = torch.randn(len(lengths), H, d, generator=torch.Generator().manual_seed(3))
+    got = paged_decode_torch(q, k_cache, v_cache, tables, torch.tensor(lengths, dtype=torch.int32), d ** -0.5)
+    want = torch.stack([sdpa_reference(q[i:i + 1], ks[i], vs[i])[0] for i in range(len(lengths))])
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+def test_store_kvcache_ref_every_slot_kept():
+    """With no skipped slot the reference takes its index_copy_ path: the same cache as the Triton store."""
+    g = torch.Generator().manual_seed(4)
+    k, v = torch.randn(5, 2, 8, generator=g), torch.randn(5, 2, 8, generator=g)
+    slots = torch.randperm(3 * 16, generator=g)[:5]
+    bufs = [torch.full((3, 16, 2, 8), SENTINEL) for _ in range(4)]
+    store_kvcache(k, v, bufs[0], bufs[1], slots)
+    store_kvcache_ref(k, v, bufs[2], bufs[3], slots)
+    assert torch.equal(bufs[0], bufs[2]) and torch.equal(bufs[1], bufs[3])
+
+
 def test_paged_decode_padding_row_is_zero():
     """A CUDA-graph padding row has context length 0 and a table of -1: its output is 0, not NaN."""
     _, _, k_cache, v_cache, _, _, tables = make_paged([20], 2, 16, 16, torch.float32)
