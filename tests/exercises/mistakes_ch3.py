@@ -761,6 +761,11 @@ def paged_decode_returns_fp32(q, k_cache, v_cache, block_tables, context_lens, s
     return _paged_decode(q.float(), k_cache.float(), v_cache.float(), block_tables, context_lens, scale)
 
 
+def paged_decode_squeezes_every_unit_axis(q, k_cache, v_cache, block_tables, context_lens, scale):
+    # the bug: squeeze() with no dim; with one sequence it drops the batch axis too
+    return _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale).unsqueeze(2).squeeze()
+
+
 def schedule_step_budget_for_the_first(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
     return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens,
                           budget_for_the_first=True)
@@ -903,6 +908,12 @@ MISTAKES += [
             "the output of float16 inputs is float32: computed in float32 (for accuracy) and never cast back. "
             "Return q.dtype (.to(q.dtype) at the end)",
             "test_ch3.py::test_paged_decode_torch_matches_sdpa", {"dtype": torch.float16, "case": 0}),
+    Mistake("ch3_paged_decode_squeezes_every_unit_axis", "3.3",
+            {"paged_decode_torch": paged_decode_squeezes_every_unit_axis},
+            "with one sequence (batch-1 decode, every token of a chat) the output is [H, D], not [1, H, D]: "
+            "squeeze() without a dim drops every axis of size 1, the batch axis too. Squeeze only the query "
+            "axis you added (squeeze(2) on SDPA's [B, H, 1, D])",
+            "test_ch3.py::test_paged_decode_torch_matches_sdpa", {"dtype": torch.float32, "case": 3}),
     # 3.4
     Mistake("ch3_store_value_at_key_stride", "3.4", {"store_kvcache": store_kvcache_value_at_key_stride},
             "token t's value row is read at t * key_stride: value has its own row stride, value_stride, which "

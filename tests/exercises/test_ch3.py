@@ -381,6 +381,7 @@ DECODE_CASES = [  # (lengths, H, Hkv, D, block_size)
     ([1, 37, 130], 6, 2, 40, 16),
     ([300, 5, 256], 4, 2, 32, 256),
     ([17, 64], 4, 4, 16, 16),  # plain multi-head attention
+    ([45], 4, 2, 16, 16),  # one sequence (batch-1 decode) on three shuffled blocks
 ]
 
 
