@@ -132,9 +132,9 @@ def paged_decode_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     if len(blocks) == 1 and (blocks.shape[1] == 1 or bool((blocks[0].diff() == 1).all())):
         # one sequence on consecutive blocks (one block always is): its keys are one run of cache
         # rows, read in place (a view; no copy)
-        start = int(blocks[0, 0]) * block_size
-        k = k_cache.flatten(0, 1)[None, start:start + longest]  # [1, L, Hkv, D]
-        v = v_cache.flatten(0, 1)[None, start:start + longest]
+        first, n = int(blocks[0, 0]), blocks.shape[1]
+        k = k_cache[first:first + n].flatten(0, 1)[None, :longest]  # [1, L, Hkv, D]
+        v = v_cache[first:first + n].flatten(0, 1)[None, :longest]
     else:
         # index_select copies whole blocks (runs of contiguous rows); k_cache[blocks], the same
         # result, goes element by element and took 2.5x as long on a CPU
