@@ -107,10 +107,11 @@ def paged_decode_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     zero the K/V rows you mask out. torch.nn.functional.scaled_dot_product_attention takes a boolean
     attn_mask (True = attend) and enable_gqa=True for Hkv < H; it wants [B, heads, length, D].
 
-    Speed, not graded: minillm's version reads no table column past the longest context, masks only
-    when the lengths differ, and reads one sequence on consecutive blocks in place (batch-1 decode
-    of a short context: no copy at all). On a 2-core CPU that took a call in the engine's batch-1
-    decode of smollm2-135m from about 310 to 130 us (the median of 3,840 calls each).
+    Speed, not graded: on a CPU minillm's version reads no table column past the longest context,
+    masks only when the lengths differ, and reads one sequence on consecutive blocks in place
+    (batch-1 decode of a short context: no copy at all); on a 2-core CPU that took a call in the
+    engine's batch-1 decode of smollm2-135m from about 310 to 130 us (the median of 3,840 calls
+    each). On a GPU it reads nothing back to the host, so a CUDA graph can hold it.
     """
     raise NotImplementedError("Exercise 3.3: implement paged_decode_torch in exercises/ch3.py (see notebooks/03_paged_kv_cache.ipynb, section '4. Paged decode attention in torch')")
 

@@ -119,35 +119,38 @@ def paged_decode_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     zero the K/V rows you mask out. torch.nn.functional.scaled_dot_product_attention takes a boolean
     attn_mask (True = attend) and enable_gqa=True for Hkv < H; it wants [B, heads, length, D].
 
-    Speed, not graded: minillm's version reads no table column past the longest context, masks only
-    when the lengths differ, and reads one sequence on consecutive blocks in place (batch-1 decode
-    of a short context: no copy at all). On a 2-core CPU that took a call in the engine's batch-1
-    decode of smollm2-135m from about 310 to 130 us (the median of 3,840 calls each).
+    Speed, not graded: on a CPU minillm's version reads no table column past the longest context,
+    masks only when the lengths differ, and reads one sequence on consecutive blocks in place
+    (batch-1 decode of a short context: no copy at all); on a 2-core CPU that took a call in the
+    engine's batch-1 decode of smollm2-135m from about 310 to 130 us (the median of 3,840 calls
+    each). On a GPU it reads nothing back to the host, so a CUDA graph can hold it.
     """
     block_size = k_cache.shape[1]
-    longest = int(context_lens.max())  # a host sync: the torch backend never runs inside a CUDA graph
-    # Only the table columns the longest sequence uses, and only its first `longest` rows: nothing
-    # past them is read. -1 padding reads block 0 (clamped); those keys are masked below.
-    blocks = block_tables[:, :-(-longest // block_size)].long().clamp_min(0)
-    if len(blocks) == 1 and (blocks.shape[1] == 1 or bool((blocks[0].diff() == 1).all())):
-        # one sequence on consecutive blocks (one block always is): its keys are one run of cache
-        # rows, read in place (a view; no copy)
-        first, n = int(blocks[0, 0]), blocks.shape[1]
-        k = k_cache[first:first + n].flatten(0, 1)[None, :longest]  # [1, L, Hkv, D]
-        v = v_cache[first:first + n].flatten(0, 1)[None, :longest]
-    else:
+    blocks = block_tables.long().clamp_min(0)  # -1 padding reads block 0; its keys are masked below
+    longest, masked, k = blocks.shape[1] * block_size, True, None
+    if q.device.type == "cpu":
+        # On a CPU, reading a value out of a tensor costs nothing (on a GPU each read waits for the
+        # device, and a CUDA graph cannot hold it): read no column past the longest context, mask only
+        # when the lengths differ, and read one sequence on consecutive blocks in place (no copy).
+        longest = int(context_lens.max())
+        blocks = blocks[:, :-(-longest // block_size)]
+        masked = int(context_lens.min()) < longest  # (one length for all, always so at batch 1: no mask)
+        if len(blocks) == 1 and (blocks.shape[1] == 1 or bool((blocks[0].diff() == 1).all())):
+            first, n = int(blocks[0, 0]), blocks.shape[1]
+            k = k_cache[first:first + n].flatten(0, 1)[None, :longest]  # [1, L, Hkv, D], a view
+            v = v_cache[first:first + n].flatten(0, 1)[None, :longest]
+    if k is None:
         # index_select copies whole blocks (runs of contiguous rows); k_cache[blocks], the same
         # result, goes element by element and took 2.5x as long on a CPU
         rows = (len(blocks), -1, *k_cache.shape[2:])
         k = k_cache.index_select(0, blocks.flatten()).view(rows)[:, :longest]  # [B, L, Hkv, D]
         v = v_cache.index_select(0, blocks.flatten()).view(rows)[:, :longest]
     visible = None
-    if int(context_lens.min()) < longest:  # sequences of different lengths: hide each one's tail
+    if masked:  # hide each sequence's keys past its length
         visible = torch.arange(longest, device=q.device) < context_lens[:, None].to(q.device)  # [B, L]
         hide = ~visible[:, :, None, None]
         k, v = k.masked_fill(hide, 0), v.masked_fill(hide, 0)  # unwritten rows may hold NaN: 0 * NaN = NaN
         visible = visible[:, None, None, :]
-    # (one length for all, always so at batch 1: no mask and no zeroing, every row read is a real key)
     out = torch.nn.functional.scaled_dot_product_attention(
         q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=visible, scale=scale, enable_gqa=True)
     return out.squeeze(2)
