@@ -121,6 +121,16 @@ def test_paged_decode_torch_each_path(layout):
     torch.testing.assert_close(got, want, **TOL[torch.float32])
 
 
+def test_paged_decode_torch_reads_nothing_back_off_a_cpu():
+    """Off a CPU paged_decode_torch reads no value back to the host: on a GPU a read would wait for
+    the device, and notebooks 02a and 03 time it inside a CUDA graph, whose capture a read breaks.
+    Meta tensors have no values, so any read (int(), .item(), bool()) raises here."""
+    meta = dict(device="meta")
+    q, cache = torch.empty(2, 4, 8, **meta), torch.empty(5, 16, 2, 8, **meta)
+    tables, lens = torch.empty(2, 3, dtype=torch.int32, **meta), torch.empty(2, dtype=torch.int32, **meta)
+    assert paged_decode_torch(q, cache, cache, tables, lens, 0.3).shape == (2, 4, 8)
+
+
 def test_store_kvcache_ref_every_slot_kept():
     """With no skipped slot the reference takes its index_copy_ path: the same cache as the Triton store."""
     g = torch.Generator().manual_seed(4)
