@@ -164,6 +164,23 @@ def checked_collectives(handles: threading.local):
             setattr(dist, op, fn)
 
 
+def _wake_ranks(group_class) -> None:
+    """Release every rank waiting in a collective of the threaded group (they leave with SystemExit):
+    ProcessLocalGroup.exception_handle, except that the collectives are listed under the group's own lock.
+    torch's version iterates them while other ranks add and remove theirs, and once raised "dictionary
+    changed size during iteration" in a rank's thread (make test, 2026-12-06): a rank it did not notify
+    would then wait out THREAD_RANKS_TIMEOUT_S. A collective begun after the listing sees the terminate
+    flag, set first, before it waits."""
+    group_class._terminate.set()
+    with group_class._coll_lock:
+        collectives = list(group_class._cur_coll_on_pgs.values())
+    for coll in collectives:
+        with coll._start_cond:
+            coll._start_cond.notify()
+        with coll._done_cond:
+            coll._done_cond.notify_all()
+
+
 def _thread_ranks(fn, rank_calls: list[tuple], groups: list[list[int]] | None = None) -> tuple[list, list]:
     """Rank r (a thread of this process) runs fn(*rank_calls[r], group), the ranks joined by torch's
     in-process "threaded" process group: every torch.distributed call works as between processes.
@@ -193,7 +210,7 @@ def _thread_ranks(fn, rank_calls: list[tuple], groups: list[list[int]] | None = 
                 dist.destroy_process_group()
         except BaseException as e:  # noqa: BLE001 -- raised in the caller's thread (on_thread_ranks)
             errors[rank] = e
-            ProcessLocalGroup.exception_handle(e)  # wake the other ranks out of their collectives
+            _wake_ranks(ProcessLocalGroup)  # the other ranks out of their collectives
             return
         not_waited = next((h for h in handles.pending if not h.waited), None)
         if not_waited is not None:  # the rank's error, though it returned: the others go on as after a return
@@ -210,7 +227,7 @@ def _thread_ranks(fn, rank_calls: list[tuple], groups: list[list[int]] | None = 
                 t.join(THREAD_RANKS_TIMEOUT_S)
             stuck = [r for r, t in enumerate(threads) if t.is_alive()]
             if stuck:
-                ProcessLocalGroup.exception_handle(TimeoutError())
+                _wake_ranks(ProcessLocalGroup)
                 for t in threads:
                     t.join(5.0)
                 raise TimeoutError(f"ranks {stuck} still wait after {THREAD_RANKS_TIMEOUT_S:.0f} s: a collective "
