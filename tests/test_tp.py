@@ -282,18 +282,26 @@ def test_interpreter_exit_stops_workers():
 TORCHRUN_SCRIPT = """
 import os
 from minillm import LLM, SamplingParams
-llm = LLM("qwen3-tiny", tensor_parallel_size=2, device=DEVICE, dtype="float32",
-          kvcache_block_size=16, max_model_len=128)
+from minillm.course.exercises import use_impl
+from minillm.course.tp_tools import exercise_code
 assert os.environ["RANK"] == "0"  # minillm.launch runs the script on rank 0 only; the others serve
-out = llm.generate(["Hello", "The capital of France is"],
-                   SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
-print("TOKENS", [o.outputs[0].token_ids for o in out])
-llm.shutdown()
-# a second engine in the same job (rank 1 serves it too), left running: minillm.launch stops it
+with use_impl("solutions", chapters={4}):  # the notebook switch: chapter 4's functions on every rank
+    llm = LLM("qwen3-tiny", tensor_parallel_size=2, device=DEVICE, dtype="float32",
+              kvcache_block_size=16, max_model_len=128)
+    out = llm.generate(["Hello", "The capital of France is"],
+                       SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    print("TOKENS", [o.outputs[0].token_ids for o in out])
+    print("SWAPPED", sorted({m for rank in llm.engine.model_runner.collective_rpc(exercise_code, 4)
+                             for m in rank.values()}))
+    llm.shutdown()
+# a second engine in the same job (rank 1 serves it too), after the switch is off, left running:
+# minillm.launch stops it
 again = LLM("qwen3-tiny", tensor_parallel_size=2, device=DEVICE, dtype="float32", kvcache_block_size=16,
             max_model_len=128)
 assert again.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
                       use_tqdm=False)[0].outputs[0].token_ids == out[0].outputs[0].token_ids
+print("RESTORED", sorted({m for rank in again.engine.model_runner.collective_rpc(exercise_code, 4)
+                          for m in rank.values()}))
 """
 
 
@@ -313,16 +321,21 @@ def torchrun(device: str, nproc: int = 2) -> subprocess.CompletedProcess:
 
 
 def run_torchrun(device: str) -> list:
-    """Two ranks on `device` -> rank 0's tokens."""
+    """Two ranks on `device` -> rank 0's tokens of the first engine, which ran chapter 4's solutions
+    swapped in on both ranks (the second engine, after the swap, minillm's own functions on both)."""
     out = torchrun(device)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "terminate called" not in out.stderr, out.stderr[-3000:]
-    return eval(out.stdout.split("TOKENS", 1)[1].strip().splitlines()[0])
+    printed = {line.split(" ", 1)[0]: eval(line.split(" ", 1)[1]) for line in out.stdout.splitlines()
+               if line.split(" ", 1)[0] in ("TOKENS", "SWAPPED", "RESTORED")}
+    assert printed["SWAPPED"] == ["solutions.ch4"], printed  # rank 1 too: the swap travels with the engine
+    assert printed["RESTORED"] == ["minillm.layers.embed_head", "minillm.layers.linear"], printed
+    return printed["TOKENS"]
 
 
 def test_torchrun_launch():
     """env:// launch, as torchrun does it (works across nodes), through minillm.launch: rank 0 runs
-    the script and generates, rank 1 serves its engine."""
+    the script and generates, rank 1 serves its engine, and the notebook switch's swap reaches rank 1."""
     got = run_torchrun("cpu")
     ref = LLM("qwen3-tiny", **small_engine_args(max_model_len=128))
     assert got == tokens(ref, ["Hello", "The capital of France is"],

@@ -61,9 +61,11 @@ ERROR_GRACE_S = 3.0  # how long rank 0 waits for a failing worker's own report
 STOP_TIMEOUT_S = 30.0  # a stopping worker frees its memory and answers within this, or it is killed
 JOIN_TIMEOUT_S = 10.0  # a worker that answered "stopped" leaves its group and exits within this
 PARENT_POLL_S = 1.0  # how often a spawned worker checks that rank 0's process is still there
-# What every worker spawned from now on runs first, before it joins the group: picklable callables (a
-# module-level function or a functools.partial of one). The course's notebook switch (use_my_code) puts a
-# reader's exercise functions into the workers this way, as it does into rank 0's process.
+# What every worker spawned from now on, and every torchrun rank serving an engine created from now on,
+# runs first, before it builds its shard: picklable callables (a module-level function or a
+# functools.partial of one; a torchrun rank outlives the engine, so it calls .restore() on what each
+# returned once that engine stops). The course's notebook switch (use_my_code) puts a reader's exercise
+# functions into the other ranks this way, as it does into rank 0's process.
 WORKER_SETUP: list[Callable[[], object]] = []
 STOP = ("stop",)  # rank 0 -> workers: free your memory, answer, leave the group, exit
 EXIT = ("exit",)  # minillm.launch's rank 0 -> the other ranks: the script has ended
@@ -243,10 +245,18 @@ def serve_torchrun(channel: BroadcastChannel) -> None:
     another, until the script ends (EXIT) or rank 0 goes away."""
     rank, world = dist.get_rank(), dist.get_world_size()
     while (msg := channel.recv()) is not None and msg[0] == "engine":
-        config, model_config, model_path = msg[1:]
-        use_device(config, rank, world)
-        if not serve_engine(channel, config, model_config, model_path):
-            return
+        config, model_config, model_path, setup = msg[1:]
+        # rank 0's WORKER_SETUP when it created this engine (the notebook switch's swap): on for this
+        # engine alone, as in a spawned worker, since this process goes on to serve the next engine
+        done = [fn() for fn in setup]
+        try:
+            use_device(config, rank, world)
+            if not serve_engine(channel, config, model_config, model_path):
+                return
+        finally:
+            for undo in reversed(done):
+                if hasattr(undo, "restore"):
+                    undo.restore()
 
 
 class _Workers:
@@ -340,7 +350,7 @@ class TPModelRunner(ShardRunner):
                              f"start torchrun with as many processes as tensor_parallel_size")
         use_device(config, 0, size)
         self._workers.channel = _TORCHRUN
-        _TORCHRUN.send(("engine", config, model_config, model_path))
+        _TORCHRUN.send(("engine", config, model_config, model_path, tuple(WORKER_SETUP)))
 
     def _spawn_workers(self, size: int, config, model_config, model_path) -> None:
         if dist.is_initialized():
