@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -40,8 +41,9 @@ def time_fn(fn: Callable, *arg_sets: Sequence, warmup: int = 5, rep: int = 50, m
     once), between two CUDA events. graph=True replays those calls from a CUDA graph: the figure is
     then the GPU's time alone, with no Python or launch overhead, which for a 30-microsecond kernel is
     most of what an eager timing shows. Use it only for pure device work (kernels on tensors that
-    stay alive): a graph replays fixed addresses, so host copies, allocations of pinned memory,
-    random numbers or host syncs inside fn are wrong or fatal there. On CPU (or device='cpu' on a machine
+    stay alive): a graph replays fixed addresses, so host copies, allocations of pinned memory or
+    random numbers inside fn are wrong there. A fn that waits for the GPU (x.item(), int(x), x.cpu(),
+    nonzero) is found before any capture and timed without a graph, with a warning that says so. On CPU (or device='cpu' on a machine
     with a GPU): perf_counter per call.
     """
     arg_sets = arg_sets or ((),)
@@ -61,15 +63,21 @@ def time_fn(fn: Callable, *arg_sets: Sequence, warmup: int = 5, rep: int = 50, m
     inner = max(len(arg_sets), min(64, int(1.0 / max(once, 1e-3)) + 1))
     calls = [arg_sets[i % len(arg_sets)] for i in range(inner)]
     run = (lambda: [fn(*a) for a in calls])
-    if graph:
+    if graph and _waits_for_the_gpu(fn, arg_sets[0]):
+        warnings.warn(f"time_fn: {getattr(fn, '__name__', 'fn')} waits for the GPU (x.item(), int(x), x.cpu(), "
+                      f"x.tolist(), torch.nonzero...), which a CUDA graph cannot hold: timed without one, host "
+                      f"work and launches included", stacklevel=2)
+    elif graph:
         try:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 for a in calls:
                     fn(*a)
             run = g.replay
-        except Exception:  # not capturable (a host sync inside fn, say): time eager launches
+        except Exception as e:  # not capturable for another reason: time eager launches
             torch.cuda.synchronize()
+            warnings.warn(f"time_fn: a CUDA graph could not hold {getattr(fn, '__name__', 'fn')} ({e}): timed "
+                          f"without one, launches included", stacklevel=2)
     run()
     times, start_all = [], time.perf_counter()
     for _ in range(rep):
@@ -77,6 +85,25 @@ def time_fn(fn: Callable, *arg_sets: Sequence, warmup: int = 5, rep: int = 50, m
         if time.perf_counter() - start_all > max_seconds and len(times) >= 5:
             break
     return statistics.median(times)
+
+
+def _waits_for_the_gpu(fn: Callable, args: Sequence) -> bool:
+    """Whether one call of fn(*args) makes the host wait for the GPU (x.item(), x.cpu(), nonzero, ...).
+    Asked before a capture is tried, with CUDA's sync debug mode set to raise: such a call breaks a
+    capture, and a broken capture leaves torch's CUDA generator in capture mode (torch 2.11), so that
+    the process's next torch.randn on the GPU raises "Offset increment outside graph capture"."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn(*args)
+    except RuntimeError as e:
+        if "synchronizing" not in str(e):
+            raise
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+        torch.cuda.synchronize()
+    return False
 
 
 def _events(fn: Callable) -> float:

@@ -1,0 +1,45 @@
+"""minillm.timing.time_fn, where a notebook's timing cell meets a student's function.
+
+A timing cell with graph=True captured whatever it was given. A function that reads a value back
+(`int(context_lens.max())`, `.item()`) cannot be captured: the capture broke, time_fn fell back to
+eager launches, and the broken capture left torch's CUDA generator in capture mode, so the notebook's
+next `torch.randn(..., device="cuda")` raised "Offset increment outside graph capture encountered
+unexpectedly" (notebook 03 on an H200, 2026-12-06). Now such a function is found before any capture,
+timed without a graph, and the cell says so.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from minillm.timing import time_fn
+
+
+def test_cpu_timing_is_a_positive_median_and_ignores_graph():
+    x = torch.randn(256, 256)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn about on a CPU
+        ms = time_fn(lambda: x @ x, graph=True, device="cpu", rep=5)
+    assert 0 < ms < 1_000
+
+
+@pytest.mark.gpu
+def test_a_function_that_reads_back_is_timed_without_a_graph_and_leaves_the_generator_usable():
+    x = torch.randn(1 << 20, device="cuda")
+
+    def reads_back(t):
+        n = int((t > 0).sum())  # a host read, as a student's paged decode might do for its longest context
+        return t[:n] * 2
+
+    with pytest.warns(UserWarning, match=r"reads_back waits for the GPU .* timed without one"):
+        ms = time_fn(reads_back, (x,), graph=True, rep=5)
+    assert ms > 0
+    # the generator still works (it raised "Offset increment outside graph capture" after a broken capture)
+    assert torch.randn(8, device="cuda").isfinite().all()
+    # and a capturable function is still timed from a graph, without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert time_fn(lambda t: t * 2, (x,), graph=True, rep=5) > 0
+    assert torch.cuda.get_sync_debug_mode() == 0  # the debug mode the check set is put back
