@@ -42,8 +42,8 @@ def time_fn(fn: Callable, *arg_sets: Sequence, warmup: int = 5, rep: int = 50, m
     then the GPU's time alone, with no Python or launch overhead, which for a 30-microsecond kernel is
     most of what an eager timing shows. Use it only for pure device work (kernels on tensors that
     stay alive): a graph replays fixed addresses, so host copies, allocations of pinned memory or
-    random numbers inside fn are wrong there. A fn that waits for the GPU (x.item(), int(x), x.cpu(),
-    nonzero) is found before any capture and timed without a graph, with a warning that says so. On CPU (or device='cpu' on a machine
+    random numbers inside fn are wrong there. A fn that cannot be captured (one that waits for the GPU:
+    x.item(), int(x), x.cpu(), nonzero) is timed without a graph, with a warning that says why. On CPU (or device='cpu' on a machine
     with a GPU): perf_counter per call.
     """
     arg_sets = arg_sets or ((),)
@@ -63,21 +63,8 @@ def time_fn(fn: Callable, *arg_sets: Sequence, warmup: int = 5, rep: int = 50, m
     inner = max(len(arg_sets), min(64, int(1.0 / max(once, 1e-3)) + 1))
     calls = [arg_sets[i % len(arg_sets)] for i in range(inner)]
     run = (lambda: [fn(*a) for a in calls])
-    if graph and _waits_for_the_gpu(fn, arg_sets[0]):
-        warnings.warn(f"time_fn: {getattr(fn, '__name__', 'fn')} waits for the GPU (x.item(), int(x), x.cpu(), "
-                      f"x.tolist(), torch.nonzero...), which a CUDA graph cannot hold: timed without one, host "
-                      f"work and launches included", stacklevel=2)
-    elif graph:
-        try:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for a in calls:
-                    fn(*a)
-            run = g.replay
-        except Exception as e:  # not capturable for another reason: time eager launches
-            torch.cuda.synchronize()
-            warnings.warn(f"time_fn: a CUDA graph could not hold {getattr(fn, '__name__', 'fn')} ({e}): timed "
-                          f"without one, launches included", stacklevel=2)
+    if graph:
+        run = _graph_of(fn, calls) or run
     run()
     times, start_all = [], time.perf_counter()
     for _ in range(rep):
@@ -87,22 +74,46 @@ def time_fn(fn: Callable, *arg_sets: Sequence, warmup: int = 5, rep: int = 50, m
     return statistics.median(times)
 
 
-def _waits_for_the_gpu(fn: Callable, args: Sequence) -> bool:
-    """Whether one call of fn(*args) makes the host wait for the GPU (x.item(), x.cpu(), nonzero, ...).
-    Asked before a capture is tried, with CUDA's sync debug mode set to raise: such a call breaks a
-    capture, and a broken capture leaves torch's CUDA generator in capture mode (torch 2.11), so that
-    the process's next torch.randn on the GPU raises "Offset increment outside graph capture"."""
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
+def _graph_of(fn: Callable, calls: list) -> Callable[[], None] | None:
+    """calls of fn captured in one CUDA graph -> its replay; None, with a warning that names the cause,
+    when fn cannot be captured. A broken capture leaves torch (2.11) half in capture mode: the capture
+    stream still current and the CUDA generator's state still capturing, so that the process's next
+    torch.randn on the GPU raised "Offset increment outside graph capture encountered unexpectedly"
+    (notebook 03 on an H200). Both are put back here."""
+    gen = torch.cuda.default_generators[torch.cuda.current_device()]
+    clean, stream = gen.clone_state(), torch.cuda.current_stream()
+    g = torch.cuda.CUDAGraph()
     try:
-        fn(*args)
-    except RuntimeError as e:
-        if "synchronizing" not in str(e):
-            raise
-        return True
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
+        with torch.cuda.graph(g):
+            for a in calls:
+                fn(*a)
+        return g.replay
+    except Exception as e:  # noqa: BLE001 -- any failure to capture: time eager launches instead
+        torch.cuda.set_stream(stream)
+        gen.graphsafe_set_state(clean)
         torch.cuda.synchronize()
+        why = (f"it waits for the GPU (x.item(), int(x), x.cpu(), x.tolist(), torch.nonzero...)"
+               if _waits_for_the_gpu(fn, calls[0]) else f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        warnings.warn(f"time_fn: a CUDA graph cannot hold {getattr(fn, '__name__', 'fn')}: {why}; timed "
+                      f"without a graph, host work and launches included", stacklevel=3)
+        return None
+
+
+def _waits_for_the_gpu(fn: Callable, args: Sequence) -> bool:
+    """Whether one call of fn(*args) makes the host wait for the GPU, by CUDA's sync debug mode."""
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            fn(*args)
+        except RuntimeError as e:
+            if "synchroniz" not in str(e):
+                raise
+            return True
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+            torch.cuda.synchronize()
     return False
 
 
