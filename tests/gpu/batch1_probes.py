@@ -306,7 +306,96 @@ def configs() -> None:
             print(f"  {label:42s} " + " ".join(f"{t:7.1f}" for t in ts))
 
 
+# ------------------------------------------------------------------------------------------------ mlp
+MLP_PLANS = {  # label -> (fused_mlp, mlp_b1 config, down_proj column-major)
+    "two GEMVs (gate_up, then down)": (False, None, False),
+    "mlp_b1 16 units, 8 warps": (True, dict(BLOCK_U=16, num_warps=8), False),
+    "mlp_b1 16 units, 4 warps": (True, dict(BLOCK_U=16, num_warps=4), False),
+    "mlp_b1 32 units, 8 warps": (True, dict(BLOCK_U=32, num_warps=8), False),
+    "mlp_b1 8 units, 4 warps": (True, dict(BLOCK_U=8, num_warps=4), False),
+    "mlp_b1 16 units, 8 warps, adds over 4 rows (timing only)": (True, dict(BLOCK_U=16, num_warps=8, PARTS=4), False),
+    "mlp_b1 16 units, 8 warps, a row a program (timing only)": (True, dict(BLOCK_U=16, num_warps=8, PARTS=192), False),
+    "mlp_b1 32 units, 8 warps, a row a program (timing only)": (True, dict(BLOCK_U=32, num_warps=8, PARTS=96), False),
+    "mlp_b1 32 units, 16 warps": (True, dict(BLOCK_U=32, num_warps=16), False),
+}
+
+
+def _mlp_b1_parts(h, residual, norm_weight, eps, gate_up_weight, down_weight, acc, config=None):
+    """mlp_b1 with its adds spread over config["PARTS"] rows of a scratch buffer: the output is wrong
+    (only the first row is read on), the time says what contention on acc's lines costs."""
+    import triton as tr
+    import minillm.kernels.mlp_b1 as M
+    cfg = dict(M.MLP_B1_CONFIG)
+    parts, block_u = cfg.pop("PARTS"), cfg.pop("BLOCK_U")
+    hidden, inter = h.shape[-1], down_weight.shape[1]
+    scratch = _SCRATCH.setdefault((parts, hidden), torch.zeros(parts, hidden, device=h.device))
+    r_out = torch.empty(1, hidden, dtype=gate_up_weight.dtype, device=h.device)
+    M._mlp_b1_kernel[(tr.cdiv(inter, block_u),)](
+        h, residual, norm_weight, r_out, gate_up_weight, down_weight, scratch, inter, hidden, gate_up_weight.stride(0),
+        down_weight.stride(0), down_weight.stride(1), eps, BLOCK_U=block_u, BLOCK_K=tr.next_power_of_2(hidden),
+        num_stages=1, PARTS=parts, **cfg, **G.pdl_args(h.device))
+    return scratch[:1], r_out
+
+
+_SCRATCH: dict = {}
+
+
+def mlp() -> None:
+    """The engine's batch-1 step captured again with the MLP as two GEMVs or as mlp_b1 (launch shapes,
+    down_proj's layout), two interleaved rounds of replays at two contexts; logits against the first plan's."""
+    from functools import partial
+
+    import minillm.kernels.mlp_b1 as M
+    import minillm.models.qwen3 as qwen3
+    from minillm import LLM, SamplingParams
+    from minillm.bench import BATCH1_PROMPT
+    from minillm.context import reset_context
+    llm = LLM("qwen3-0.6b-random", max_model_len=4096)
+    graphs, layers = llm.engine.model_runner.graphs, llm.engine.model_runner.model.model.layers
+    saved_forward, saved_config = layers[0].layer_forward, dict(M.MLP_B1_CONFIG)
+    row_major = [layer.mlp.down_proj.weight.data for layer in layers]
+    col_major = [w.t().contiguous().t() for w in row_major]
+    for n_tokens in (256, 3800):
+        llm.generate([BATCH1_PROMPT], SamplingParams(max_tokens=n_tokens, ignore_eos=True), use_tqdm=False)
+        kept, ref, times = graphs.logits[1], None, {label: [] for label in MLP_PLANS}
+        try:
+            for _ in range(2):
+                for label, (fused, config, column_major) in MLP_PLANS.items():
+                    M.MLP_B1_CONFIG.clear()
+                    M.MLP_B1_CONFIG.update(config or saved_config)
+                    qwen3.mlp_b1 = _mlp_b1_parts if "PARTS" in M.MLP_B1_CONFIG else M.mlp_b1
+                    for layer, r, c in zip(layers, row_major, col_major):
+                        layer.layer_forward = partial(qwen3.decoder_layer_fused_b1, attention_b1=True, fused_mlp=fused)
+                        layer.mlp.down_proj.weight.data = c if column_major else r
+                    graphs._set_context(1)
+                    graphs._forward(1)  # compiles outside the capture
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, graphs.pool):
+                        graphs._forward(1)
+                    reset_context()
+                    times[label].append(1e3 * time_fn(g.replay, warmup=20))
+                    g.replay()
+                    logits = graphs.logits[1].float().clone()
+                    ref = logits if ref is None else ref
+                    if not torch.equal(logits, ref):
+                        print(f"  {label}: logits differ from the first plan's by {(logits - ref).abs().max():.3g} "
+                              f"(argmax {'equal' if logits.argmax() == ref.argmax() else 'DIFFERS'})")
+                    del g
+        finally:
+            M.MLP_B1_CONFIG.clear()
+            M.MLP_B1_CONFIG.update(saved_config)
+            qwen3.mlp_b1 = M.mlp_b1
+            for layer, r in zip(layers, row_major):
+                layer.layer_forward, layer.mlp.down_proj.weight.data = saved_forward, r
+            graphs.logits[1] = kept
+            reset_context()
+        print(f"== mlp: the batch-1 step at a {len(BATCH1_PROMPT) + n_tokens}-token context, us per replay "
+              "(two rounds)")
+        for label, ts in times.items():
+            print(f"  {label:46s} " + " ".join(f"{t:7.1f}" for t in ts))
+
+
 if __name__ == "__main__":
-    steps = {"cascade": cascade, "staged": staged, "configs": configs}
+    steps = {"cascade": cascade, "staged": staged, "configs": configs, "mlp": mlp}
     for step in sys.argv[1:] or list(steps):
         steps[step]()
