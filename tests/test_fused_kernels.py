@@ -145,39 +145,6 @@ def test_gemv_prologues_match_the_ops_they_fuse(device, dtype, N, K):
     torch.testing.assert_close(gemv_silu_mul(gate_up, w, b).float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
 
 
-@pytest.mark.parametrize("device, dtype", list(_cases()))
-@pytest.mark.parametrize("hidden, inter, block_u", [(64, 200, 16), (96, 64, 8), (1024, 3072, 16)])
-@pytest.mark.parametrize("layout", ["row-major", "column-major"])
-def test_mlp_b1_matches_norm_gate_up_silu_down(device, dtype, hidden, inter, block_u, layout):
-    """The one-kernel batch-1 MLP equals add+RMSNorm, gate_up, SiLU-and-mul and down_proj run one after
-    another (its programs' shares summed with atomic adds into a zeroed fp32 buffer, which o_proj's
-    GEMV zeroes in the engine), with down_proj's weight in either layout; and it adds into acc."""
-    from minillm.kernels.gemv import gemv
-    from minillm.kernels.mlp_b1 import mlp_b1
-    from minillm.kernels.rmsnorm import add_rms_norm_ref
-    g = torch.Generator().manual_seed(hidden + inter)
-    h, r = (torch.randn(1, hidden, generator=g).to(device, dtype) for _ in range(2))
-    nw = (1 + 0.1 * torch.randn(hidden, generator=g)).to(device, dtype)
-    w_gu = (torch.randn(2 * inter, hidden, generator=g) / hidden ** 0.5).to(device, dtype)
-    w_d = (torch.randn(hidden, inter, generator=g) / inter ** 0.5).to(device, dtype)
-    if layout == "column-major":
-        w_d = w_d.t().contiguous().t()
-    normed, new_r = add_rms_norm_ref(h, nw, 1e-6, r)
-    gate_up = F.linear(normed.float(), w_gu.float()).to(dtype)
-    want = F.linear(silu_and_mul_triton(gate_up).float(), w_d.float())
-    acc = torch.full((1, hidden), 7.0, device=device)  # o_proj's GEMV zeroes it
-    gemv(h, torch.randn(hidden, hidden, generator=g).to(device, dtype), zero=acc)
-    assert acc.eq(0).all()
-    out, r_out = mlp_b1(h, r, nw, 1e-6, w_gu, w_d, acc, config=dict(BLOCK_U=block_u, num_warps=4))
-    assert out is acc and out.dtype == torch.float32
-    torch.testing.assert_close(r_out, new_r, atol=0, rtol=0)
-    torch.testing.assert_close(out.to(dtype).float(), want.to(dtype).float(), atol=TOL[dtype], rtol=TOL[dtype])
-    mlp_b1(h, r, nw, 1e-6, w_gu, w_d, acc, config=dict(BLOCK_U=block_u, num_warps=4))  # adds: twice the output
-    torch.testing.assert_close(acc, 2 * want, atol=2 * TOL[dtype], rtol=TOL[dtype])
-    with pytest.raises(ValueError, match="fp32"):
-        mlp_b1(h, r, nw, 1e-6, w_gu, w_d, acc.to(torch.bfloat16))
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_gemv_loops_over_rows_longer_than_one_load(device):
     from minillm.kernels.gemv import MAX_ROW, gemv
@@ -209,8 +176,7 @@ def test_fused_decoder_layer_gives_hf_greedy_tokens(name, monkeypatch):
     import minillm.engine.model_runner as model_runner
     # the engine on CPU calls decoder_layer (eager_decoder_layer looks it up): make it the CUDA path,
     # with the weights as a CUDA engine keeps them (row-major: the GEMV kernels read contiguous rows)
-    monkeypatch.setattr(qwen3, "decoder_layer", partial(qwen3.decoder_layer_fused_b1, attention_b1=True,
-                                                        fused_mlp=True))
+    monkeypatch.setattr(qwen3, "decoder_layer", partial(qwen3.decoder_layer_fused_b1, attention_b1=True))
     monkeypatch.setattr(model_runner, "column_major_weights", lambda model: None)
     ref = greedy_reference()
     llm = LLM(ref_path(name), **small_engine_args(attention_backend="triton"))

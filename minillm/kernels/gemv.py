@@ -78,9 +78,9 @@ def pdl_args(device: torch.device, kernel=None) -> dict:
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, r_ptr, nw_ptr, r_out_ptr, w_ptr, b_ptr, y_ptr, z_ptr, N, K, stride_wn, eps,
-                 PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, ZERO: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+def _gemv_kernel(x_ptr, r_ptr, nw_ptr, r_out_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn, eps,
+                 PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 USE_PDL: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rows < N
@@ -92,15 +92,13 @@ def _gemv_kernel(x_ptr, r_ptr, nw_ptr, r_out_ptr, w_ptr, b_ptr, y_ptr, z_ptr, N,
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()  # from here on, the previous kernel's outputs are visible
-    if ZERO:  # zeros for the MLP kernel after this one to accumulate into (minillm.kernels.mlp_b1)
-        tl.store(z_ptr + rows, tl.zeros([BLOCK_N], dtype=tl.float32), mask=mask_n)
     dtype = y_ptr.dtype.element_ty
     if PROLOGUE == 3:  # SiLU-and-mul: x_ptr holds [gate | up], each K long
         gate = tl.load(x_ptr + cols, mask=mask_k, other=0.0).to(tl.float32)
         up = tl.load(x_ptr + K + cols, mask=mask_k, other=0.0).to(tl.float32)
         x = ((gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up).to(dtype).to(tl.float32)
-    else:  # x may be fp32 (mlp_b1's output): rounded to dtype where the unfused path rounds it
-        x = tl.load(x_ptr + cols, mask=mask_k, other=0.0).to(dtype).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + cols, mask=mask_k, other=0.0).to(tl.float32)
     if PROLOGUE == 2:  # residual add, then RMSNorm
         x = (x + tl.load(r_ptr + cols, mask=mask_k, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
         tl.store(r_out_ptr + cols, x.to(dtype), mask=mask_k & (pid == 0))  # the new residual, once
@@ -119,34 +117,30 @@ def _gemv_kernel(x_ptr, r_ptr, nw_ptr, r_out_ptr, w_ptr, b_ptr, y_ptr, z_ptr, N,
     tl.store(y_ptr + rows, acc.to(dtype), mask=mask_n)
 
 
-def _launch(x, weight, bias, prologue, k, residual=None, norm_weight=None, eps=0.0, config=None, zero=None):
+def _launch(x, weight, bias, prologue, k, residual=None, norm_weight=None, eps=0.0, config=None):
     n = weight.shape[0]
     if weight.shape[1] != k or weight.stride(1) != 1 or x.shape[0] != 1:
         raise ValueError(f"gemv: x {tuple(x.shape)} must be one row and weight {tuple(weight.shape)} "
                          f"[N, {k}] with contiguous rows")
     if prologue != NONE and k > MAX_ROW:
         raise ValueError(f"gemv: a fused prologue needs K <= {MAX_ROW}, got {k}; run the op on its own")
-    if zero is not None and (zero.shape != (1, n) or zero.dtype != torch.float32):
-        raise ValueError(f"gemv: zero must be a [1, {n}] fp32 buffer, got {tuple(zero.shape)} {zero.dtype}")
     x = x.contiguous()
-    y = torch.empty(1, n, dtype=weight.dtype, device=x.device)
-    r_out = torch.empty(1, k, dtype=weight.dtype, device=x.device) if prologue == ADD_RMSNORM else None
+    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    r_out = torch.empty(1, k, dtype=x.dtype, device=x.device) if prologue == ADD_RMSNORM else None
     block_n, warps = config or gemv_config(n, k)
     block_k = min(triton.next_power_of_2(k), MAX_ROW)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else x,
-        r_out if r_out is not None else y, weight, bias if bias is not None else weight, y,
-        zero if zero is not None else y, n, k, weight.stride(0), eps, PROLOGUE=prologue, HAS_BIAS=bias is not None,
-        ZERO=zero is not None, BLOCK_N=block_n,
+        r_out if r_out is not None else y, weight, bias if bias is not None else weight, y, n, k,
+        weight.stride(0), eps, PROLOGUE=prologue, HAS_BIAS=bias is not None, BLOCK_N=block_n,
         BLOCK_K=block_k, num_warps=warps, num_stages=1 if block_k >= k else 3, **pdl_args(x.device))
     return y, r_out
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         config: tuple[int, int] | None = None, zero: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [1, K] (contiguous), weight: [N, K] (rows contiguous), bias: [N] or None -> [1, N] in weight.dtype.
-    zero: a [1, N] fp32 buffer the kernel fills with zeros (for mlp_b1 to accumulate into), or None."""
-    return _launch(x, weight, bias, NONE, weight.shape[1], config=config, zero=zero)[0]
+         config: tuple[int, int] | None = None) -> torch.Tensor:
+    """x: [1, K] (contiguous), weight: [N, K] (rows contiguous), bias: [N] or None -> [1, N] in x.dtype."""
+    return _launch(x, weight, bias, NONE, weight.shape[1], config=config)[0]
 
 
 def gemv_rms_norm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,

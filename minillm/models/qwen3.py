@@ -23,7 +23,6 @@ from minillm.context import get_context
 from minillm.distributed import tp_size
 from minillm.kernels.decode_b1 import decode_attention_b1
 from minillm.kernels.gemv import MAX_ROW, gemv, gemv_rms_norm, gemv_silu_mul
-from minillm.kernels.mlp_b1 import MLP_B1_MAX_HIDDEN, mlp_b1
 from minillm.kernels.qk_norm_rope import qk_norm_rope
 from minillm.kernels.rmsnorm import rms_norm_triton
 from minillm.kernels.silu_mul import silu_and_mul_triton
@@ -57,7 +56,6 @@ class DecoderLayerParams(NamedTuple):
     num_kv_heads: int
     head_dim: int
     eps: float  # of every RMSNorm in the layer
-    mlp_out: torch.Tensor | None = None  # [1, hidden] fp32: what the batch-1 MLP kernel accumulates into
 
 
 # >>> exercise 2.6 | notebooks/02_decoder_layer.ipynb | 7. The whole decoder layer
@@ -138,15 +136,13 @@ def _qk_norm_rope_store(qkv: torch.Tensor, positions: torch.Tensor, p: DecoderLa
 
 
 def decoder_layer_fused_b1(positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
-                           p: DecoderLayerParams, attention_b1: bool,
-                           fused_mlp: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                           p: DecoderLayerParams, attention_b1: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """decoder_layer_fused, except for one token (batch-1 decode): each RMSNorm runs inside the GEMV
     after it, SiLU-and-mul inside down_proj's; with attention_b1, QK-norm, RoPE, the KV store and
     attention are one kernel (minillm.kernels.decode_b1, written for the triton backend's cache);
-    with fused_mlp the whole MLP is one kernel too (minillm.kernels.mlp_b1: its output, p.mlp_out, is
-    fp32; o_proj's GEMV zeroes it first); with PDL each kernel loads what it can while the one before
-    it finishes. Five kernels per layer instead of ten (minillm.kernels.gemv). Needs whole projections
-    (no all-reduce) with rows of at most MAX_ROW: layer_forward_for checks that once."""
+    with PDL each kernel loads what it can while the one before it finishes. Six kernels per layer
+    instead of ten (minillm.kernels.gemv). Needs whole projections (no all-reduce) with rows of at
+    most MAX_ROW: layer_forward_for checks that once."""
     if hidden_states.shape[0] != 1:
         return decoder_layer_fused(positions, hidden_states, residual, p)
     lin = lambda m: (m.weight, m.bias)  # noqa: E731
@@ -158,9 +154,7 @@ def decoder_layer_fused_b1(positions: torch.Tensor, hidden_states: torch.Tensor,
                                 p.num_kv_heads, p.head_dim)
     else:  # a one-token prefill, or the warm-up before the cache exists
         o = a(*_qk_norm_rope_store(qkv, positions, p), kv_stored=True)
-    h = gemv(o.reshape(1, p.num_heads * p.head_dim), *lin(p.o_proj), zero=p.mlp_out if fused_mlp else None)
-    if fused_mlp:
-        return mlp_b1(h, residual, p.post_norm, p.eps, p.gate_up_proj.weight, p.down_proj.weight, p.mlp_out)
+    h = gemv(o.reshape(1, p.num_heads * p.head_dim), *lin(p.o_proj))
     gate_up, residual = gemv_rms_norm(h, p.post_norm, p.eps, *lin(p.gate_up_proj), residual)
     return gemv_silu_mul(gate_up, *lin(p.down_proj)), residual
 
@@ -168,14 +162,12 @@ def decoder_layer_fused_b1(positions: torch.Tensor, hidden_states: torch.Tensor,
 def layer_forward_for(device: str, backend: AttentionBackend, tp: int, cfg: ModelConfig) -> LayerForward:
     """The decoder-layer implementation an engine runs, chosen once, when its model is built: on CPU
     chapter 2's decoder_layer (torch ops); on CUDA decoder_layer_fused, with the batch-1 GEMV path
-    when the projections are whole on this rank (TP=1) and their rows fit one GEMV load, its MLP in
-    one kernel when the hidden size is one it was measured at."""
+    when the projections are whole on this rank (TP=1) and their rows fit one GEMV load."""
     if device != "cuda":
         return eager_decoder_layer
     if tp > 1 or max(cfg.hidden_size, cfg.intermediate_size) > MAX_ROW:
         return decoder_layer_fused
-    return partial(decoder_layer_fused_b1, attention_b1=backend.name == "triton",
-                   fused_mlp=cfg.hidden_size <= MLP_B1_MAX_HIDDEN)
+    return partial(decoder_layer_fused_b1, attention_b1=backend.name == "triton")
 
 
 class Qwen3Attention(nn.Module):
@@ -205,8 +197,6 @@ class Qwen3MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
-        # what the batch-1 MLP kernel sums its programs' shares into (decoder_layer_fused_b1)
-        self.register_buffer("out_b1", torch.zeros(1, cfg.hidden_size, dtype=torch.float32), persistent=False)
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -226,7 +216,7 @@ class Qwen3DecoderLayer(nn.Module):
             cos_sin=a.rotary_emb.cos_sin_cache, attn=a.attn, o_proj=a.o_proj,
             post_norm=self.post_attention_layernorm.weight, gate_up_proj=self.mlp.gate_up_proj,
             down_proj=self.mlp.down_proj, num_heads=a.num_heads, num_kv_heads=a.num_kv_heads,
-            head_dim=a.head_dim, eps=self.input_layernorm.eps, mlp_out=self.mlp.out_b1)
+            head_dim=a.head_dim, eps=self.input_layernorm.eps)
 
     def forward(self, positions, hidden_states, residual):
         """hidden_states: [N, hidden] (the previous block's output), residual: [N, hidden] or None
@@ -246,8 +236,7 @@ class Qwen3Model(nn.Module):
         hidden_states, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual)
-        # the batch-1 MLP kernel leaves fp32 (decoder_layer_fused_b1); elsewhere this is a no-op
-        hidden_states, _ = self.norm(hidden_states.to(residual.dtype), residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
 
