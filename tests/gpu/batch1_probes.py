@@ -2,7 +2,7 @@
 the GEMVs' weights in shared memory that far ahead pays, and the GEMV launch shapes of the engine's
 step. docs/performance.md ("Running further ahead") quotes these runs.
 
-    source tests/gpu/env.sh && python tests/gpu/batch1_probes.py cascade staged configs
+    source tests/gpu/env.sh && python tests/gpu/batch1_probes.py cascade staged configs persistent
 
 * cascade: 12 kernels in a CUDA graph, each launched with PDL, each CTA stamping (with %globaltimer)
   when it starts, when gdc_wait() releases it and when it ends (a 3 us spin). How many kernels have
@@ -15,6 +15,10 @@ step. docs/performance.md ("Running further ahead") quotes these runs.
 * configs: the engine's batch-1 step (qwen3-0.6b-random, the bench's 128-token prompt then 256 and
   3,800 decode tokens) captured again with each GEMV launch shape of CONFIG_PLANS, two interleaved
   rounds of replays; the logits compared to the bit with the engine's.
+* persistent: the same 112 GEMVs (no prologues) as the engine's GEMV kernels chained with PDL, against
+  one persistent kernel of 128 programs with a grid barrier between GEMVs, the next GEMV's weights
+  loaded into registers before the barrier's arrive, between its arrive and its wait, two GEMVs ahead,
+  or not at all.
 """
 from __future__ import annotations
 
@@ -306,7 +310,181 @@ def configs() -> None:
             print(f"  {label:42s} " + " ".join(f"{t:7.1f}" for t in ts))
 
 
+# ------------------------------------------------------------------------------------------------ persistent
+# where a program loads the next phase's weights (literals in the kernel); TWO_AHEAD: the phase after next,
+# between arrive and wait (two phases' weights in flight)
+NO_PREFETCH, BEFORE_ARRIVE, AFTER_ARRIVE, TWO_AHEAD = 0, 1, 2, 3
+
+
+@triton.jit
+def _tile(w_ptr, row0, n_rows: tl.constexpr, col0, n_cols: tl.constexpr, K: tl.constexpr):
+    """[n_rows, n_cols] of a row-major [N, K] weight from (row0, col0): always in bounds here."""
+    rows = row0 + tl.arange(0, n_rows)
+    return tl.load(w_ptr + rows.to(tl.int64)[:, None] * K + col0 + tl.arange(0, n_cols)[None, :])
+
+
+@triton.jit
+def _rows_dot(w, x_ptr, col0, n_cols: tl.constexpr):
+    x = tl.load(x_ptr + col0 + tl.arange(0, n_cols)).to(tl.float32)
+    return tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+
+
+@triton.jit
+def _store_rows(y_ptr, row0, acc, n_rows: tl.constexpr):
+    tl.store(y_ptr + row0 + tl.arange(0, n_rows), acc.to(tl.bfloat16))
+
+
+@triton.jit
+def _arrive(count_ptr):
+    tl.debug_barrier()  # every thread's stores of this phase come before the release
+    tl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _wait(count_ptr, target):
+    c = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+    while c < target:
+        c = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _persistent_chain_kernel(w_qkv, w_o, w_gu, w_d, y_qkv, y_o, y_gu, y_d, count_ptr, n_layers,
+                             PREFETCH: tl.constexpr):
+    """The 112 GEMVs of a batch-1 step (Qwen3-0.6B's shapes; each GEMV's input the first K outputs of
+    the one before) in one kernel of 128 programs, a grid barrier between GEMVs: qkv 32 rows a program,
+    o_proj 8 rows of 2,048, gate_up 48 rows (32 + 16), down 8 rows of 3,072 (2,048 + 1,024 columns)."""
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    S_QKV: tl.constexpr = 4096 * 1024
+    S_O: tl.constexpr = 1024 * 2048
+    S_GU: tl.constexpr = 6144 * 1024
+    S_D: tl.constexpr = 1024 * 3072
+    wq = _tile(w_qkv, pid * 32, 32, 0, 1024, 1024)
+    if PREFETCH == 3:
+        wo = _tile(w_o, pid * 8, 8, 0, 2048, 2048)
+    phase = 0
+    for layer in range(n_layers):
+        lq, lo, lg, ld = w_qkv + layer * S_QKV, w_o + layer * S_O, w_gu + layer * S_GU, w_d + layer * S_D
+        if PREFETCH == 0:
+            wq = _tile(lq, pid * 32, 32, 0, 1024, 1024)
+        _store_rows(y_qkv, pid * 32, _rows_dot(wq, y_d, 0, 1024), 32)
+        # ---- o_proj
+        if PREFETCH == 1:
+            wo = _tile(lo, pid * 8, 8, 0, 2048, 2048)
+        _arrive(count_ptr)
+        if PREFETCH == 2:
+            wo = _tile(lo, pid * 8, 8, 0, 2048, 2048)
+        if PREFETCH == 3:
+            wg1 = _tile(lg, pid * 48, 32, 0, 1024, 1024)
+            wg2 = _tile(lg, pid * 48 + 32, 16, 0, 1024, 1024)
+        phase += 1
+        _wait(count_ptr, phase * G)
+        if PREFETCH == 0:
+            wo = _tile(lo, pid * 8, 8, 0, 2048, 2048)
+        _store_rows(y_o, pid * 8, _rows_dot(wo, y_qkv, 0, 2048), 8)
+        # ---- gate_up
+        if PREFETCH == 1:
+            wg1 = _tile(lg, pid * 48, 32, 0, 1024, 1024)
+            wg2 = _tile(lg, pid * 48 + 32, 16, 0, 1024, 1024)
+        _arrive(count_ptr)
+        if PREFETCH == 2:
+            wg1 = _tile(lg, pid * 48, 32, 0, 1024, 1024)
+            wg2 = _tile(lg, pid * 48 + 32, 16, 0, 1024, 1024)
+        if PREFETCH == 3:
+            wd1 = _tile(ld, pid * 8, 8, 0, 2048, 3072)
+            wd2 = _tile(ld, pid * 8, 8, 2048, 1024, 3072)
+        phase += 1
+        _wait(count_ptr, phase * G)
+        if PREFETCH == 0:
+            wg1 = _tile(lg, pid * 48, 32, 0, 1024, 1024)
+            wg2 = _tile(lg, pid * 48 + 32, 16, 0, 1024, 1024)
+        _store_rows(y_gu, pid * 48, _rows_dot(wg1, y_o, 0, 1024), 32)
+        _store_rows(y_gu, pid * 48 + 32, _rows_dot(wg2, y_o, 0, 1024), 16)
+        # ---- down
+        nq = w_qkv + tl.minimum(layer + 1, n_layers - 1) * S_QKV  # the last layer loads its own again
+        no = w_o + tl.minimum(layer + 1, n_layers - 1) * S_O
+        if PREFETCH == 1:
+            wd1 = _tile(ld, pid * 8, 8, 0, 2048, 3072)
+            wd2 = _tile(ld, pid * 8, 8, 2048, 1024, 3072)
+        _arrive(count_ptr)
+        if PREFETCH == 2:
+            wd1 = _tile(ld, pid * 8, 8, 0, 2048, 3072)
+            wd2 = _tile(ld, pid * 8, 8, 2048, 1024, 3072)
+        if PREFETCH == 3:
+            wq = _tile(nq, pid * 32, 32, 0, 1024, 1024)
+        phase += 1
+        _wait(count_ptr, phase * G)
+        if PREFETCH == 0:
+            wd1 = _tile(ld, pid * 8, 8, 0, 2048, 3072)
+            wd2 = _tile(ld, pid * 8, 8, 2048, 1024, 3072)
+        _store_rows(y_d, pid * 8, _rows_dot(wd1, y_gu, 0, 2048) + _rows_dot(wd2, y_gu, 2048, 1024), 8)
+        # ---- the next layer's qkv
+        if PREFETCH == 1:
+            wq = _tile(nq, pid * 32, 32, 0, 1024, 1024)
+        _arrive(count_ptr)
+        if PREFETCH == 2:
+            wq = _tile(nq, pid * 32, 32, 0, 1024, 1024)
+        if PREFETCH == 3:
+            wo = _tile(no, pid * 8, 8, 0, 2048, 2048)
+        phase += 1
+        _wait(count_ptr, phase * G)
+
+
+def persistent() -> None:
+    """The 112 GEMVs of a step as the engine's GEMV kernels (PDL) against one persistent kernel with a
+    grid barrier between GEMVs, the next GEMV's weights loaded before the barrier's arrive, between its
+    arrive and its wait (a release must wait for the loads before it; an acquire does not hold back the
+    loads issued before it), or after the wait. Earlier probe (2026-12-03): loading ahead did not pay."""
+    L = LAYERS
+    g = torch.Generator(device=DEV).manual_seed(0)
+    shapes = dict(zip(NAMES, SHAPES))
+    w = {n: (torch.randn(L, N, K, device=DEV, generator=g) / K ** 0.5).to(DT) for n, (N, K) in shapes.items()}
+    bw = device_ceilings().copy_gbps
+    floor = sum(t.numel() * 2 for t in w.values()) / bw / 1e3
+    x0 = torch.randn(1, 1024, device=DEV, generator=g).to(DT)
+    ys = {n: torch.zeros(1, N, device=DEV, dtype=DT) for n, (N, K) in shapes.items()}
+    count = torch.zeros(1, device=DEV, dtype=torch.int32)
+
+    def chain():
+        y = x0
+        for i in range(L):
+            q = G.gemv(y, w["qkv"][i])
+            o = G.gemv(q[:, :2048], w["o"][i])
+            gu = G.gemv(o, w["gate_up"][i])
+            y = G.gemv(gu[:, :3072], w["down"][i])
+        return y
+
+    def persistent_run(prefetch, warps):
+        def run():
+            count.zero_()
+            ys["down"].copy_(x0)
+            _persistent_chain_kernel[(128,)](w["qkv"], w["o"], w["gate_up"], w["down"], ys["qkv"], ys["o"],
+                                             ys["gate_up"], ys["down"], count, L, PREFETCH=prefetch,
+                                             num_warps=warps, num_stages=1)
+            return ys["down"]
+        return run
+
+    want = chain().float()
+    print(f"== persistent: 112 GEMVs, no prologues, weights {floor * bw / 1e3:.0f} MB, floor {floor:.1f} us at "
+          f"{bw:,.0f} GB/s ({torch.cuda.get_device_name()})")
+    plans = {"the engine's GEMV kernels, PDL": chain}
+    for warps in (8, 16):
+        for prefetch, label in ((NO_PREFETCH, "no loading ahead"), (BEFORE_ARRIVE, "loads before the arrive"),
+                                (AFTER_ARRIVE, "loads between arrive and wait"),
+                                (TWO_AHEAD, "two phases ahead, between arrive and wait")):
+            plans[f"persistent, {warps} warps, {label}"] = persistent_run(prefetch, warps)
+    times = {label: [] for label in plans}
+    for _ in range(2):
+        for label, fn in plans.items():
+            times[label].append(graph_us(fn))
+    for label, fn in plans.items():
+        diff = (fn().float() - want).abs().max().item()
+        ts = " ".join(f"{t:7.1f}" for t in times[label])
+        print(f"  {label:52s} {ts} us  {100 * floor / min(times[label]):5.1f}%   max |y - chain's| {diff:.3g}")
+
+
 if __name__ == "__main__":
-    steps = {"cascade": cascade, "staged": staged, "configs": configs}
+    steps = {"cascade": cascade, "staged": staged, "configs": configs, "persistent": persistent}
     for step in sys.argv[1:] or list(steps):
         steps[step]()
