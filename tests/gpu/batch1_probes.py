@@ -18,7 +18,8 @@ step. docs/performance.md ("Running further ahead") quotes these runs.
 * persistent: the same 112 GEMVs (no prologues) as the engine's GEMV kernels chained with PDL, against
   one persistent kernel of 128 programs with a grid barrier between GEMVs, the next GEMV's weights
   loaded into registers before the barrier's arrive, between its arrive and its wait, two GEMVs ahead,
-  or not at all.
+  or not at all; then a Gluon form with the slabs copied (cp.async) into shared memory a layer ahead,
+  with the one-counter barrier or with a flag a program.
 """
 from __future__ import annotations
 
@@ -431,6 +432,166 @@ def _persistent_chain_kernel(w_qkv, w_o, w_gu, w_d, y_qkv, y_o, y_gu, y_d, count
         _wait(count_ptr, phase * G)
 
 
+@gluon.jit
+def _slab_copy(buf, w_ptr, row0, N_ROWS: gl.constexpr, col0, N_COLS: gl.constexpr, K: gl.constexpr,
+               layout: gl.constexpr):
+    """cp.async of W[row0 : row0 + N_ROWS, col0 : col0 + N_COLS] (row-major, K columns) into buf."""
+    rows = row0 + gl.arange(0, N_ROWS, layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, N_COLS, layout=gl.SliceLayout(0, layout))
+    async_copy.async_copy_global_to_shared(buf, w_ptr + rows.to(gl.int64)[:, None] * K + cols[None, :])
+
+
+@gluon.jit
+def _slab_rows(buf, g: gl.constexpr, layout: gl.constexpr, num_warps: gl.constexpr):
+    """Rows [g * num_warps, (g + 1) * num_warps) of the slab in buf (a warp a row), in fp32. (The dot
+    products are summed in the kernel itself: a reduction in a helper has no warp count in 3.6.)"""
+    return buf.slice(g * num_warps, num_warps, dim=0).load(layout).to(gl.float32)
+
+
+@gluon.jit
+def _x_part(x_ptr, col0, N_COLS: gl.constexpr, layout: gl.constexpr):
+    return gl.load(x_ptr + col0 + gl.arange(0, N_COLS, layout=gl.SliceLayout(0, layout))).to(gl.float32)
+
+
+@gluon.jit
+def _row_store(y_ptr, row0, acc, layout: gl.constexpr, num_warps: gl.constexpr):
+    gl.store(y_ptr + row0 + gl.arange(0, num_warps, layout=gl.SliceLayout(1, layout)), acc.to(gl.bfloat16))
+
+
+@gluon.jit
+def _grid_arrive(count_ptr):
+    gl.thread_barrier()  # every thread's stores of this phase come before the release
+    gl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
+def _grid_wait(count_ptr, target):
+    c = gl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+    while c < target:
+        c = gl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _asm_fence():
+    gl.inline_asm_elementwise("fence.acq_rel.gpu; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _sync_arrive(count_ptr, phase, FLAGS: gl.constexpr):
+    """The grid barrier after `phase`, first half. FLAGS: each program writes phase to its own flag
+    (count_ptr[pid]: no two programs on one address); else one counter every program adds 1 to."""
+    if FLAGS:
+        gl.thread_barrier()
+        gl.atomic_xchg(count_ptr + gl.program_id(0), phase, sem="release", scope="gpu")
+    else:
+        _grid_arrive(count_ptr)
+
+
+@gluon.jit
+def _sync_wait(count_ptr, phase, G, FLAGS: gl.constexpr, num_warps: gl.constexpr):
+    """The second half: FLAGS polls the 128 flags (volatile loads, then a fence), else the counter."""
+    if FLAGS:
+        offs = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
+        f = gl.load(count_ptr + offs, volatile=True)
+        while gl.min(f, axis=0) < phase:
+            f = gl.load(count_ptr + offs, volatile=True)
+        _asm_fence()
+        gl.thread_barrier()
+    else:
+        _grid_wait(count_ptr, phase * G)
+
+
+@gluon.jit
+def _staged_chain_kernel(w_qkv, w_o, w_gu, w_d, y_qkv, y_o, y_gu, y_d, count_ptr, n_layers,
+                         num_warps: gl.constexpr, FLAGS: gl.constexpr = False):
+    """_persistent_chain_kernel's GEMVs (the same rows a program) with the qkv, gate_up and down slabs
+    in shared memory, each copied (cp.async) a whole layer ahead: right after the program used that
+    slab's buffer for this layer. o_proj's slab goes to registers between arrive and wait, as there.
+    208 KB of shared memory a program; copies complete in the order issued, so before each GEMV
+    wait_group(2) leaves the two copies issued after its own in flight; every copy is issued between
+    a barrier's arrive and its wait. FLAGS: the barrier of _sync_arrive/_sync_wait."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])  # a warp per row
+    smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    S_QKV: gl.constexpr = 4096 * 1024
+    S_O: gl.constexpr = 1024 * 2048
+    S_GU: gl.constexpr = 6144 * 1024
+    S_D: gl.constexpr = 1024 * 3072
+    pid = gl.program_id(0)
+    G = gl.num_programs(0)
+    sq = gl.allocate_shared_memory(gl.bfloat16, [32, 1024], smem)
+    sg1 = gl.allocate_shared_memory(gl.bfloat16, [32, 1024], smem)
+    sg2 = gl.allocate_shared_memory(gl.bfloat16, [16, 1024], smem)
+    sd1 = gl.allocate_shared_memory(gl.bfloat16, [8, 2048], smem)
+    sd2 = gl.allocate_shared_memory(gl.bfloat16, [8, 1024], smem)
+    _slab_copy(sq, w_qkv, pid * 32, 32, 0, 1024, 1024, layout)
+    async_copy.commit_group()
+    _slab_copy(sg1, w_gu, pid * 48, 32, 0, 1024, 1024, layout)
+    _slab_copy(sg2, w_gu, pid * 48 + 32, 16, 0, 1024, 1024, layout)
+    async_copy.commit_group()
+    _slab_copy(sd1, w_d, pid * 8, 8, 0, 2048, 3072, layout)
+    _slab_copy(sd2, w_d, pid * 8, 8, 2048, 1024, 3072, layout)
+    async_copy.commit_group()
+    o_rows = pid * 8 + gl.arange(0, 8, layout=gl.SliceLayout(1, layout))
+    o_cols = gl.arange(0, 2048, layout=gl.SliceLayout(0, layout))
+    o_offs = o_rows.to(gl.int64)[:, None] * 2048 + o_cols[None, :]
+    wo = gl.load(w_o + o_offs)
+    phase = 0
+    for layer in range(n_layers):
+        nxt = gl.minimum(layer + 1, n_layers - 1)  # the last layer copies its own slabs again
+        # ---- qkv_proj
+        async_copy.wait_group(2)
+        gl.thread_barrier()
+        x = _x_part(y_d, 0, 1024, layout)
+        for g in gl.static_range(32 // num_warps):
+            acc = gl.sum(_slab_rows(sq, g, layout, num_warps) * x[None, :], axis=1)
+            _row_store(y_qkv, pid * 32 + g * num_warps, acc, layout, num_warps)
+        phase += 1
+        _sync_arrive(count_ptr, phase, FLAGS)
+        _slab_copy(sq, w_qkv + nxt * S_QKV, pid * 32, 32, 0, 1024, 1024, layout)
+        async_copy.commit_group()
+        _sync_wait(count_ptr, phase, G, FLAGS, num_warps)
+        # ---- o_proj, from registers
+        x = _x_part(y_qkv, 0, 2048, layout)
+        _row_store(y_o, pid * 8, gl.sum(wo.to(gl.float32) * x[None, :], axis=1), layout, num_warps)
+        phase += 1
+        _sync_arrive(count_ptr, phase, FLAGS)
+        wo = gl.load(w_o + nxt * S_O + o_offs)
+        _sync_wait(count_ptr, phase, G, FLAGS, num_warps)
+        # ---- gate_up_proj
+        async_copy.wait_group(2)
+        gl.thread_barrier()
+        x = _x_part(y_o, 0, 1024, layout)
+        for g in gl.static_range(32 // num_warps):
+            acc = gl.sum(_slab_rows(sg1, g, layout, num_warps) * x[None, :], axis=1)
+            _row_store(y_gu, pid * 48 + g * num_warps, acc, layout, num_warps)
+        for g in gl.static_range(16 // num_warps):
+            acc = gl.sum(_slab_rows(sg2, g, layout, num_warps) * x[None, :], axis=1)
+            _row_store(y_gu, pid * 48 + 32 + g * num_warps, acc, layout, num_warps)
+        phase += 1
+        _sync_arrive(count_ptr, phase, FLAGS)
+        _slab_copy(sg1, w_gu + nxt * S_GU, pid * 48, 32, 0, 1024, 1024, layout)
+        _slab_copy(sg2, w_gu + nxt * S_GU, pid * 48 + 32, 16, 0, 1024, 1024, layout)
+        async_copy.commit_group()
+        _sync_wait(count_ptr, phase, G, FLAGS, num_warps)
+        # ---- down_proj
+        async_copy.wait_group(2)
+        gl.thread_barrier()
+        x1 = _x_part(y_gu, 0, 2048, layout)
+        x2 = _x_part(y_gu, 2048, 1024, layout)
+        for g in gl.static_range(8 // num_warps):
+            acc = gl.sum(_slab_rows(sd1, g, layout, num_warps) * x1[None, :], axis=1) + gl.sum(
+                _slab_rows(sd2, g, layout, num_warps) * x2[None, :], axis=1)
+            _row_store(y_d, pid * 8 + g * num_warps, acc, layout, num_warps)
+        phase += 1
+        _sync_arrive(count_ptr, phase, FLAGS)
+        _slab_copy(sd1, w_d + nxt * S_D, pid * 8, 8, 0, 2048, 3072, layout)
+        _slab_copy(sd2, w_d + nxt * S_D, pid * 8, 8, 2048, 1024, 3072, layout)
+        async_copy.commit_group()
+        _sync_wait(count_ptr, phase, G, FLAGS, num_warps)
+    async_copy.wait_group(0)
+
+
 def persistent() -> None:
     """The 112 GEMVs of a step as the engine's GEMV kernels (PDL) against one persistent kernel with a
     grid barrier between GEMVs, the next GEMV's weights loaded before the barrier's arrive, between its
@@ -465,6 +626,18 @@ def persistent() -> None:
             return ys["down"]
         return run
 
+    flags = torch.zeros(128, device=DEV, dtype=torch.int32)
+
+    def staged_run(warps, use_flags=False):
+        def run():
+            sync = flags if use_flags else count
+            sync.zero_()
+            ys["down"].copy_(x0)
+            _staged_chain_kernel[(128,)](w["qkv"], w["o"], w["gate_up"], w["down"], ys["qkv"], ys["o"],
+                                         ys["gate_up"], ys["down"], sync, L, num_warps=warps, FLAGS=use_flags)
+            return ys["down"]
+        return run
+
     want = chain().float()
     print(f"== persistent: 112 GEMVs, no prologues, weights {floor * bw / 1e3:.0f} MB, floor {floor:.1f} us at "
           f"{bw:,.0f} GB/s ({torch.cuda.get_device_name()})")
@@ -474,6 +647,8 @@ def persistent() -> None:
                                 (AFTER_ARRIVE, "loads between arrive and wait"),
                                 (TWO_AHEAD, "two phases ahead, between arrive and wait")):
             plans[f"persistent, {warps} warps, {label}"] = persistent_run(prefetch, warps)
+    plans["persistent Gluon, 8 warps, slabs in shared memory a layer ahead"] = staged_run(8)  # 8 rows: 8 warps
+    plans["the same, a flag a program for the barrier"] = staged_run(8, use_flags=True)
     times = {label: [] for label in plans}
     for _ in range(2):
         for label, fn in plans.items():
