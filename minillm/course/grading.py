@@ -25,6 +25,19 @@ from minillm.course.exercises import exercise, unsolved
 
 GRADED = ""  # which implementation is under test ("your code, --impl=exercises"); set by tests/conftest.py
 Suspects = dict[str, Any]  # diagnosis -> what the buggy version returns (or a callable producing it)
+ARTICLES = ("the", "a", "an", "each", "every", "your")  # a `what` that starts with one is not prefixed "your"
+
+
+class Raised(str):
+    """What a graded call raised, as a value a check compares: 'raised IndexError: <message>' (equal to a
+    known bug's outcome that raised the same). It keeps the error, so a check that fails on it is raised
+    from it and the grader shows the line of the student's file that raised it."""
+    error: BaseException
+
+    def __new__(cls, error: BaseException) -> Raised:
+        text = super().__new__(cls, f"raised {type(error).__name__}: {error}")
+        text.error = error
+        return text
 
 
 def check_close(actual, expected, exercise_id: str, what: str = "output", atol: float = 1e-5,
@@ -34,7 +47,7 @@ def check_close(actual, expected, exercise_id: str, what: str = "output", atol: 
     if problem is not None:
         diagnosis = _diagnose(actual, suspects, lambda a, s: _close_problem(a, s, atol, rtol) is None)
         pattern = None if diagnosis else describe_error(actual, expected, atol, rtol)
-        _fail(exercise_id, what, problem, diagnosis, pattern)
+        _fail(exercise_id, what, problem, diagnosis, pattern, actual)
 
 
 def check_equal(actual, expected, exercise_id: str, what: str = "output", suspects: Suspects | None = None) -> None:
@@ -43,7 +56,7 @@ def check_equal(actual, expected, exercise_id: str, what: str = "output", suspec
     if not equal(actual, expected):
         problem = f"{_unequal(actual, expected)}.\n  got:      {_short(actual)}\n  expected: {_short(expected)}"
         diagnosis = _diagnose(actual, suspects, equal)
-        _fail(exercise_id, what, problem, diagnosis, None if diagnosis else describe_mismatch(actual, expected))
+        _fail(exercise_id, what, problem, diagnosis, None if diagnosis else describe_mismatch(actual, expected), actual)
 
 
 def check_unmodified(original, after, exercise_id: str, function: str, arg: str,
@@ -78,7 +91,7 @@ def check_that(problem: str | None, exercise_id: str, what: str, actual=None, su
     ("dropped tokens must be -inf" and "(got -1e+09 at row 0, token 3)"). The diagnosis compares
     `actual` with each suspect as check_equal does."""
     if problem is not None:
-        _fail(exercise_id, what, problem, _diagnose(actual, suspects, equal))
+        _fail(exercise_id, what, problem, _diagnose(actual, suspects, equal), actual=actual)
 
 
 def require_written(impl: str, exercise_id: str) -> None:
@@ -91,17 +104,22 @@ def require_written(impl: str, exercise_id: str) -> None:
                                   f"(see {ex.where()})")
 
 
-def _fail(exercise_id: str, what: str, problem: str, diagnosis: str | None, pattern: str | None = None) -> None:
+def _fail(exercise_id: str, what: str, problem: str, diagnosis: str | None, pattern: str | None = None,
+          actual=None) -> None:
+    """Raise the failure. actual: the value that failed; a Raised one (the graded code raised) makes the
+    failure say so and be raised from that error, whose line the grader then shows."""
     ex = exercise(exercise_id)
     head = f"Exercise {ex.id} ({', '.join(ex.stubbed)}): {what}"
     graded = f" [graded: {GRADED}]" if GRADED else ""
-    lines = [f"{head} {problem}"]
+    crashed = isinstance(actual, Raised)
+    lines = [f"{head}: your code {actual}" if crashed else f"{head} {problem}"]
     if diagnosis:
         lines.insert(0, f"Exercise {ex.id}: looks like a known bug: {diagnosis}")
-    elif pattern:  # no known bug matches: say what the error looks like (minillm.course.error_patterns)
-        lines.append(f"  the error's pattern: your {what} {pattern}")
+    elif pattern and not crashed:  # no known bug matches: what the error looks like (minillm.course.error_patterns)
+        subject = what if what.split(" ", 1)[0].lower() in ARTICLES else f"your {what}"
+        lines.append(f"  the error's pattern: {subject} {pattern}")
     lines.append(f"  -- see {ex.where()}{graded}")
-    raise AssertionError("\n".join(lines))
+    raise AssertionError("\n".join(lines)) from (actual.error if crashed else None)
 
 
 def _close_problem(actual, expected, atol: float, rtol: float) -> str | None:

@@ -110,7 +110,7 @@ def fill_placeholders_length_before_stop(token_lists, positions, sampled, at_lim
 
 
 # ---- 5.3 the Gumbel-max sampler ----------------------------------------------------------------------
-def _mask(logits, top_k, top_p, *, k_extra=0, mass_with_self=False):
+def _mask(logits, top_k, top_p, *, k_extra=0, mass_with_self=False, strict=False):
     """apply_top_k_top_p with one rule changed."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
@@ -120,7 +120,7 @@ def _mask(logits, top_k, top_p, *, k_extra=0, mass_with_self=False):
     if top_p is not None:
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
         mass = probs.cumsum(dim=-1) if mass_with_self else probs.cumsum(dim=-1) - probs
-        drop |= mass >= top_p[:, None]
+        drop |= (mass > top_p[:, None]) if strict else (mass >= top_p[:, None])
     return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
 
 
@@ -130,6 +130,10 @@ def top_k_keeps_one_more(logits, top_k, top_p):
 
 def top_p_drops_the_crossing_token(logits, top_k, top_p):
     return _mask(logits, top_k, top_p, mass_with_self=True)
+
+
+def top_p_keeps_the_token_at_top_p(logits, top_k, top_p):
+    return _mask(logits, top_k, top_p, strict=True)
 
 
 def top_k_top_p_fills_minus_1e9(logits, top_k, top_p):
@@ -617,6 +621,11 @@ MISTAKES = [
             "when the mass of the tokens ranked strictly before it is < top_p (probs.cumsum(-1) - probs), so "
             "the kept set's mass reaches top_p and the best token always stays",
             "test_ch5.py::test_top_k_top_p_masks_match_transformers"),
+    Mistake("ch5_top_p_keeps_the_token_at_top_p", "5.3", {"apply_top_k_top_p": top_p_keeps_the_token_at_top_p},
+            "top-p keeps a token whose tokens before it already hold exactly top_p of the mass (mass_before > top_p): "
+            "the kept set is complete once it reaches top_p, so drop a token when mass_before >= top_p, as "
+            "transformers' TopPLogitsWarper does",
+            "test_ch5.py::test_top_p_exactly_at_a_partial_mass"),
     Mistake("ch5_top_k_top_p_fills_minus_1e9", "5.3", {"apply_top_k_top_p": top_k_top_p_fills_minus_1e9},
             "dropped tokens are set to -1e9, not -inf: -1e9 is still a finite logit (isfinite() counts it as kept, "
             "and it changes under another division or a cast to fp16); fill with float(\"-inf\"), as "

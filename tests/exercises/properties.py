@@ -16,6 +16,8 @@ from typing import Any, Callable
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from minillm.course.grading import Raised
+
 PROPERTY_EXAMPLES = 50  # generated cases per property test (all of them take ~2 s together)
 PROPERTY = settings(max_examples=PROPERTY_EXAMPLES, derandomize=True, database=None, deadline=None,
                     phases=[p for p in Phase if p is not Phase.explain],  # no line-coverage report after a failure
@@ -34,12 +36,13 @@ def for_all(cases: st.SearchStrategy, check: Callable[[Any], None], **overrides)
 
 
 def outcome(call: Callable[[], Any]) -> Any:
-    """call()'s result, or 'raised <error>: <message>' when it raises: on a generated input a wrong version
-    often raises (an index past the end), and the grader can still compare that with the known bugs'.
-    NotImplementedError (a stub) is raised on."""
+    """call()'s result, or Raised(error), the string 'raised <error>: <message>', when it raises: on a
+    generated input a wrong version often raises (an index past the end), and the grader can still compare
+    that with the known bugs'; a check that fails on it shows the line that raised. NotImplementedError (a
+    stub) is raised on."""
     try:
         return call()
     except NotImplementedError:
         raise
     except Exception as e:  # noqa: BLE001 -- any error is an outcome to grade
-        return f"raised {type(e).__name__}: {e}"
+        return Raised(e)

@@ -22,7 +22,7 @@ from helpers import TINY_MODELS, greedy_reference, ref_path
 from minillm.config import ModelConfig
 from minillm.context import reset_context
 from minillm.course.exercises import use_impl
-from minillm.course.grading import check_close, check_equal, require_written
+from minillm.course.grading import Raised, check_close, check_equal, require_written
 from minillm.course.runtime_v0 import one_sequence_runner, prefill_batch
 from minillm.model_zoo import QWEN_PATTERN, QWEN_SPECIAL, qwen_tiktoken_file
 from minillm.models.qwen3 import Qwen3ForCausalLM
@@ -208,8 +208,8 @@ def _corrupt_outcome(impl, data: bytes) -> str:
         raise
     except ValueError:
         return "ValueError"
-    except Exception as e:
-        return f"raised {type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001 -- the wrong error is the outcome to grade (and its line to show)
+        return Raised(e)
     return "read without a ValueError"
 
 

@@ -461,6 +461,26 @@ def test_top_k_top_p_masks_match_transformers(impl):
     check_masks(impl, logits[:2], [12, 12], [1.0, 1.0], "with top-k and top-p off (V and 1.0)")
 
 
+# equal logits: every partial mass is exact in fp32 (1/4, 1/2, 3/4), so top_p can sit exactly on one
+TIE_ROWS = [(4, 0.25), (4, 0.5), (4, 0.75), (2, 0.5)]  # (tokens, top_p): transformers keeps 1, 2, 3 and 1
+
+
+def kept_counts(mask_fn, rows: list[tuple[int, float]]) -> list[int]:
+    """How many tokens mask_fn keeps of each row of equal logits (which of the tied tokens is not graded)."""
+    return [int(torch.isfinite(mask_fn(torch.zeros(1, v), None, torch.tensor([p]))).sum()) for v, p in rows]
+
+
+@pytest.mark.ex5_3
+def test_top_p_exactly_at_a_partial_mass(impl):
+    """top_p equal to the mass of the tokens before one: that token is dropped, as transformers' TopPLogitsWarper
+    drops it (the tokens before it already reach top_p); with top-k off (None)."""
+    want = [int(torch.isfinite(warped(torch.zeros(v), 0.0, None, p)).sum()) for v, p in TIE_ROWS]
+    counts = lambda fn: outcome(lambda: kept_counts(fn, TIE_ROWS))  # noqa: E731
+    check_equal(counts(impl.apply_top_k_top_p), want, "5.3",
+                f"tokens kept of rows of equal logits, (tokens, top_p) = {TIE_ROWS}",
+                suspects=suspects_of("apply_top_k_top_p", counts))
+
+
 MIN_GAP = 1 / 64  # between two logits of a row (transformers' top-k keeps ties at the k-th value; we keep k)
 MIN_MARGIN = 1e-4  # between top_p and any partial mass (fp32 sums in another order differ by ~1e-7)
 
