@@ -105,6 +105,9 @@ def test_the_grader_prints_the_pattern_only_when_no_known_bug_matches(x_w):
     with pytest.raises(AssertionError) as failure:
         check_equal([1, 2, 3], [0, 1, 2], "3.1", "slot mapping")
     assert "the error's pattern: your slot mapping every value is +1 off" in str(failure.value)
+    with pytest.raises(AssertionError) as failure:  # a description with its own article is not "your the ..."
+        check_equal([1, 2, 3], [0, 1, 2], "3.1", "the slot mapping of 3 tokens")
+    assert "the error's pattern: the slot mapping of 3 tokens every value is +1 off" in str(failure.value)
 
 
 def test_a_graded_test_names_the_pattern_of_a_bug_outside_the_catalogue():

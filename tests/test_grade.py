@@ -152,6 +152,20 @@ def test_a_crash_or_an_endless_loop_names_the_students_line_and_the_notebook_sec
     assert "-- see notebooks/02a_triton_primer.ipynb" in r.stdout, r.stdout
 
 
+def test_a_crash_inside_a_graded_call_names_the_students_line(tmp_path):
+    """A test that grades what a call did, its error included (outcome(): a known bug may raise the same),
+    still shows the line of the student's file that raised, and says the code raised: 3.3 without
+    clamping the block table's -1 padding reads past the cache (IndexError)."""
+    root = _copy_repo(tmp_path)
+    source = _function_source(os.path.join(root, "solutions", "ch3.py"), "paged_decode_torch")
+    assert source.count(".clamp_min(0)") == 1
+    _write_function(root, 3, "paged_decode_torch", source.replace(".clamp_min(0)", ""))
+    r = run_in(root, "-m", "minillm.course.grade", "--exercise", "3.3")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "your code raised IndexError" in r.stdout, r.stdout
+    assert re.search(r"raised at exercises/ch3\.py:\d+ in paged_decode_torch: ", r.stdout), r.stdout
+
+
 def test_a_crash_on_a_thread_rank_names_the_students_line(tmp_path):
     """Chapter 4's thread-rank tests fail a rank's error with a check (which names the known bug that raises the
     same errors), raised from that error: make grade used to drop the line that raised, which only a crash
