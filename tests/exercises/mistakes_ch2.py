@@ -153,7 +153,7 @@ def apply_rotary_ignoring_positions(x, positions, cos_sin):
 
 # ---- 2.4 causal attention ------------------------------------------------------------------------
 def _attention(q, k, v, scale, diagonal_shift=0, align_to_end=True, tile_kv_heads=False, mask_after_softmax=False,
-               softmax_dim=-1, negate_diagonal=False, invert_mask=False, in_fp32=True):
+               softmax_dim=-1, negate_diagonal=False, invert_mask=False, in_fp32=True, fill=float("-inf")):
     """The right causal_attention, with one of its details changed."""
     Lq, H, _ = q.shape
     Lk, Hkv, _ = k.shape
@@ -172,7 +172,7 @@ def _attention(q, k, v, scale, diagonal_shift=0, align_to_end=True, tile_kv_head
         return torch.einsum("hqk,khd->qhd", weights, v).to(q.dtype)
     if mask_after_softmax:  # the future keys' weights zeroed after the softmax: the rows no longer sum to 1
         return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1).masked_fill(~visible, 0.0), v).to(q.dtype)
-    scores = scores.masked_fill(~visible, float("-inf"))
+    scores = scores.masked_fill(~visible, fill)
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).to(q.dtype)
 
 
@@ -216,6 +216,16 @@ def attention_scales_q_in_place(q, k, v, scale):
 def attention_softmax_over_queries(q, k, v, scale):
     """softmax(dim=-2) on the [H, Lq, Lk] scores: each KEY's weights sum to 1 over the queries."""
     return _attention(q, k, v, scale, softmax_dim=-2)
+
+
+def attention_masks_with_zero(q, k, v, scale):
+    """masked_fill(~visible, 0.0): a masked score of 0 still gets weight exp(0 - max) in the softmax."""
+    return _attention(q, k, v, scale, fill=0.0)
+
+
+def attention_misses_its_own_key(q, k, v, scale):
+    """tril(diagonal=Lk - Lq - 1): each query misses its own key, and the first sees none (NaN)."""
+    return _attention(q, k, v, scale, diagonal_shift=-1)
 
 
 def attention_mask_inverted(q, k, v, scale):
@@ -1041,6 +1051,14 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_attention_softmax_over_queries", "2.4", {"causal_attention": attention_softmax_over_queries},
             "the softmax runs over the queries (dim=-2 of the [H, Lq, Lk] scores): each query's weights over the "
             "keys must sum to 1, so softmax(dim=-1), along the keys", PREFILL_ATTN, {"heads": (4, 4)}),
+    Mistake("ch2_attention_masks_with_zero", "2.4", {"causal_attention": attention_masks_with_zero},
+            "the hidden keys' scores are set to 0, not -inf: a score of 0 still gets a weight exp(0 - max) in the "
+            "softmax, so every query attends to the future too. masked_fill(~visible, float(\"-inf\")), which the "
+            "softmax turns into a weight of exactly 0", PREFILL_ATTN, {"heads": (4, 4)}),
+    Mistake("ch2_attention_misses_its_own_key", "2.4", {"causal_attention": attention_misses_its_own_key},
+            "the causal mask is off by one: each query misses its own key (and the first query sees no key at all: "
+            "a row of -inf, NaN after the softmax); query i, at position Lk - Lq + i, sees keys 0 .. Lk - Lq + i, "
+            "itself included, so tril(diagonal=Lk - Lq)", PREFILL_ATTN, {"heads": (4, 4)}),
     Mistake("ch2_attention_mask_inverted", "2.4", {"causal_attention": attention_mask_inverted},
             "the causal mask is inverted: masked_fill(visible, -inf) hides the keys a query may see (and leaves a "
             "query that sees every key with none: NaN); fill where it must NOT see, masked_fill(~visible, -inf)",

@@ -154,7 +154,7 @@ def top_k_top_p_left_sorted(logits, top_k, top_p):
 
 def _gumbel(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None, *,
             temperature_after_noise=False, noise_sign=1.0, mask_before_temperature=False, use_generators=True,
-            divide_in_place=False, greedy_argmax=True, argmax_if_truthy=False):
+            divide_in_place=False, greedy_argmax=True, argmax_if_truthy=False, where_swapped=False):
     """gumbel_sample with one bug switched on (the noise is drawn exactly as the right version draws it)."""
     told = bool(any_greedy) if argmax_if_truthy else any_greedy is not False
     greedy = logits.argmax(dim=-1) if told and greedy_argmax else None
@@ -176,7 +176,13 @@ def _gumbel(logits, temperatures, top_k=None, top_p=None, generators=None, any_g
     if temperature_after_noise:
         noisy = noisy / t
     sampled = noisy.argmax(dim=-1)
+    if greedy is not None and where_swapped:  # the bug: the sampled rows get the argmax, the greedy ones a sample
+        return torch.where(temperatures > 0, greedy, sampled)
     return sampled if greedy is None else torch.where(temperatures > 0, sampled, greedy)
+
+
+def gumbel_where_swapped(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None):
+    return _gumbel(logits, temperatures, top_k, top_p, generators, any_greedy, where_swapped=True)
 
 
 def gumbel_temperature_after_noise(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None):
@@ -688,6 +694,10 @@ MISTAKES = [
             "one k for the whole batch (the largest top_k, as torch.topk takes an int): each row has its own top_k. "
             "Compare each row's ranks with its own k: ranks[None, :] >= top_k[:, None]",
             "test_ch5.py::test_top_k_top_p_masks_match_transformers"),
+    Mistake("ch5_gumbel_where_swapped", "5.3", {"gumbel_sample": gumbel_where_swapped},
+            "the final torch.where is swapped: rows with temperature > 0 get the argmax and the temperature-0 rows a "
+            "sample. torch.where(temperatures > 0, sampled, greedy): the condition picks the sampled token",
+            "test_ch5.py::test_sampling_distribution"),
     Mistake("ch5_gumbel_multiplies_by_temperature", "5.3", {"gumbel_sample": gumbel_multiplies_by_temperature},
             "the logits are multiplied by the temperature: sampling softmax(logits / T) divides them (T < 1 "
             "sharpens the distribution, T > 1 flattens it)",
