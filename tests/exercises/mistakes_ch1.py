@@ -45,19 +45,29 @@ def bpe_highest_rank(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
         parts[i:i + 2] = [parts[i] + parts[i + 1]]
 
 
-def bpe_rightmost_tie(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
-    """Picks the lowest rank with <=, so of two equal pairs (one rank) the RIGHTMOST merges first."""
+def _bpe_scan(piece: bytes, ranks: dict[bytes, int], *, ties_right: bool = False, pairs_missed: int = 0) -> list[int]:
+    """The right scan for the lowest-ranked pair, with one detail changed."""
     parts = [piece[i:i + 1] for i in range(len(piece))]
     while len(parts) > 1:
         best, best_rank = -1, None
-        for i in range(len(parts) - 1):
+        for i in range(len(parts) - 1 - pairs_missed):
             rank = ranks.get(parts[i] + parts[i + 1])
-            if rank is not None and (best_rank is None or rank <= best_rank):
+            if rank is not None and (best_rank is None or rank < best_rank or (ties_right and rank == best_rank)):
                 best, best_rank = i, rank
         if best < 0:
             break
         parts[best:best + 2] = [parts[best] + parts[best + 1]]
     return [ranks[p] for p in parts]
+
+
+def bpe_rightmost_tie(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
+    """Picks the lowest rank with <=, so of two equal pairs (one rank) the RIGHTMOST merges first."""
+    return _bpe_scan(piece, ranks, ties_right=True)
+
+
+def bpe_skips_the_last_pair(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
+    """Scans range(len(parts) - 2): the last two parts are never merged with each other."""
+    return _bpe_scan(piece, ranks, pairs_missed=1)
 
 
 def bpe_returns_bytes(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]:
@@ -398,6 +408,10 @@ MISTAKES: list[Mistake] = [
             "first: a comparison rank <= best_rank lets each later equal pair replace the one found before. Keep the "
             "leftmost (rank < best_rank), as tiktoken does: b\"aaaaa\" is [b\"aaaa\", b\"a\"], not "
             "[b\"a\", b\"aaaa\"]", BPE),
+    Mistake("ch1_bpe_skips_the_last_pair", "1.1", {"bpe_encode": bpe_skips_the_last_pair},
+            "the scan stops one pair short (range(len(parts) - 2)): the last two parts are never merged with each "
+            "other, so a piece whose last merge joins its end stays split. A piece of n parts has n - 1 adjacent "
+            "pairs, i = 0 .. len(parts) - 2: range(len(parts) - 1)", BPE),
     Mistake("ch1_bpe_returns_bytes", "1.1", {"bpe_encode": bpe_returns_bytes},
             "returns the merged byte strings instead of token ids: finish with [ranks[part] for part in parts]",
             BPE),

@@ -293,7 +293,8 @@ def gelu_instead_of_silu(x):
 # ---- 2.6 the decoder layer -----------------------------------------------------------------------
 def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, restart_residual=False,
            post_norm_without_residual=False, skip_qk_norm=False, first_residual_normed=False,
-           qk_norms_swapped=False, rope_on_v=False, post_residual_discarded=False, return_sum=False):
+           qk_norms_swapped=False, rope_on_v=False, post_residual_discarded=False, return_sum=False,
+           kv_swapped=False):
     """The right decoder_layer, with one of its steps changed."""
     if residual is None or restart_residual:
         h = apply_rms_norm(hidden_states, p.input_norm, p.eps)
@@ -302,6 +303,8 @@ def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, rest
         h, residual = apply_rms_norm(hidden_states, p.input_norm, p.eps, residual)
     n, H, Hkv, D = h.shape[0], p.num_heads, p.num_kv_heads, p.head_dim
     q, k, v = p.qkv_proj(h).split([H * D, Hkv * D, Hkv * D], dim=-1)
+    if kv_swapped:  # q, v, k = ...split(...)
+        k, v = v, k
     q, k, v = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, D)
     q_norm, k_norm = (p.k_norm, p.q_norm) if qk_norms_swapped else (p.q_norm, p.k_norm)
     if p.q_norm is not None and not (qk_norm_after_rope or skip_qk_norm):
@@ -320,6 +323,11 @@ def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, rest
         h, residual = apply_rms_norm(h, p.post_norm, p.eps, residual)
     mlp_out = p.down_proj(silu_and_mul(p.gate_up_proj(h)))
     return (mlp_out + residual if return_sum else mlp_out), residual
+
+
+def layer_k_v_swapped(positions, hidden_states, residual, p):
+    """Takes k and v out of qkv_proj's output in the wrong order."""
+    return _layer(positions, hidden_states, residual, p, kv_swapped=True)
 
 
 def layer_qk_norm_after_rope(positions, hidden_states, residual, p):
@@ -1092,6 +1100,10 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_gelu_instead_of_silu", "2.5", {"silu_and_mul": gelu_instead_of_silu},
             "the gate goes through GELU: Qwen's (and Llama's) hidden_act is silu, silu(g) = g * sigmoid(g) "
             "(F.silu)", MLP, {"shape": (18, 64)}),
+    Mistake("ch2_layer_k_v_swapped", "2.6", {"decoder_layer": layer_k_v_swapped},
+            "k and v are swapped in the split: qkv_proj's output is [q | k | v], H * D columns of q, then Hkv * D of "
+            "k, then Hkv * D of v, so q, k, v = p.qkv_proj(h).split([H * D, Hkv * D, Hkv * D], dim=-1)", LAYER,
+            {"first": True}),
     Mistake("ch2_layer_qk_norm_after_rope", "2.6", {"decoder_layer": layer_qk_norm_after_rope},
             "q and k are normalized after RoPE: apply QK-norm per head (q_norm, k_norm) BEFORE rotating them", LAYER,
             {"first": True}),
