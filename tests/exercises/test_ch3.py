@@ -558,6 +558,27 @@ def _names(x):
     return x
 
 
+MAX_CAN_APPEND = 10_000  # can_append calls in one scheduler script; the scenarios make at most a few dozen
+
+
+class ScriptBlockManager(BlockManager):
+    """The scheduler scripts' block manager: a preemption loop that never frees a block (a victim not
+    deallocated) fails at once, with the cause, instead of at the grader's time limit."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size, enable_prefix_caching=False)
+        self.can_append_calls = 0
+
+    def can_append(self, seq) -> bool:
+        self.can_append_calls += 1
+        if self.can_append_calls > MAX_CAN_APPEND:
+            raise RuntimeError(f"schedule_step asked block_manager.can_append {MAX_CAN_APPEND:,} times in one "
+                               f"scenario that needs a few dozen (an endless preemption loop?): a preempted sequence "
+                               f"must give its blocks back, block_manager.deallocate(victim), or can_append never "
+                               f"turns true")
+        return super().can_append(seq)
+
+
 def check_script(impl, script) -> None:
     """Run a scripted scheduler scenario with your schedule_step and check each (what, observed,
     expected) it yields, in order; a wrong observation is compared with the known wrong versions'
@@ -579,7 +600,7 @@ def _step(what: str, actual, expected):
 
 
 def admit_in_order_script(schedule_step):
-    bm = BlockManager(num_blocks=10, block_size=4, enable_prefix_caching=False)
+    bm = ScriptBlockManager(num_blocks=10, block_size=4)
     A, B, C, D = _seqs([5, 8, 3, 6])
     waiting, running = deque([A, B, C, D]), deque()
     out = schedule_step(waiting, running, bm, 3, 15)
@@ -602,7 +623,7 @@ def admit_in_order_script(schedule_step):
 
 def stop_at_the_first_misfit_script(schedule_step):
     # the token budget: B does not fit after A, C would
-    bm = BlockManager(num_blocks=10, block_size=4, enable_prefix_caching=False)
+    bm = ScriptBlockManager(num_blocks=10, block_size=4)
     A, B, C = _seqs([5, 12, 3])
     waiting, running = deque([A, B, C]), deque()
     out = schedule_step(waiting, running, bm, 8, 15)
@@ -610,7 +631,7 @@ def stop_at_the_first_misfit_script(schedule_step):
                 "admission stops there (C=3 would fit but must not jump the queue)", (out, waiting, running),
                 (([A], True, []), [B, C], [A]))
     # the free blocks: B does not fit after A, C would
-    bm = BlockManager(num_blocks=4, block_size=4, enable_prefix_caching=False)
+    bm = ScriptBlockManager(num_blocks=4, block_size=4)
     A, B, C = _seqs([8, 12, 4])
     waiting, running = deque([A, B, C]), deque()
     out = schedule_step(waiting, running, bm, 8, 100)
@@ -620,7 +641,7 @@ def stop_at_the_first_misfit_script(schedule_step):
 
 
 def preempt_the_newest_script(schedule_step):
-    bm = BlockManager(num_blocks=6, block_size=4, enable_prefix_caching=False)
+    bm = ScriptBlockManager(num_blocks=6, block_size=4)
     A, B, C, D = _seqs([4, 4, 4, 4])
     waiting, running = deque([A, B, C]), deque()
     schedule_step(waiting, running, bm, 8, 100)
@@ -647,7 +668,7 @@ def preempt_the_newest_script(schedule_step):
 
 
 def preempt_itself_when_alone_script(schedule_step):
-    bm = BlockManager(num_blocks=2, block_size=4, enable_prefix_caching=False)
+    bm = ScriptBlockManager(num_blocks=2, block_size=4)
     (A,) = _seqs([8])
     waiting, running = deque([A]), deque()
     schedule_step(waiting, running, bm, 8, 100)
@@ -658,7 +679,7 @@ def preempt_itself_when_alone_script(schedule_step):
 
 
 def chunk_a_long_prompt_script(schedule_step):
-    bm = BlockManager(num_blocks=10, block_size=4, enable_prefix_caching=False)
+    bm = ScriptBlockManager(num_blocks=10, block_size=4)
     A, B = _seqs([10, 3])
     waiting, running = deque([A, B]), deque()
     out = schedule_step(waiting, running, bm, 8, 4)
@@ -684,7 +705,7 @@ def chunk_a_long_prompt_script(schedule_step):
 
 
 def decode_between_chunks_script(schedule_step):
-    bm = BlockManager(num_blocks=20, block_size=4, enable_prefix_caching=False)
+    bm = ScriptBlockManager(num_blocks=20, block_size=4)
     A, B = _seqs([3, 20])
     waiting, running = deque([A, B]), deque()
     out = schedule_step(waiting, running, bm, 8, 8)
@@ -708,7 +729,7 @@ def decode_between_chunks_script(schedule_step):
 
 
 def preempt_half_prefilled_script(schedule_step):
-    bm = BlockManager(num_blocks=5, block_size=4, enable_prefix_caching=False)
+    bm = ScriptBlockManager(num_blocks=5, block_size=4)
     A, B = _seqs([8, 12])
     waiting, running = deque([A, B]), deque()
     schedule_step(waiting, running, bm, 8, 8)  # A whole (2 blocks)
