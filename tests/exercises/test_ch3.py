@@ -558,25 +558,33 @@ def _names(x):
     return x
 
 
-MAX_CAN_APPEND = 10_000  # can_append calls in one scheduler script; the scenarios make at most a few dozen
+MAX_REFUSALS = 1_000  # can_append saying no this many times in a row: no preemption freed a block
+
+
+def refusal_guard(can_append):
+    """block_manager.can_append, failing at once with the cause when it says no MAX_REFUSALS times in a row: a
+    schedule_step whose preemption frees nothing (a victim not deallocated) would ask forever, and the grader
+    would only see its time limit. A right one frees a victim's blocks after each no."""
+    refusals = 0
+
+    def guarded(seq) -> bool:
+        nonlocal refusals
+        ok = can_append(seq)
+        refusals = 0 if ok else refusals + 1
+        if refusals > MAX_REFUSALS:
+            raise RuntimeError(f"block_manager.can_append said no {MAX_REFUSALS:,} times in a row (an endless "
+                               f"preemption loop?): a preempted sequence must give its blocks back, "
+                               f"block_manager.deallocate(victim), or can_append never turns true")
+        return ok
+    return guarded
 
 
 class ScriptBlockManager(BlockManager):
-    """The scheduler scripts' block manager: a preemption loop that never frees a block (a victim not
-    deallocated) fails at once, with the cause, instead of at the grader's time limit."""
+    """The scheduler scripts' block manager, with refusal_guard on can_append."""
 
     def __init__(self, num_blocks: int, block_size: int):
         super().__init__(num_blocks, block_size, enable_prefix_caching=False)
-        self.can_append_calls = 0
-
-    def can_append(self, seq) -> bool:
-        self.can_append_calls += 1
-        if self.can_append_calls > MAX_CAN_APPEND:
-            raise RuntimeError(f"schedule_step asked block_manager.can_append {MAX_CAN_APPEND:,} times in one "
-                               f"scenario that needs a few dozen (an endless preemption loop?): a preempted sequence "
-                               f"must give its blocks back, block_manager.deallocate(victim), or can_append never "
-                               f"turns true")
-        return super().can_append(seq)
+        self.can_append = refusal_guard(super().can_append)
 
 
 def check_script(impl, script) -> None:
@@ -789,6 +797,8 @@ def test_schedule_step_in_the_engine_under_kv_pressure(impl, monkeypatch):
     want = [o.outputs[0].token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
     monkeypatch.setattr(sched, "schedule_step", impl.schedule_step)
     tight = LLM(ref_path("tiny-qwen3"), **small_engine_args(num_kvcache_blocks=10, max_model_len=128))
+    bm = tight.engine.scheduler.block_manager
+    monkeypatch.setattr(bm, "can_append", refusal_guard(bm.can_append))
     got = [o.outputs[0].token_ids for o in tight.generate(prompts, params, use_tqdm=False)]
     check_equal(got, want, "3.6", "greedy tokens with a 10-block KV cache (preemption) vs a roomy one")
     check_equal(tight.engine.scheduler.num_preemptions > 0, True, "3.6", "preemptions happened")
