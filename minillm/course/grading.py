@@ -107,11 +107,15 @@ def require_written(impl: str, exercise_id: str) -> None:
 def _fail(exercise_id: str, what: str, problem: str, diagnosis: str | None, pattern: str | None = None,
           actual=None) -> None:
     """Raise the failure. actual: the value that failed; a Raised one (the graded code raised) makes the
-    failure say so and be raised from that error, whose line the grader then shows."""
+    failure say so and be raised from that error, whose line the grader then shows (from the first Raised
+    in a list or tuple too)."""
     ex = exercise(exercise_id)
     head = f"Exercise {ex.id} ({', '.join(ex.stubbed)}): {what}"
     graded = f" [graded: {GRADED}]" if GRADED else ""
     crashed = isinstance(actual, Raised)
+    # a Raised among the values (an outcome per line of a stream) also names the line that raised
+    cause = actual if crashed else next((v for v in (actual if isinstance(actual, (list, tuple)) else ())
+                                         if isinstance(v, Raised)), None)
     lines = [f"{head}: your code {actual}" if crashed else f"{head} {problem}"]
     if diagnosis:
         lines.insert(0, f"Exercise {ex.id}: looks like a known bug: {diagnosis}")
@@ -119,7 +123,7 @@ def _fail(exercise_id: str, what: str, problem: str, diagnosis: str | None, patt
         subject = what if what.split(" ", 1)[0].lower() in ARTICLES else f"your {what}"
         lines.append(f"  the error's pattern: {subject} {pattern}")
     lines.append(f"  -- see {ex.where()}{graded}")
-    raise AssertionError("\n".join(lines)) from (actual.error if crashed else None)
+    raise AssertionError("\n".join(lines)) from (cause.error if cause is not None else None)
 
 
 def _close_problem(actual, expected, atol: float, rtol: float) -> str | None:
