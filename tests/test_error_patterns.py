@@ -110,6 +110,25 @@ def test_the_grader_prints_the_pattern_only_when_no_known_bug_matches(x_w):
     assert "the error's pattern: the slot mapping of 3 tokens every value is +1 off" in str(failure.value)
 
 
+def test_a_raised_outcome_fails_as_a_crash_and_copies_as_its_text():
+    """Raised (what a graded call raised) equals its text, so it matches a known bug that raised the same; a
+    check that fails on it says the code raised and is raised from that error (the grader shows its line),
+    also from inside a list of outcomes; a copy is the plain text."""
+    import copy
+    from minillm.course.grading import Raised
+    error = IndexError("index 7 is out of bounds")
+    got = Raised(error)
+    assert got == "raised IndexError: index 7 is out of bounds" and got.error is error
+    assert type(copy.deepcopy(got)) is str and copy.deepcopy(got) == got
+    with pytest.raises(AssertionError) as failure:
+        check_equal(got, [1, 2], "3.1", "the slot mapping")
+    assert "the slot mapping: your code raised IndexError: index 7" in str(failure.value)
+    assert failure.value.__cause__ is error and "the error's pattern" not in str(failure.value)
+    with pytest.raises(AssertionError) as failure:
+        check_equal([None, got], [None, "x"], "3.1", "each line's outcome")
+    assert failure.value.__cause__ is error
+
+
 def test_a_graded_test_names_the_pattern_of_a_bug_outside_the_catalogue():
     """Exercise 2.1 with the mean over rows (dim 0): no known wrong version, so the pattern speaks."""
     from test_ch2 import test_rms_norm_matches_qwen3_rmsnorm

@@ -39,6 +39,9 @@ class Raised(str):
         text.error = error
         return text
 
+    def __reduce__(self):  # a copy (deepcopy, pickle) is the plain text; the error stays with the original
+        return str, (str(self),)
+
 
 def check_close(actual, expected, exercise_id: str, what: str = "output", atol: float = 1e-5,
                 rtol: float = 1e-5, suspects: Suspects | None = None) -> None:
