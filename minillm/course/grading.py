@@ -117,8 +117,8 @@ def _fail(exercise_id: str, what: str, problem: str, diagnosis: str | None, patt
     graded = f" [graded: {GRADED}]" if GRADED else ""
     crashed = isinstance(actual, Raised)
     # a Raised among the values (an outcome per line of a stream) also names the line that raised
-    cause = actual if crashed else next((v for v in (actual if isinstance(actual, (list, tuple)) else ())
-                                         if isinstance(v, Raised)), None)
+    values = actual if isinstance(actual, (list, tuple)) else [actual]
+    cause = next((v for v in values if isinstance(v, Raised)), None)
     lines = [f"{head}: your code {actual}" if crashed else f"{head} {problem}"]
     if diagnosis:
         lines.insert(0, f"Exercise {ex.id}: looks like a known bug: {diagnosis}")
