@@ -461,6 +461,15 @@ def lm_head_logits_on_every_rank(hidden, weight_shard, group):
     return torch.cat(parts, dim=-1) if rank == 0 else logits  # the bug: the other ranks return their own slice
 
 
+def vocab_embed_upper_bound_global(token_ids, weight_shard, vocab_start, group):
+    local = token_ids - vocab_start
+    mask = (token_ids >= vocab_start) & (token_ids < weight_shard.shape[0])  # the bug: a global id vs the slice's size
+    y = F.embedding(torch.where(mask, local, 0), weight_shard)
+    y = y.masked_fill(~mask.unsqueeze(-1), 0)
+    dist.all_reduce(y, group=group)
+    return y
+
+
 MISTAKES += [
     # 4.2
     Mistake("ch4_row_parallel_async_without_wait", "4.2", {"row_parallel_linear": row_parallel_async_without_wait},
@@ -474,6 +483,13 @@ MISTAKES += [
             "ranks keep their own part, but the next layer runs on every rank and needs the whole sum there: "
             "torch.distributed.all_reduce(y, group=group) leaves it on every rank",
             "test_ch4.py::test_row_parallel_linear_on_two_thread_ranks"),
+    # 4.3
+    Mistake("ch4_vocab_embed_upper_bound_global", "4.3", {"vocab_parallel_embed": vocab_embed_upper_bound_global},
+            "the mask's upper bound compares the GLOBAL id with the slice's size (token_ids < weight_shard.shape[0]): "
+            "rank r owns ids vocab_start .. vocab_start + V/p - 1, so on every rank but the first no id passes, and "
+            "the ids of the later slices come out as rows of zeros. Compare the shifted id, local = token_ids - "
+            "vocab_start: mask = (local >= 0) & (local < weight_shard.shape[0])",
+            "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
     # 4.4
     Mistake("ch4_lm_head_logits_on_every_rank", "4.4", {"parallel_lm_head": lm_head_logits_on_every_rank},
             "rank 0 gathers and returns the full logits, but the other ranks return their own vocabulary slice's "

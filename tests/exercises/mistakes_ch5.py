@@ -32,7 +32,7 @@ def graph_size_strictly_larger(sizes, batch_size):
 
 
 def _pad(input_ids, positions, slot_mapping, context_lens, block_tables, padded, out, *, pad_slot=-1,
-         pad_rows=True, clear_columns=True):
+         pad_len=0, pad_rows=True, clear_columns=True):
     """pad_graph_inputs with one rule switched off."""
     ids, pos, slots, lens, tables = out
     bs = len(input_ids)
@@ -42,12 +42,16 @@ def _pad(input_ids, positions, slot_mapping, context_lens, block_tables, padded,
     if clear_columns:
         tables[:bs, width:] = -1
     if pad_rows:
-        ids[bs:padded], pos[bs:padded], slots[bs:padded], lens[bs:padded] = 0, 0, pad_slot, 0
+        ids[bs:padded], pos[bs:padded], slots[bs:padded], lens[bs:padded] = 0, 0, pad_slot, pad_len
         tables[bs:padded] = -1
 
 
 def pad_graph_inputs_slot_zero(input_ids, positions, slot_mapping, context_lens, block_tables, padded, out):
     _pad(input_ids, positions, slot_mapping, context_lens, block_tables, padded, out, pad_slot=0)
+
+
+def pad_graph_inputs_context_len_one(input_ids, positions, slot_mapping, context_lens, block_tables, padded, out):
+    _pad(input_ids, positions, slot_mapping, context_lens, block_tables, padded, out, pad_len=1)
 
 
 def pad_graph_inputs_stale_rows(input_ids, positions, slot_mapping, context_lens, block_tables, padded, out):
@@ -520,6 +524,12 @@ MISTAKES = [
     Mistake("ch5_pad_slot_zero", "5.1", {"pad_graph_inputs": pad_graph_inputs_slot_zero},
             "padding rows get slot 0: their K/V is then stored into row 0 of block 0, a real sequence's cache. "
             "A padding row's slot is -1, which the KV store skips",
+            "test_ch5.py::test_pad_graph_inputs"),
+    Mistake("ch5_pad_context_len_one", "5.1", {"pad_graph_inputs": pad_graph_inputs_context_len_one},
+            "padding rows get context length 1 (as if a padding token attended to itself): a padding row's "
+            "context length is 0, so the attention kernel reads no key for it. With 1 it reads key 0 through its "
+            "block table, whose entries are all -1 (PAD_BLOCK): a load from block -1, outside the cache. Write "
+            "lens[bs:padded] = 0",
             "test_ch5.py::test_pad_graph_inputs"),
     Mistake("ch5_pad_stale_rows", "5.1", {"pad_graph_inputs": pad_graph_inputs_stale_rows},
             "the padding rows B..padded-1 keep what an earlier step wrote there: the graph runs them, and a stale "

@@ -130,8 +130,8 @@ def check_padding(impl, bs: int, padded: int, width: int, seed: int) -> None:
     want = padded_by_the_rule(batch, padded, before)
     for k, name in enumerate(BUFFER_NAMES):
         check_equal(buffer(impl.pad_graph_inputs, k), want[k], "5.1", f"the {name} buffer after padding a batch of "
-                    f"{bs} rows (block tables {width} wide) to {padded} rows; the buffers held an earlier step's 8 "
-                    f"rows, and rows {padded}.. must keep them",
+                    f"{bs} rows (block tables {width} wide) to {padded} rows, in buffers that held an earlier "
+                    f"step's 8 rows (rows {padded}.. must keep them)",
                     suspects=suspects_of("pad_graph_inputs", lambda fn, k=k: buffer(fn, k)))
 
 

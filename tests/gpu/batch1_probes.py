@@ -20,6 +20,10 @@ step. docs/performance.md ("Running further ahead") quotes these runs.
   loaded into registers before the barrier's arrive, between its arrive and its wait, two GEMVs ahead,
   or not at all; then a Gluon form with the slabs copied (cp.async) into shared memory a layer ahead,
   with the one-counter barrier or with a flag a program.
+* tma: the staged form with the slabs copied by the Tensor Memory Accelerator (bulk copies one thread
+  issues, completing on an mbarrier) instead of cp.async; then the same kernel without its grid barrier
+  (the weights streamed and the dots done, the outputs wrong: what the memory side alone takes) and
+  without its weight copies after the first layer (the barriers and dots alone: the chain's latency).
 """
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from minillm.kernels import gemv as G
 from minillm.timing import device_ceilings, time_fn
@@ -659,7 +665,195 @@ def persistent() -> None:
         print(f"  {label:52s} {ts} us  {100 * floor / min(times[label]):5.1f}%   max |y - chain's| {diff:.3g}")
 
 
+# ---------------------------------------------------------------------------------------------------- tma
+BOX_K = gl.constexpr(256)  # a TMA box's columns: an unswizzled box's inner dimension holds at most 256 elements
+
+
+@gluon.jit
+def _tma_rows(desc, bar, buf, row0, BOXES_R: gl.constexpr, BOX_R: gl.constexpr, SEGS: gl.constexpr):
+    """Bulk copies of rows [row0, row0 + BOXES_R * BOX_R) x all SEGS * 256 columns of desc's matrix into
+    buf [BOXES_R * SEGS, BOX_R, 256], box (r, s) at index r * SEGS + s; they complete on bar."""
+    mbarrier.expect(bar, BOXES_R * SEGS * BOX_R * BOX_K * 2)
+    for r in gl.static_range(BOXES_R):
+        for s in gl.static_range(SEGS):
+            tma.async_copy_global_to_shared(desc, [row0 + r * BOX_R, s * BOX_K], bar, buf.index(r * SEGS + s))
+
+
+@gluon.jit
+def _tma_chain_kernel(d_qkv, d_gu, d_d, w_o, y_qkv, y_o, y_gu, y_d, count_ptr, n_layers,
+                      num_warps: gl.constexpr, SYNC: gl.constexpr, LOAD: gl.constexpr, LOAD_O: gl.constexpr = True):
+    """_staged_chain_kernel's GEMVs (the same rows a program) with each slab brought by TMA copies a whole
+    layer ahead: qkv 32 rows (2 x 4 boxes of 16 x 256), gate_up 48 (3 x 4 boxes), down 8 rows of 3,072
+    (12 boxes of 8 x 256); o_proj's 8 rows of 2,048 in registers as there. The copies of a slab are issued
+    by one thread between the grid barrier's arrive and its wait, right after the program read the slab's
+    buffer for this layer. SYNC=False: no grid barrier (the outputs are then wrong). LOAD=False: the first
+    layer's weights only, reused (the outputs are then wrong). LOAD_O=False: o_proj's alone reused (a
+    release waits for the loads before it: does reloading o_proj's registers hold the barriers back?)."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    box16: gl.constexpr = d_qkv.layout
+    box8: gl.constexpr = d_d.layout
+    xl: gl.constexpr = gl.SliceLayout(0, layout)
+    rl: gl.constexpr = gl.SliceLayout(1, layout)
+    pid = gl.program_id(0)
+    G = gl.num_programs(0)
+    sq = gl.allocate_shared_memory(gl.bfloat16, [8, 16, BOX_K], box16)
+    sg = gl.allocate_shared_memory(gl.bfloat16, [12, 16, BOX_K], box16)
+    sd = gl.allocate_shared_memory(gl.bfloat16, [12, 8, BOX_K], box8)
+    bars = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(3):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+    _tma_rows(d_qkv, bars.index(0), sq, pid * 32, 2, 16, 4)
+    _tma_rows(d_gu, bars.index(1), sg, pid * 48, 3, 16, 4)
+    _tma_rows(d_d, bars.index(2), sd, pid * 8, 1, 8, 12)
+    o_rows = pid * 8 + gl.arange(0, 8, layout=rl)
+    o_offs = o_rows.to(gl.int64)[:, None] * 2048 + gl.arange(0, 2048, layout=xl)[None, :]
+    wo = gl.load(w_o + o_offs)
+    cols = gl.arange(0, BOX_K, layout=xl)
+    phase = 0
+    for layer in range(n_layers):
+        nxt = gl.minimum(layer + 1, n_layers - 1)  # the last layer copies its own slabs again
+        ready = layer % 2
+        # ---- qkv_proj
+        if LOAD:
+            mbarrier.wait(bars.index(0), ready)
+        elif layer == 0:
+            mbarrier.wait(bars.index(0), 0)
+        for r in gl.static_range(2):
+            acc = gl.zeros([16], gl.float32, rl)
+            for s in gl.static_range(4):
+                x = gl.load(y_d + s * BOX_K + cols).to(gl.float32)
+                acc += gl.sum(sq.index(r * 4 + s).load(layout).to(gl.float32) * x[None, :], axis=1)
+            gl.store(y_qkv + pid * 32 + r * 16 + gl.arange(0, 16, layout=rl), acc.to(gl.bfloat16))
+        phase += 1
+        _tma_sync_arrive(count_ptr, SYNC)
+        if LOAD:
+            fence_async_shared()
+            _tma_rows(d_qkv, bars.index(0), sq, nxt * 4096 + pid * 32, 2, 16, 4)
+        _tma_sync_wait(count_ptr, phase * G, SYNC)
+        # ---- o_proj, from registers
+        x = gl.load(y_qkv + gl.arange(0, 2048, layout=xl)).to(gl.float32)
+        acc = gl.sum(wo.to(gl.float32) * x[None, :], axis=1)
+        gl.store(y_o + pid * 8 + gl.arange(0, 8, layout=rl), acc.to(gl.bfloat16))
+        phase += 1
+        _tma_sync_arrive(count_ptr, SYNC)
+        if LOAD and LOAD_O:
+            wo = gl.load(w_o + nxt * (1024 * 2048) + o_offs)
+        _tma_sync_wait(count_ptr, phase * G, SYNC)
+        # ---- gate_up_proj
+        if LOAD:
+            mbarrier.wait(bars.index(1), ready)
+        elif layer == 0:
+            mbarrier.wait(bars.index(1), 0)
+        for r in gl.static_range(3):
+            acc = gl.zeros([16], gl.float32, rl)
+            for s in gl.static_range(4):
+                x = gl.load(y_o + s * BOX_K + cols).to(gl.float32)
+                acc += gl.sum(sg.index(r * 4 + s).load(layout).to(gl.float32) * x[None, :], axis=1)
+            gl.store(y_gu + pid * 48 + r * 16 + gl.arange(0, 16, layout=rl), acc.to(gl.bfloat16))
+        phase += 1
+        _tma_sync_arrive(count_ptr, SYNC)
+        if LOAD:
+            fence_async_shared()
+            _tma_rows(d_gu, bars.index(1), sg, nxt * 6144 + pid * 48, 3, 16, 4)
+        _tma_sync_wait(count_ptr, phase * G, SYNC)
+        # ---- down_proj
+        if LOAD:
+            mbarrier.wait(bars.index(2), ready)
+        elif layer == 0:
+            mbarrier.wait(bars.index(2), 0)
+        acc = gl.zeros([8], gl.float32, rl)
+        for s in gl.static_range(12):
+            x = gl.load(y_gu + s * BOX_K + cols).to(gl.float32)
+            acc += gl.sum(sd.index(s).load(layout).to(gl.float32) * x[None, :], axis=1)
+        gl.store(y_d + pid * 8 + gl.arange(0, 8, layout=rl), acc.to(gl.bfloat16))
+        phase += 1
+        _tma_sync_arrive(count_ptr, SYNC)
+        if LOAD:
+            fence_async_shared()
+            _tma_rows(d_d, bars.index(2), sd, nxt * 1024 + pid * 8, 1, 8, 12)
+        _tma_sync_wait(count_ptr, phase * G, SYNC)
+    if LOAD:  # the last layer's copies of its own slabs again: let them land before the kernel ends
+        for i in gl.static_range(3):
+            mbarrier.wait(bars.index(i), n_layers % 2)
+
+
+@gluon.jit
+def _tma_sync_arrive(count_ptr, SYNC: gl.constexpr):
+    if SYNC:
+        _grid_arrive(count_ptr)
+    else:
+        gl.thread_barrier()  # the slab's buffer is read by every warp before a copy overwrites it
+
+
+@gluon.jit
+def _tma_sync_wait(count_ptr, target, SYNC: gl.constexpr):
+    if SYNC:
+        _grid_wait(count_ptr, target)
+
+
+def tma_probe() -> None:
+    """The persistent chain with TMA copies, and the same kernel without its barrier or without its copies."""
+    L = LAYERS
+    g = torch.Generator(device=DEV).manual_seed(0)
+    shapes = dict(zip(NAMES, SHAPES))
+    w = {n: (torch.randn(L, N, K, device=DEV, generator=g) / K ** 0.5).to(DT) for n, (N, K) in shapes.items()}
+    bw = device_ceilings().copy_gbps
+    floor = sum(t.numel() * 2 for t in w.values()) / bw / 1e3
+    x0 = torch.randn(1, 1024, device=DEV, generator=g).to(DT)
+    ys = {n: torch.zeros(1, N, device=DEV, dtype=DT) for n, (N, K) in shapes.items()}
+    count = torch.zeros(1, device=DEV, dtype=torch.int32)
+    unswizzled = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    desc = {n: TensorDescriptor.from_tensor(w[n].view(L * N, K), [r, BOX_K.value], unswizzled)
+            for n, (N, K), r in ((n, shapes[n], r) for n, r in (("qkv", 16), ("gate_up", 16), ("down", 8)))}
+
+    def chain():
+        y = x0
+        for i in range(L):
+            q = G.gemv(y, w["qkv"][i])
+            o = G.gemv(q[:, :2048], w["o"][i])
+            gu = G.gemv(o, w["gate_up"][i])
+            y = G.gemv(gu[:, :3072], w["down"][i])
+        return y
+
+    def staged_run():
+        count.zero_()
+        ys["down"].copy_(x0)
+        _staged_chain_kernel[(128,)](w["qkv"], w["o"], w["gate_up"], w["down"], ys["qkv"], ys["o"],
+                                     ys["gate_up"], ys["down"], count, L, num_warps=8)
+        return ys["down"]
+
+    def tma_run(sync=True, load=True, load_o=True, warps=8):
+        def run():
+            count.zero_()
+            ys["down"].copy_(x0)
+            _tma_chain_kernel[(128,)](desc["qkv"], desc["gate_up"], desc["down"], w["o"], ys["qkv"], ys["o"],
+                                      ys["gate_up"], ys["down"], count, L, num_warps=warps, SYNC=sync, LOAD=load,
+                                      LOAD_O=load_o)
+            return ys["down"]
+        return run
+
+    want = chain().float()
+    print(f"== tma: 112 GEMVs, no prologues, weights {floor * bw / 1e3:.0f} MB, floor {floor:.1f} us at "
+          f"{bw:,.0f} GB/s ({torch.cuda.get_device_name()})")
+    plans = {"the engine's GEMV kernels, PDL": chain,
+             "persistent Gluon, cp.async a layer ahead (staged)": staged_run,
+             "persistent Gluon, TMA a layer ahead": tma_run(),
+             "  the same, 16 warps": tma_run(warps=16),
+             "  the same (8 warps), o_proj's weights not reloaded (wrong outputs)": tma_run(load_o=False),
+             "  the same without the grid barrier (wrong outputs)": tma_run(sync=False),
+             "  the same without weight copies (wrong outputs)": tma_run(load=False)}
+    times = {label: [] for label in plans}
+    for _ in range(3):
+        for label, fn in plans.items():
+            times[label].append(graph_us(fn))
+    for label, fn in plans.items():
+        diff = (fn().float() - want).abs().max().item()
+        ts = " ".join(f"{t:7.1f}" for t in times[label])
+        print(f"  {label:66s} {ts} us  {100 * floor / min(times[label]):5.1f}%   max |y - chain's| {diff:.3g}")
+
+
 if __name__ == "__main__":
-    steps = {"cascade": cascade, "staged": staged, "configs": configs, "persistent": persistent}
+    steps = {"cascade": cascade, "staged": staged, "configs": configs, "persistent": persistent, "tma": tma_probe}
     for step in sys.argv[1:] or list(steps):
         steps[step]()
