@@ -131,6 +131,29 @@ def header_without_length_check(data, file_size=None) -> tuple[dict, int]:
     return right_parse_header(data, file_size=NO_LENGTH_CHECK)
 
 
+def header_rejects_a_header_ending_the_file(data, file_size=None) -> tuple[dict, int]:
+    """Checks N >= file_size - 8 where the rule is N > file_size - 8: a header that runs to the file's
+    last byte is refused, and safetensors writes every file whose tensors hold no bytes that way."""
+    size = len(data) if file_size is None else file_size
+    if size < 8:
+        raise ValueError("too short for a safetensors header")
+    return right_parse_header(data, file_size=size - 1)  # the reference, told the file is one byte shorter
+
+
+def read_tensor_end_without_data_start(buf, info: dict, data_start: int, name: str = "") -> torch.Tensor:
+    """Compares the entry's end offset, which counts from data_start, with len(buf) itself: a tensor past
+    the end of the file passes the check, and torch.frombuffer refuses it with its own ValueError."""
+    if info.get("dtype") not in SAFETENSORS_DTYPES:
+        raise ValueError(f"tensor {name!r}: unsupported dtype {info.get('dtype')!r}")
+    dtype = SAFETENSORS_DTYPES[info["dtype"]]
+    shape, (begin, end) = info["shape"], info["data_offsets"]
+    if end - begin != _numel(shape) * dtype.itemsize or begin < 0 or end > len(buf):
+        raise ValueError(f"tensor {name!r}: offsets {begin}..{end} do not fit its shape")
+    if _numel(shape) == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buf, dtype=dtype, count=_numel(shape), offset=data_start + begin).view(shape)
+
+
 def read_tensor_without_size_check(buf, info: dict, data_start: int, name: str = "") -> torch.Tensor:
     """Checks the dtype and the end of the buffer but not that end - begin is numel * itemsize: offsets
     that do not fit the shape are read as if they did."""
@@ -271,6 +294,15 @@ def forward_residual_starts_as_embeddings(model, input_ids, positions):
     return model.lm_head(hidden)
 
 
+def forward_positions_from_arange(model, input_ids, positions):
+    """Numbers the tokens 0..N-1 itself instead of using `positions` (what one prefill from 0 shows)."""
+    hidden, residual = model.model.embed_tokens(input_ids), None
+    for layer in model.model.layers:
+        hidden, residual = layer(torch.arange(len(input_ids), device=input_ids.device), hidden, residual)
+    hidden, _ = model.model.norm(hidden, residual)
+    return model.lm_head(hidden)
+
+
 def forward_head_on_unnormed_residual(model, input_ids, positions):
     """Takes the wrong output of the final norm: hidden, residual = norm(hidden, residual), then
     lm_head(residual), the un-normalized stream."""
@@ -386,6 +418,26 @@ def cached_ids_as_tensors(runner, prompt_ids, max_new_tokens):
     return _cached(runner, prompt_ids, max_new_tokens, as_tensors=True)
 
 
+def _through_first_eos(runner, new_ids: list[int]) -> list[int]:
+    eos = runner.model_config.eos_token_id
+    return next((new_ids[:i + 1] for i, t in enumerate(new_ids) if t in eos), new_ids)
+
+
+def naive_stops_at_eos(runner, prompt_ids, max_new_tokens):
+    """Stops after the first EOS it generates (here EOS is not special: exactly max_new_tokens tokens)."""
+    ids = list(prompt_ids)
+    for _ in range(max_new_tokens):
+        ids.append(int(last_logits(runner, prefill_batch(ids)).argmax()))
+        if ids[-1] in runner.model_config.eos_token_id:
+            break
+    return ids[len(prompt_ids):]
+
+
+def cached_stops_at_eos(runner, prompt_ids, max_new_tokens):
+    """The right cached loop, stopped after the first EOS it generates."""
+    return _through_first_eos(runner, _cached(runner, prompt_ids, max_new_tokens))
+
+
 BPE = "test_ch1.py::test_bpe_encode_pieces_match_tiktoken"
 REJECTS = "test_ch1.py::test_load_model_rejects_bad_checkpoints"
 CORRUPT = "test_ch1.py::test_corrupt_file_raises_value_error"
@@ -434,6 +486,17 @@ MISTAKES: list[Mistake] = [
             "quietly at the end, so a truncated file whose header claims more bytes than there are still parses. "
             "Raise ValueError when N > file_size - 8 (file_size defaults to len(data))", CORRUPT,
             {"case": "header length past the end of a file that is all header"}),
+    Mistake("ch1_header_rejects_a_header_ending_the_file", "1.2",
+            {"parse_safetensors_header": header_rejects_a_header_ending_the_file},
+            "the length check refuses N == file_size - 8 (>= where the rule is >): a header may run to the file's "
+            "last byte, and safetensors writes every file whose tensors hold no bytes (or that holds none) that "
+            "way. Raise only when N > file_size - 8",
+            "test_ch1.py::test_header_of_a_file_that_is_all_header"),
+    Mistake("ch1_read_tensor_end_without_data_start", "1.2", {"read_tensor": read_tensor_end_without_data_start},
+            "read_tensor's bound check compares the entry's end offset with len(buf), but offsets count from "
+            "data_start: a tensor past the end of the file passes it, and only torch.frombuffer's own error (which "
+            "names no tensor) stops the read. Check data_start + end > len(buf), and name the tensor in the error",
+            CORRUPT, {"case": "tensor past the end"}),
     Mistake("ch1_read_tensor_without_size_check", "1.2", {"read_tensor": read_tensor_without_size_check},
             "read_tensor does not check that the entry's byte range fits its shape: raise ValueError (naming the "
             "tensor) when end - begin != numel * dtype.itemsize, or a corrupt header reads another tensor's bytes",
@@ -468,12 +531,12 @@ MISTAKES: list[Mistake] = [
     Mistake("ch1_load_without_completeness_check", "1.3", {"load_model": load_without_completeness_check},
             "load_model never checks that every parameter was filled: remember the shard ids each parameter "
             "received and, at the end, raise ValueError for any that lacks one of expected_shards(...)",
-            REJECTS, {"change": "drop model.layers.1.mlp.up_proj.weight", "match": "missing"}),
+            REJECTS, {"change": "drop model.layers.1.mlp.up_proj.weight", "match": "missing|gate_up_proj"}),
     Mistake("ch1_load_completeness_any_shard", "1.3", {"load_model": load_completeness_any_shard},
             "load_model counts a packed parameter as filled once ANY of its tensors arrived: gate_up_proj with "
             "gate_proj but no up_proj passes. Remember the shard ids each parameter received and require all of "
             "expected_shards(name, packed_modules_mapping) (or one whole tensor, shard None)",
-            REJECTS, {"change": "drop model.layers.1.mlp.up_proj.weight", "match": "missing"}),
+            REJECTS, {"change": "drop model.layers.1.mlp.up_proj.weight", "match": "missing|gate_up_proj"}),
     Mistake("ch1_load_keeps_rotary_inv_freq", "1.3", {"load_model": load_keeping_rotary_inv_freq},
             "load_model does not skip the 'rotary_emb.inv_freq' tensors that older checkpoints (Llama's) store for "
             "each layer: RoPE's inverse frequencies are computed from config.json, the model has no parameter for "
@@ -504,6 +567,16 @@ MISTAKES: list[Mistake] = [
             "the LM head gets the residual stream, not the normalized hidden states: the final norm returns "
             "(normed, residual), so hidden, _ = model.model.norm(hidden, residual), then model.lm_head(hidden)",
             FORWARD, FAST_MODEL),
+    Mistake("ch1_forward_positions_from_arange", "1.4", {"forward_pipeline": forward_positions_from_arange},
+            "the layers get torch.arange(N), not `positions`: in one prefill from position 0 the two agree, but a "
+            "decode step's one token sits at position L (a later chunk of a prompt at its offset), and RoPE then "
+            "rotates its query as if it were the first token while the cached keys sit at 0..L-1. Pass the "
+            "`positions` you are given to every layer",
+            FORWARD, FAST_MODEL),
+    Mistake("ch1_naive_stops_at_eos", "1.5", {"greedy_generate_naive": naive_stops_at_eos},
+            "the loop stops at EOS: here EOS is not special (the docstring: 'EOS is not special here'), and "
+            "transformers' reference generated exactly max_new_tokens tokens past it. Leave stopping at EOS to the "
+            "engine's scheduler; run all max_new_tokens steps", NAIVE, FAST_MODEL),
     Mistake("ch1_naive_never_appends", "1.5", {"greedy_generate_naive": naive_never_appends},
             "the sequence never grows: append each new token to the ids you feed the model, so the next step "
             "sees it", NAIVE, FAST_MODEL),
@@ -548,4 +621,8 @@ MISTAKES: list[Mistake] = [
     Mistake("ch1_cached_ids_as_tensors", "1.6", {"greedy_generate_cached": cached_ids_as_tensors},
             "the generated ids are 0-d tensors (logits.argmax()), not Python ints: append int(logits.argmax()), "
             "so the caller gets token ids it can decode, compare and serialize", CACHED, FAST_MODEL),
+    Mistake("ch1_cached_stops_at_eos", "1.6", {"greedy_generate_cached": cached_stops_at_eos},
+            "the loop stops at EOS: here EOS is not special (as in greedy_generate_naive), and transformers' "
+            "reference generated exactly max_new_tokens tokens past it. Leave stopping at EOS to the engine's "
+            "scheduler; run all max_new_tokens steps", CACHED, FAST_MODEL),
 ]

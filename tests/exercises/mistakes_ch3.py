@@ -58,13 +58,15 @@ def block_hash_unsigned(token_ids, prefix_hash):
 
 
 def _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, *, last_block_counts=False,
-                  check_tokens=True, stop_at_miss=False):
+                  check_tokens=True, stop_at_miss=False, last_block_unhashed=False):
     """match_prefix with one rule switched off."""
     hashes, num_hits, h = [], 0, -1
     last = len(token_ids) // block_size if last_block_counts else (len(token_ids) - 1) // block_size
     for i in range(-(-len(token_ids) // block_size)):
         block = token_ids[i * block_size:(i + 1) * block_size]
-        h = right_block_hash(block, h) if len(block) == block_size else -1
+        # the bug (last_block_unhashed): the last token's block gets no hash even when it is full
+        hashable = len(block) == block_size and not (last_block_unhashed and i >= (len(token_ids) - 1) // block_size)
+        h = right_block_hash(block, h) if hashable else -1
         hashes.append(h)
         block_id = hash_to_block_id.get(h, -1) if h != -1 else -1
         same = not check_tokens or (block_id != -1 and block_tokens(block_id) == block)
@@ -77,6 +79,10 @@ def _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, *, last
 
 def match_prefix_last_block_hits(token_ids, block_size, hash_to_block_id, block_tokens):
     return _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, last_block_counts=True)
+
+
+def match_prefix_last_block_unhashed(token_ids, block_size, hash_to_block_id, block_tokens):
+    return _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, last_block_unhashed=True)
 
 
 def match_prefix_trusts_the_hash(token_ids, block_size, hash_to_block_id, block_tokens):
@@ -219,7 +225,7 @@ store_kvcache_value_from_key = _store_with(STORE_VALUE_FROM_KEY)
 # ---- 3.5 the paged decode kernel -----------------------------------------------------------------------
 DECODE_HEADS_MODULO, DECODE_NO_RESCALE, DECODE_LSE_NATURAL_LOG = 1, 2, 3
 DECODE_MAX_FROM_ZERO, DECODE_EXP_NOT_EXP2, DECODE_UNMASKED_SCORES, DECODE_DIVIDES_BY_ZERO = 4, 5, 6, 7
-DECODE_OUT_AT_Q_STRIDES, DECODE_CHUNK_UNROUNDED = 8, 9
+DECODE_OUT_AT_Q_STRIDES, DECODE_CHUNK_UNROUNDED, DECODE_Q_PAST_HEAD_DIM = 8, 9, 10
 
 
 @triton.jit
@@ -249,8 +255,12 @@ def buggy_paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
         heads = g * GROUP + offs_h
     mask_h = offs_h < GROUP
     mask_d = offs_d < HEAD_DIM
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    if BUG == DECODE_Q_PAST_HEAD_DIM:  # q's columns HEAD_DIM..BLOCK_D-1 (the next head's) are loaded too
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=mask_h[:, None],
+                    other=0.0)
+    else:
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=mask_h[:, None] & mask_d[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
 
@@ -328,6 +338,7 @@ paged_decode_attention_max_from_zero = _decode_with(DECODE_MAX_FROM_ZERO)
 paged_decode_attention_exp_not_exp2 = _decode_with(DECODE_EXP_NOT_EXP2)
 paged_decode_attention_unmasked_scores = _decode_with(DECODE_UNMASKED_SCORES)
 paged_decode_attention_divides_by_zero = _decode_with(DECODE_DIVIDES_BY_ZERO)
+paged_decode_attention_q_past_head_dim = _decode_with(DECODE_Q_PAST_HEAD_DIM)
 paged_decode_attention_out_at_q_strides = _decode_with(DECODE_OUT_AT_Q_STRIDES)
 paged_decode_attention_chunk_unrounded = _decode_with(DECODE_CHUNK_UNROUNDED)
 
@@ -337,7 +348,8 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
                    skip_ahead=False, preempt_oldest=False, may_append=True, forget_computed=False,
                    no_decode_first=False, spare_half_prefilled=False, victim_at_the_back=False,
                    budget_for_the_first=False, one_seq_too_many=False, chunk_runs_at_once=False, chunk_in_both=False,
-                   decode_first_every_step=False, victim_stays_running=False, preempts_itself=False):
+                   decode_first_every_step=False, victim_stays_running=False, preempts_itself=False,
+                   budget_strict=False, never_chunks=False):
     """schedule_step with one bug switched on."""
     scheduled, preempted, num_tokens = [], [], 0
     head = waiting[0] if waiting else None
@@ -352,15 +364,17 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
             break
         if not seq.block_table:
             # the bug (budget_for_the_first): the first of the step must fit the token budget too
+            # the bug (budget_strict): >= refuses a sequence that fills the budget exactly
             if not block_manager.can_allocate(seq) or ((scheduled or budget_for_the_first)
-                                                       and num_tokens + len(seq) > max_num_batched_tokens):
+                                                       and num_tokens + len(seq) + budget_strict
+                                                       > max_num_batched_tokens):
                 if skip_ahead:  # the bug: try the next one instead of stopping
                     continue
                 break
             block_manager.allocate(seq)
         # the bug (forget_computed): the chunk counts from the prompt's start, not from what is computed
         left = len(seq) if forget_computed else len(seq) - seq.num_computed_tokens
-        n = min(left, max_num_batched_tokens - num_tokens)
+        n = left if never_chunks else min(left, max_num_batched_tokens - num_tokens)  # the bug: no cap
         seq.num_new_tokens = n
         seq.num_computed_tokens += n
         num_tokens += n
@@ -477,6 +491,11 @@ MISTAKES: list[Mistake] = [
             "k full cached blocks gets k hits): that token's K/V must be computed now to get the next "
             "token's logits. Only blocks before block (len(token_ids) - 1) // block_size can be hits",
             "test_ch3.py::test_match_prefix_rules"),
+    Mistake("ch3_match_prefix_last_block_unhashed", "3.2", {"match_prefix": match_prefix_last_block_unhashed},
+            "the block of the last token gets NO_HASH even when it is full: it can never be a HIT for this "
+            "sequence, but it still needs its hash, which the block manager registers so the next request with "
+            "this prefix reuses it. NO_HASH only for a last block that is not full",
+            "test_ch3.py::test_match_prefix_rules"),
     Mistake("ch3_match_prefix_trusts_the_hash", "3.2", {"match_prefix": match_prefix_trusts_the_hash},
             "match_prefix trusts an equal hash without comparing tokens: after a hash collision a sequence would "
             "read another prompt's K/V. A block is a hit only if block_tokens(block_id) == the block's tokens",
@@ -555,6 +574,11 @@ MISTAKES: list[Mistake] = [
             "log2 units (the scores were scaled by log2(e) for exp2). Store m + log2(l) (tl.log2): the "
             "combine kernel weights split s by 2^(lse_s - max lse)",
             "test_ch3.py::test_paged_decode_kernel_matches_sdpa", {"dtype": torch.float32, "case": 0, "num_splits": 3}),
+    Mistake("ch3_decode_q_past_head_dim", "3.5", {"paged_decode_attention": paged_decode_attention_q_past_head_dim},
+            "q is loaded without the head-dim mask: with HEAD_DIM < BLOCK_D (40 < 64 here) each query row also reads "
+            "the first BLOCK_D - HEAD_DIM elements of the head after it (for the last head, whatever follows q: "
+            "here NaN). k's masked columns are 0, but 0 * NaN is NaN. Load q with mask_h[:, None] & mask_d[None, :]",
+            "test_ch3.py::test_paged_decode_kernel_matches_sdpa", {"dtype": torch.float32, "case": 0, "num_splits": 1}),
     # 3.6
     Mistake("ch3_schedule_skips_ahead", "3.6", {"schedule_step": schedule_step_skips_ahead},
             "admission skips a waiting sequence that does not fit and admits later ones: stop at the first "
@@ -640,6 +664,22 @@ def append_slot_new_block_one_late(block_table, num_tokens, block_size, blocks, 
                         new_block_test=lambda n, bs: n % bs == 1)
 
 
+def append_slot_last_block_of_num_tokens(block_table, num_tokens, block_size, blocks, take_block):
+    """Finds the newest token's block as block_table[num_tokens // block_size]: one past the last block when
+    the token fills that block's last row."""
+    if (num_tokens - 1) % block_size == 0:
+        block_table.append(take_block().block_id)
+        return None
+    i = num_tokens // block_size  # the bug: the newest token, position num_tokens - 1, is in block (n - 1) // bs
+    old = blocks[block_table[i]]
+    if old.ref_count == 1:
+        return None
+    new = take_block()
+    old.ref_count -= 1
+    block_table[i] = new.block_id
+    return old.block_id, new.block_id
+
+
 MISTAKES += [
     Mistake("ch3_fork_without_ref_counts", "3.7", {"fork_block_table": fork_without_ref_counts},
             "the forked table shares the blocks without raising their ref_count: when the first sample finishes "
@@ -655,6 +695,12 @@ MISTAKES += [
             "at that row is overwritten. Copy on write: take a fresh block, put it in the table instead, give "
             "up one reference to the shared block, and return (old id, new id) so the device copies it first",
             "test_ch3.py::test_append_slot_copies_a_shared_block_before_writing", {"case": 2}),
+    Mistake("ch3_append_slot_last_block_of_num_tokens", "3.7",
+            {"append_slot": append_slot_last_block_of_num_tokens},
+            "the newest token's block is taken as block_table[num_tokens // block_size]: the token sits at "
+            "position num_tokens - 1, so when it fills its block's last row that index is one past the table "
+            "(IndexError). It is always the last block here: block_table[-1]",
+            "test_ch3.py::test_append_slot_copies_a_shared_block_before_writing", {"case": 6}),
     Mistake("ch3_append_slot_keeps_the_reference", "3.7", {"append_slot": append_slot_keeps_the_reference},
             "after the copy the shared block keeps this sequence's reference: its ref_count never reaches 0 "
             "and the block is never freed. Subtract 1 from the old block's ref_count when the table moves to "
@@ -773,6 +819,14 @@ def schedule_step_budget_for_the_first(waiting, running, block_manager, max_num_
 
 def schedule_step_one_seq_too_many(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
     return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, one_seq_too_many=True)
+
+
+def schedule_step_budget_strict(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, budget_strict=True)
+
+
+def schedule_step_never_chunks(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, never_chunks=True)
 
 
 def schedule_step_chunk_runs_at_once(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
@@ -966,6 +1020,16 @@ MISTAKES += [
             "admission takes more sequences than max_num_seqs allows: the running ones count too, and it stops "
             "when they reach it. Take another only while len(running) + taken < max_num_seqs (strictly less)",
             "test_ch3.py::test_schedule_step_admits_in_order_within_budgets"),
+    Mistake("ch3_schedule_budget_strict", "3.6", {"schedule_step": schedule_step_budget_strict},
+            "a sequence that fills the token budget exactly is refused (tokens + len(seq) >= "
+            "max_num_batched_tokens): the budget is the most a step may compute, so admit while tokens + len(seq) "
+            "<= max_num_batched_tokens and stop only when it would go past it",
+            "test_ch3.py::test_schedule_step_admits_in_order_within_budgets"),
+    Mistake("ch3_schedule_never_chunks", "3.6", {"schedule_step": schedule_step_never_chunks},
+            "the first prompt of a step is computed whole, past the token budget: its chunk is n = min(len(seq) - "
+            "seq.num_computed_tokens, max_num_batched_tokens - tokens so far); a prompt longer than the budget "
+            "stays at the front of `waiting` and gets its next chunk in a later step",
+            "test_ch3.py::test_schedule_step_chunks_a_long_prompt"),
     Mistake("ch3_schedule_chunk_runs_at_once", "3.6", {"schedule_step": schedule_step_chunk_runs_at_once},
             "a prompt that got only a chunk leaves `waiting` for `running`, as if prefilled: it stays at the "
             "FRONT of `waiting` with its blocks (status WAITING) until its last chunk; only then does it become "

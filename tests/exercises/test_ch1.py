@@ -11,23 +11,25 @@ import functools
 import json
 import numbers
 import random
-import re
 import struct
 import types
 
+import numpy as np
 import pytest
 import torch
 
 from helpers import TINY_MODELS, greedy_reference, ref_path
 from minillm.config import ModelConfig
 from minillm.context import reset_context
-from minillm.course.exercises import use_impl
-from minillm.course.grading import Raised, check_close, check_equal, require_written
-from minillm.course.runtime_v0 import one_sequence_runner, prefill_batch
+from minillm.course.exercises import load_impl, use_impl
+from minillm.course.grading import Raised, check_close, check_equal, check_that, require_written
+from minillm.course.runtime_v0 import last_logits, one_sequence_runner, prefill_batch
+from minillm.engine.model_runner import Batch
 from minillm.model_zoo import QWEN_PATTERN, QWEN_SPECIAL, qwen_tiktoken_file
 from minillm.models.qwen3 import Qwen3ForCausalLM
 
-from mistakes import call_pure, suspects, then, wrong_versions
+from mistakes import call_pure, suspects, suspects_of, then, wrong_versions
+from properties import outcome
 
 CH1 = ref_path("ch1")
 
@@ -106,7 +108,36 @@ def _written_by_safetensors(tmp_path) -> list[bytes]:
             "empty": torch.empty(4, 0, 2), "flags": torch.rand(3, generator=g) > 0.5,
             "ids": torch.randint(0, 1000, (2, 2, 2), generator=g)}
     save_file(live, tmp_path / "live.safetensors")
-    return [stored, (tmp_path / "live.safetensors").read_bytes()]
+    return [stored, (tmp_path / "live.safetensors").read_bytes(), *_all_header_files()]
+
+
+def _all_header_files() -> list[bytes]:
+    """Valid files with no tensor bytes: the header runs to the last byte (N = file size - 8)."""
+    from safetensors.torch import save
+    return [save({}), save({"empty": torch.empty(4, 0, dtype=torch.float16)})]
+
+
+def _header_outcome(parse, data: bytes):
+    """(tensor names, data_start) that parse gives for data, or 'ValueError' when it refuses the file."""
+    def run():
+        try:
+            header, start = parse(data)
+        except ValueError:
+            return "ValueError"
+        return sorted(header), start
+    return outcome(run)
+
+
+@pytest.mark.ex1_2
+def test_header_of_a_file_that_is_all_header(impl):
+    """safetensors writes a file whose tensors hold no bytes (or that holds none) as its header alone."""
+    from safetensors.torch import load
+    for data in _all_header_files():
+        (n,) = struct.unpack("<Q", data[:8])
+        check_equal(_header_outcome(impl.parse_safetensors_header, data), (sorted(load(data)), len(data)), "1.2",
+                    f"(tensor names, data_start) of a {len(data)}-byte file that is all header (N = {n} = its size - 8, "
+                    f"as safetensors writes {sorted(load(data)) or 'no tensor'})",
+                    suspects=suspects_of("parse_safetensors_header", lambda fn, data=data: _header_outcome(fn, data)))
 
 
 @pytest.mark.ex1_2
@@ -166,9 +197,13 @@ def test_read_tensor_is_a_view_not_a_copy(impl):
                 suspects=then(suspected, lambda out: float(out[0])))
 
 
-def _corrupt_cases() -> dict[str, bytes]:
+def _good_file() -> bytes:
     from safetensors.torch import save
-    good = save({"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4, dtype=torch.int16)})
+    return save({"alpha": torch.arange(6, dtype=torch.float32).reshape(2, 3), "beta": torch.ones(4, dtype=torch.int16)})
+
+
+def _corrupt_cases() -> dict[str, bytes]:
+    good = _good_file()
     (n,) = struct.unpack("<Q", good[:8])
     hdr, body = json.loads(good[8:8 + n]), good[8 + n:]
     meta = json.dumps({"__metadata__": {"format": "pt"}}).encode()
@@ -186,13 +221,13 @@ def _corrupt_cases() -> dict[str, bytes]:
         "header not JSON": struct.pack("<Q", 9) + b"{not json" + body,
         "header a JSON array": with_header(lambda h: h.clear()).replace(b"{}", b"[]"),
         "truncated data": good[:-3],
-        "offsets do not match the shape": with_header(lambda h: h["a"].update(data_offsets=[0, 20])),
-        "unknown dtype": with_header(lambda h: h["a"].update(dtype="F17")),
-        "begin after end": with_header(lambda h: h["a"].update(data_offsets=[24, 0])),
-        "shape not a list": with_header(lambda h: h["a"].update(shape="2x3")),
-        "negative dimension": with_header(lambda h: h["a"].update(shape=[2, -3])),
-        "tensor past the end": with_header(lambda h: h["b"].update(shape=[8], data_offsets=[24, 40])),
-        "missing data_offsets": with_header(lambda h: h["a"].pop("data_offsets")),
+        "offsets do not match the shape": with_header(lambda h: h["alpha"].update(data_offsets=[0, 20])),
+        "unknown dtype": with_header(lambda h: h["alpha"].update(dtype="F17")),
+        "begin after end": with_header(lambda h: h["alpha"].update(data_offsets=[24, 0])),
+        "shape not a list": with_header(lambda h: h["alpha"].update(shape="2x3")),
+        "negative dimension": with_header(lambda h: h["alpha"].update(shape=[2, -3])),
+        "tensor past the end": with_header(lambda h: h["beta"].update(shape=[8], data_offsets=[24, 40])),
+        "missing data_offsets": with_header(lambda h: h["alpha"].pop("data_offsets")),
         "entry not an object": with_header(lambda h: h.update(c=5)),
         # the whole header is valid JSON and names no tensor, but N claims 8 bytes more than the file holds:
         # only the length check can tell
@@ -200,13 +235,28 @@ def _corrupt_cases() -> dict[str, bytes]:
     }
 
 
-def _corrupt_outcome(impl, data: bytes) -> str:
-    """What reading a corrupt file does, in words: a ValueError, another exception, or no error."""
+def _named_by_read_tensor() -> dict[str, str]:
+    """The corrupt cases read_tensor must refuse (the header is well formed), and the tensor its ValueError
+    must name: the one whose bytes the file lacks, or whose dtype or offsets are wrong."""
+    good = _good_file()
+    (n,) = struct.unpack("<Q", good[:8])
+    last = max(json.loads(good[8:8 + n]).items(), key=lambda kv: kv[1]["data_offsets"][1] if kv[0] != "__metadata__"
+               else -1)[0]
+    return {"truncated data": last, "offsets do not match the shape": "alpha", "unknown dtype": "alpha",
+            "tensor past the end": "beta"}
+
+
+def _corrupt_outcome(impl, data: bytes, case: str | None = None) -> str:
+    """What reading a corrupt file does, in words: a ValueError (one that names the tensor, for the cases
+    read_tensor must catch), another exception, or no error."""
     try:
         _read_all(impl, data)
     except NotImplementedError:
         raise
-    except ValueError:
+    except ValueError as e:
+        name = _named_by_read_tensor().get(case)
+        if name is not None and repr(name) not in str(e) and name not in str(e).split():
+            return f"a ValueError that does not name the tensor {name!r} ({e})"
         return "ValueError"
     except Exception as e:  # noqa: BLE001 -- the wrong error is the outcome to grade (and its line to show)
         return Raised(e)
@@ -222,21 +272,26 @@ def test_corrupt_file_raises_value_error(impl, case):
     cases = _corrupt_cases()
     with pytest.raises(Exception):  # the reference agrees the file is corrupt
         load(cases[case])
-    got = _corrupt_outcome(impl, cases[case])
+    got = _corrupt_outcome(impl, cases[case], case)
     if got == "ValueError":
         return
-    yours = functools.cache(lambda: {c: _corrupt_outcome(impl, d) for c, d in cases.items()})
+    yours = functools.cache(lambda: {c: _corrupt_outcome(impl, d, c) for c, d in cases.items()})
 
     def everywhere_like_yours(function, wrong):
-        """The wrong version's outcome on this file, if it has yours on every corrupt file."""
+        """The wrong version's outcome on this file, if it has yours on every corrupt file, and has it on this
+        one beside minillm's own other function too (a bug these files cannot show is not the one here)."""
+        alone = types.SimpleNamespace(**{**vars(load_impl("ref")), function: wrong})
+        if _corrupt_outcome(alone, cases[case], case) != got:
+            raise LookupError("this wrong version does not do this with this file")
         swapped = types.SimpleNamespace(**{**vars(impl), function: wrong})
-        outcomes = {c: _corrupt_outcome(swapped, d) for c, d in cases.items()}
+        outcomes = {c: _corrupt_outcome(swapped, d, c) for c, d in cases.items()}
         if outcomes != yours():
             raise LookupError("this wrong version differs from yours on another corrupt file")
         return outcomes[case]
 
+    named = _named_by_read_tensor().get(case)
     check_equal(got, "ValueError", "1.2", f"what reading a corrupt file ({case}) does (it should raise ValueError "
-                                          f"saying what is wrong)",
+                                          f"saying what is wrong{f', naming the tensor {named!r}' if named else ''})",
                 suspects={hint: (lambda f=f, w=w: everywhere_like_yours(f, w))
                           for f in ("parse_safetensors_header", "read_tensor")
                           for hint, w in wrong_versions(f).items()})
@@ -300,9 +355,11 @@ def check_packed_as_transformers_loads(model: Qwen3ForCausalLM, name: str) -> No
                     "lm_head shares the embedding when tied (do not load lm_head.weight)")
 
 
+# (change, what the ValueError must mention: words separated by |, any one of them; a missing parameter is
+# told by the word or by its name)
 BAD_CHECKPOINTS = [
-    ("drop model.layers.1.mlp.up_proj.weight", "missing"),
-    ("drop model.norm.weight", "missing"),
+    ("drop model.layers.1.mlp.up_proj.weight", "missing|gate_up_proj"),
+    ("drop model.norm.weight", "missing|model.norm.weight"),
     ("add model.layers.0.surprise.weight", "surprise"),
     ("reshape model.norm.weight", "model.norm.weight"),
     ("reshape model.layers.0.self_attn.k_proj.weight", "k_proj"),
@@ -335,7 +392,7 @@ def test_load_model_rejects_bad_checkpoints(impl, tmp_path, change, match):
     """A known wrong version is named only when it does what yours does with EVERY bad checkpoint here: a
     loader that never checks completeness and one that checks it only per parameter both load the checkpoint
     without up_proj, but only one of them loads the one without model.norm.weight."""
-    want = f"ValueError mentioning {match!r}"
+    want = _mentioning(match)
     got = _outcome(lambda: impl.load_model(_engine_model("tiny-qwen3"), _bad_checkpoint(tmp_path, change)), match)
     if got != want:  # the wrong versions run only on failure: each loads every bad checkpoint once more
         def outcomes(load_model) -> dict[str, str]:  # compared by kind ("ValueError: <any text>" alike)
@@ -398,14 +455,19 @@ def _load_outcome(load, extra: str) -> str:
     return "loaded without an error"
 
 
+def _mentioning(match: str) -> str:
+    return "ValueError mentioning " + " or ".join(repr(word) for word in match.split("|"))
+
+
 def _outcome(load, match: str) -> str:
-    """What a load did, in words: loaded, a ValueError mentioning `match`, or another error."""
+    """What a load did, in words: loaded, a ValueError mentioning one of the |-separated words of `match`,
+    or another error."""
     try:
         load()
     except NotImplementedError:
         raise
     except ValueError as e:
-        return f"ValueError mentioning {match!r}" if re.search(match, str(e)) else f"ValueError: {e}"
+        return _mentioning(match) if any(word in str(e) for word in match.split("|")) else f"ValueError: {e}"
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return "loaded without an error"
@@ -452,6 +514,24 @@ def test_forward_pipeline_matches_transformers_logits(impl, name):
             finally:
                 reset_context()
         check_equal(int(got[-1].argmax()), tokens[0], "1.4", "greedy next token (transformers' generate)")
+    # a decode step after the prompt's prefill (by minillm) into the cache: its query sits at position L, and
+    # RoPE rotates it against keys cached at 0..L-1 (in one prefill from 0, positions and arange agree)
+    prompt, tokens = greedy["prompts"][1], greedy["tokens"][name][1]
+    with torch.inference_mode():
+        want = hf(torch.tensor([[*prompt, tokens[0]]])).logits[0, -1:]
+        last_logits(runner, prefill_batch(prompt, slot_mapping=np.arange(len(prompt), dtype=np.int64)))
+        pos = np.array([len(prompt)], dtype=np.int64)
+        step = Batch(is_prefill=False, input_ids=np.array(tokens[:1], dtype=np.int64), positions=pos, slot_mapping=pos,
+                     context_lens=np.array([len(prompt) + 1], dtype=np.int32),
+                     block_tables=np.arange(runner.num_kvcache_blocks, dtype=np.int32)[None, :])
+        input_ids, positions = runner.load_batch(step)
+        try:
+            got = call_pure(impl.forward_pipeline, "forward_pipeline", "1.4", runner.model, input_ids, positions)
+            check_close(got, want, "1.4", f"logits of {name} for a decode step at position {len(prompt)}, after the "
+                        f"prompt's {len(prompt)} keys were cached", atol=1e-4, rtol=1e-4,
+                        suspects=suspects("forward_pipeline", runner.model, input_ids, positions))
+        finally:
+            reset_context()
 
 
 class _TokensPerCall:
@@ -480,22 +560,24 @@ def _on_a_clean_cache(runner, generate):
 
 
 def _check_generate(impl, function: str, name, exercise_id, per_call):
-    """Transformers' greedy tokens after prompts of 1, 17 and 64 tokens (within and across blocks of 16), then
-    max_new_tokens 1 and 0 after the first prompt (plain Python: no tokens at all), each as a list of ints. A
-    known wrong version is named only when it gives your tokens on every one of these runs: two bugs can agree
-    on one (stopping at len(ids) == max_new_tokens and running one step too few both give 23 tokens after a
-    1-token prompt; skipping the max_new_tokens=0 check and one decode step too many both give one token for 0)."""
+    """Transformers' greedy tokens after prompts of 1, 5, 17 and 64 tokens (within and across blocks of 16; after
+    the 5-token one tiny-qwen3-tied's continuation holds its EOS, which is not special here), then
+    max_new_tokens 1 and 0 after the first prompt (plain Python: no tokens at all), each as a list of ints. Each
+    call gets a copy of the prompt list, which must come back unchanged. A known wrong version is named only
+    when it gives your tokens on every one of these runs: two bugs can agree on one (stopping at len(ids) ==
+    max_new_tokens and running one step too few both give 23 tokens after a 1-token prompt; skipping the
+    max_new_tokens=0 check and one decode step too many both give one token for 0)."""
     runner, greedy = _runner(name), greedy_reference()
     n = greedy["max_new_tokens"]
     cases = list(zip(greedy["prompts"], greedy["tokens"][name]))
-    runs = [(cases[i][0], n, cases[i][1]) for i in (0, 2, 4)]
+    runs = [(cases[i][0], n, cases[i][1]) for i in (0, 1, 2, 4)]
     runs += [(cases[0][0], 1, cases[0][1][:1]), (cases[0][0], 0, [])]
-    yours = functools.cache(lambda: [list(_on_a_clean_cache(runner, getattr(impl, function))(runner, p, k))
+    yours = functools.cache(lambda: [list(_on_a_clean_cache(runner, getattr(impl, function))(runner, list(p), k))
                                      for p, k, _ in runs])
 
     def everywhere_like_yours(fn, i: int, part=lambda ids: ids):
         """part(fn's ids on run i), if fn gives your ids on every run (else it is not your bug)."""
-        theirs = [list(_on_a_clean_cache(runner, fn)(runner, p, k)) for p, k, _ in runs]
+        theirs = [list(_on_a_clean_cache(runner, fn)(runner, list(p), k)) for p, k, _ in runs]
         if any(len(a) != len(b) or a != b for a, b in zip(theirs, yours())):
             raise LookupError("this wrong version differs from yours on another prompt")
         return part(theirs[i])
@@ -504,8 +586,13 @@ def _check_generate(impl, function: str, name, exercise_id, per_call):
         return sorted({type(t).__name__ for t in ids if not isinstance(t, numbers.Integral)})
 
     for i, (prompt, k, want) in enumerate(runs):
+        given = list(prompt)
         with _TokensPerCall(runner.model) as sizes:
-            got = list(_on_a_clean_cache(runner, getattr(impl, function))(runner, prompt, k))
+            got = list(_on_a_clean_cache(runner, getattr(impl, function))(runner, given, k))
+        check_that(None if given == prompt else f"(it was {_short_ids(prompt)}, it is now {_short_ids(given)})",
+                   exercise_id, f"{function} changed the prompt_ids list it was given (a {len(prompt)}-token prompt, "
+                   f"max_new_tokens={k}): it is the caller's list; build your own, ids = list(prompt_ids), and "
+                   f"append to that")
         check_equal(got, want, exercise_id, f"greedy tokens of {name} after a {len(prompt)}-token prompt, "
                                             f"max_new_tokens={k} (transformers' generate)",
                     suspects={hint: (lambda fn=fn, i=i: everywhere_like_yours(fn, i))
@@ -515,6 +602,11 @@ def _check_generate(impl, function: str, name, exercise_id, per_call):
                               for hint, fn in wrong_versions(function).items()})
         check_equal(sizes, per_call(len(prompt), k) if k else [], exercise_id,
                     f"tokens fed to the model at each step (max_new_tokens={k})")
+
+
+def _short_ids(ids: list[int]) -> str:
+    count = f"{len(ids)} id{'' if len(ids) == 1 else 's'}"
+    return f"{count} {ids}" if len(ids) <= 8 else f"{count} {ids[:4]} ... {ids[-2:]}"
 
 
 @pytest.mark.ex1_5
