@@ -95,6 +95,13 @@ def add_rms_norm_sum_in_fp32(x, residual, weight, eps):
     return rms_norm(new_residual, weight, eps), new_residual
 
 
+def add_rms_norm_normalizes_the_fp32_sum(x, residual, weight, eps):
+    """Adds in fp32 and normalizes that unrounded sum, rounding to x.dtype only at the end (and the returned
+    residual once): the norm reads another tensor than the residual it returns."""
+    total = x.float() + residual.float()
+    return rms_norm(total, weight, eps).to(x.dtype), total.to(x.dtype)
+
+
 def add_rms_norm_outputs_swapped(x, residual, weight, eps):
     """Returns (new_residual, normed) instead of (normed, new_residual)."""
     new_residual = x + residual
@@ -153,13 +160,17 @@ def apply_rotary_ignoring_positions(x, positions, cos_sin):
 
 # ---- 2.4 causal attention ------------------------------------------------------------------------
 def _attention(q, k, v, scale, diagonal_shift=0, align_to_end=True, tile_kv_heads=False, mask_after_softmax=False,
-               softmax_dim=-1, negate_diagonal=False, invert_mask=False, in_fp32=True, fill=float("-inf")):
+               softmax_dim=-1, negate_diagonal=False, invert_mask=False, in_fp32=True, fill=float("-inf"),
+               kv_head_by_count=False, reshaped_not_permuted=False):
     """The right causal_attention, with one of its details changed."""
     Lq, H, _ = q.shape
     Lk, Hkv, _ = k.shape
     upcast = (lambda t: t.float()) if in_fp32 else (lambda t: t)
     if tile_kv_heads:  # query head h reads KV head h % Hkv
         k, v = upcast(k).repeat(1, H // Hkv, 1), upcast(v).repeat(1, H // Hkv, 1)
+    elif kv_head_by_count:  # query head h reads KV head h // Hkv: the count of KV heads taken for the group size
+        kv_head = torch.arange(H) // Hkv
+        k, v = upcast(k)[:, kv_head], upcast(v)[:, kv_head]
     else:
         k, v = upcast(k).repeat_interleave(H // Hkv, dim=1), upcast(v).repeat_interleave(H // Hkv, dim=1)
     scores = torch.einsum("qhd,khd->hqk", upcast(q), k) * scale
@@ -173,6 +184,8 @@ def _attention(q, k, v, scale, diagonal_shift=0, align_to_end=True, tile_kv_head
     if mask_after_softmax:  # the future keys' weights zeroed after the softmax: the rows no longer sum to 1
         return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1).masked_fill(~visible, 0.0), v).to(q.dtype)
     scores = scores.masked_fill(~visible, fill)
+    if reshaped_not_permuted:  # [H, Lq, D] reshaped to [Lq, H, D]: the rows come out in the wrong order
+        return torch.einsum("hqk,khd->hqd", scores.softmax(dim=-1), v).reshape(Lq, H, -1).to(q.dtype)
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).to(q.dtype)
 
 
@@ -189,6 +202,16 @@ def attention_mask_not_aligned_to_end(q, k, v, scale):
 def attention_kv_heads_tiled(q, k, v, scale):
     """k.repeat(...) instead of repeat_interleave: query head h reads KV head h % Hkv."""
     return _attention(q, k, v, scale, tile_kv_heads=True)
+
+
+def attention_kv_head_by_count(q, k, v, scale):
+    """Query head h reads KV head h // Hkv (the number of KV heads taken for the group size H // Hkv)."""
+    return _attention(q, k, v, scale, kv_head_by_count=True)
+
+
+def attention_reshaped_not_permuted(q, k, v, scale):
+    """Computes the output as [H, Lq, D] and reshapes it to [Lq, H, D] instead of permuting it."""
+    return _attention(q, k, v, scale, reshaped_not_permuted=True)
 
 
 def attention_without_scale(q, k, v, scale):
@@ -284,6 +307,12 @@ def silu_on_both_halves(x):
     return F.silu(gate) * F.silu(up)
 
 
+def silu_and_mul_in_fp32(x):
+    """Computes in fp32 for accuracy and returns that fp32 result, not x.dtype."""
+    gate, up = x.float().chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def gelu_instead_of_silu(x):
     """gelu(gate) * up (GPT-2's activation): Qwen's MLP uses SiLU."""
     gate, up = x.chunk(2, dim=-1)
@@ -294,8 +323,12 @@ def gelu_instead_of_silu(x):
 def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, restart_residual=False,
            post_norm_without_residual=False, skip_qk_norm=False, first_residual_normed=False,
            qk_norms_swapped=False, rope_on_v=False, post_residual_discarded=False, return_sum=False,
-           kv_swapped=False):
+           kv_swapped=False, fixed_eps=False, first_residual_doubled=False):
     """The right decoder_layer, with one of its steps changed."""
+    if fixed_eps:  # the bug: Qwen3's rms_norm_eps written in, not the model's p.eps
+        p = p._replace(eps=1e-6)
+    if first_residual_doubled and residual is None:  # the bug: residual = hidden_states, then added again
+        residual = hidden_states
     if residual is None or restart_residual:
         h = apply_rms_norm(hidden_states, p.input_norm, p.eps)
         residual = h if first_residual_normed else hidden_states
@@ -328,6 +361,16 @@ def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, rest
 def layer_k_v_swapped(positions, hidden_states, residual, p):
     """Takes k and v out of qkv_proj's output in the wrong order."""
     return _layer(positions, hidden_states, residual, p, kv_swapped=True)
+
+
+def layer_fixed_eps(positions, hidden_states, residual, p):
+    """Normalizes with eps = 1e-6 (Qwen3's value) written in, not p.eps."""
+    return _layer(positions, hidden_states, residual, p, fixed_eps=True)
+
+
+def layer_first_residual_doubled(positions, hidden_states, residual, p):
+    """First layer: sets residual = hidden_states, then lets the fused add+norm add hidden_states to it again."""
+    return _layer(positions, hidden_states, residual, p, first_residual_doubled=True)
 
 
 def layer_qk_norm_after_rope(positions, hidden_states, residual, p):
@@ -998,6 +1041,11 @@ MISTAKES: list[Mistake] = [
             "in x.dtype, as the unfused `residual + hidden` keeps it, so add x + residual in their own dtype; only "
             "rms_norm's statistics run in fp32",
             "test_ch2.py::test_add_rms_norm_bf16_keeps_the_stream_in_bf16"),
+    Mistake("ch2_add_rms_norm_normalizes_the_fp32_sum", "2.2", {"add_rms_norm": add_rms_norm_normalizes_the_fp32_sum},
+            "the norm reads the unrounded fp32 sum (x.float() + residual.float()), not the new residual it returns: "
+            "in bf16 the two differ, and so does the rounding after. Compute residual = x + residual in x.dtype "
+            "first, then normed = rms_norm(residual, ...): the norm of exactly the stream you return",
+            "test_ch2.py::test_add_rms_norm_bf16_keeps_the_stream_in_bf16"),
     Mistake("ch2_add_rms_norm_outputs_swapped", "2.2", {"add_rms_norm": add_rms_norm_outputs_swapped},
             "add_rms_norm returns (new_residual, normed): the order is (normed, new_residual), as "
             "apply_rms_norm and the decoder layer unpack it", ADD_NORM),
@@ -1038,6 +1086,16 @@ MISTAKES: list[Mistake] = [
             "GQA maps query heads to the wrong KV heads (k.repeat tiles them: head h reads KV head h % Hkv): "
             "consecutive query heads share a KV head, h reads KV head h // (H // Hkv), which is what "
             "repeat_interleave(H // Hkv, dim=1) gives", PREFILL_ATTN, {"heads": (4, 2)}),
+    Mistake("ch2_attention_kv_head_by_count", "2.4", {"causal_attention": attention_kv_head_by_count},
+            "query head h reads KV head h // Hkv: that divides by the number of KV heads, not by the group size. "
+            "A group of H // Hkv consecutive query heads shares a KV head, so h reads KV head h // (H // Hkv) "
+            "(repeat_interleave(H // Hkv, dim=1) gives it); with H = 4, Hkv = 2 the two agree, which hides it",
+            PREFILL_ATTN, {"heads": (4, 4)}),
+    Mistake("ch2_attention_reshaped_not_permuted", "2.4", {"causal_attention": attention_reshaped_not_permuted},
+            "the output is computed as [H, Lq, D] and reshaped to [Lq, H, D]: reshape keeps the memory order, so "
+            "row i then holds pieces of other heads and queries. Permute the axes (.transpose(0, 1), or write the "
+            "einsum's output as 'qhd'); reshape only merges or splits neighbouring axes",
+            PREFILL_ATTN, {"heads": (4, 4)}),
     Mistake("ch2_attention_without_scale", "2.4", {"causal_attention": attention_without_scale},
             "the scores are never multiplied by scale: softmax(q . k * scale)", PREFILL_ATTN, {"heads": (4, 4)}),
     Mistake("ch2_attention_scale_from_head_dim", "2.4", {"causal_attention": attention_scale_from_head_dim},
@@ -1097,12 +1155,25 @@ MISTAKES: list[Mistake] = [
             "x.chunk(2, dim=-1)", MLP, {"shape": (2, 9, 64)}),
     Mistake("ch2_silu_on_both_halves", "2.5", {"silu_and_mul": silu_on_both_halves},
             "SiLU is applied to both halves: only the gate goes through it, silu(gate) * up", MLP, {"shape": (18, 64)}),
+    Mistake("ch2_silu_and_mul_in_fp32", "2.5", {"silu_and_mul": silu_and_mul_in_fp32},
+            "silu_and_mul returns fp32 for a bf16 input (it computes in x.float() and never casts back): the result "
+            "is in x.dtype, as down_proj's weight is, so end with .to(x.dtype) (or compute in x.dtype, as F.silu "
+            "does)", "test_ch2.py::test_silu_and_mul_keeps_a_bf16_models_dtype"),
     Mistake("ch2_gelu_instead_of_silu", "2.5", {"silu_and_mul": gelu_instead_of_silu},
             "the gate goes through GELU: Qwen's (and Llama's) hidden_act is silu, silu(g) = g * sigmoid(g) "
             "(F.silu)", MLP, {"shape": (18, 64)}),
     Mistake("ch2_layer_k_v_swapped", "2.6", {"decoder_layer": layer_k_v_swapped},
             "k and v are swapped in the split: qkv_proj's output is [q | k | v], H * D columns of q, then Hkv * D of "
             "k, then Hkv * D of v, so q, k, v = p.qkv_proj(h).split([H * D, Hkv * D, Hkv * D], dim=-1)", LAYER,
+            {"first": True}),
+    Mistake("ch2_layer_fixed_eps", "2.6", {"decoder_layer": layer_fixed_eps},
+            "the norms use eps = 1e-6 written in, Qwen3's value: each model brings its own (Llama 3 and SmolLM2 "
+            "1e-5); pass p.eps to every apply_rms_norm",
+            "test_ch2.py::test_decoder_layer_without_qk_norm"),
+    Mistake("ch2_layer_first_residual_doubled", "2.6", {"decoder_layer": layer_first_residual_doubled},
+            "the first layer sets residual = hidden_states and then passes it to apply_rms_norm(hidden_states, ..., "
+            "residual), which adds hidden_states again: the stream starts doubled. With residual None, normalize "
+            "hidden_states alone (apply_rms_norm without residual) and let residual = hidden_states", LAYER,
             {"first": True}),
     Mistake("ch2_layer_qk_norm_after_rope", "2.6", {"decoder_layer": layer_qk_norm_after_rope},
             "q and k are normalized after RoPE: apply QK-norm per head (q_norm, k_norm) BEFORE rotating them", LAYER,
