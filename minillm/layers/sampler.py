@@ -21,7 +21,8 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
 
     logits: [B, V] fp32 (already divided by the temperature); top_k: [B] int (V for off) or None;
     top_p: [B] float in (0, 1] (1.0 for off) or None.
-    -> [B, V]: logits with every token outside the row's kept set at -inf, the rest unchanged.
+    -> [B, V]: logits with every token outside the row's kept set at -inf, the rest unchanged (a new
+    tensor: the caller's logits stay as they were).
     Top-k keeps the k largest logits of the row. Top-p is applied after top-k, to the softmax of the
     logits top-k kept: rank those tokens by probability, and keep each token whose strictly
     better-ranked tokens hold less than top_p of the mass (the smallest prefix whose mass reaches

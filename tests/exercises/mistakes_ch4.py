@@ -453,6 +453,12 @@ def row_parallel_reduce(x, weight, bias, group):
     return y if bias is None else y + bias
 
 
+def row_parallel_bias_on_world_rank_0(x, weight, bias, group):
+    y = F.linear(x, weight, bias if dist.get_rank() == 0 else None)  # the bug: rank 0 of the WORLD, not of the group
+    dist.all_reduce(y, group=group)
+    return y
+
+
 def lm_head_logits_on_every_rank(hidden, weight_shard, group):
     logits = F.linear(hidden, weight_shard)
     rank, size = dist.get_rank(group), dist.get_world_size(group)
@@ -477,6 +483,11 @@ MISTAKES += [
             "only after handle.wait(). Without it the result is a race (between processes it is sometimes right, "
             "sometimes this rank's partial product). Call all_reduce without async_op, or call .wait() on what it "
             "returns before using y",
+            "test_ch4.py::test_row_parallel_linear_on_two_thread_ranks"),
+    Mistake("ch4_row_parallel_bias_on_world_rank_0", "4.2", {"row_parallel_linear": row_parallel_bias_on_world_rank_0},
+            "the bias is added before the sum on dist.get_rank() == 0, the rank in the WORLD: in a second tensor-"
+            "parallel group (global ranks 2 and 3) no rank is 0, and that group never adds its bias. Test the rank "
+            "in the group, dist.get_rank(group) == 0, or add the bias after the all-reduce on every rank",
             "test_ch4.py::test_row_parallel_linear_on_two_thread_ranks"),
     Mistake("ch4_row_parallel_reduce", "4.2", {"row_parallel_linear": row_parallel_reduce},
             "torch.distributed.reduce sums the partial products on one rank (the destination) alone; the other "

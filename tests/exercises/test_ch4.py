@@ -590,14 +590,16 @@ def test_row_parallel_linear_on_two_thread_ranks(impl):
         check_close(y, want, "4.2", f"a row-parallel layer with a bias in bfloat16, rank {r} of {TP} (vs F.linear in "
                     f"fp32 on the same bfloat16 values, rounded to bfloat16: the result in x's dtype)", *BF16_TOL,
                     suspects=rank_suspects("row_parallel_linear", calls, r, outs))
-    # two tensor-parallel groups at once (ranks 0-1 and 2-3 of 4), each on its own tokens: each sums its own
-    _, _, want_b, mlp_calls_b, _, _ = row_parallel_case(seed=5)
-    calls, wants = mlp_calls + mlp_calls_b, [want_mlp] * TP + [want_b] * TP
-    outs = graded_on_thread_ranks(impl, "row_parallel_linear", calls, "4.2", TP_GROUPS)
-    for r, (y, want) in enumerate(zip(outs, wants)):
-        check_close(y, want, "4.2", f"the MLP's output on rank {r} of 4{groups_named(TP_GROUPS)}, each group on "
-                    f"its own tokens", ATOL, RTOL,
-                    suspects=rank_suspects("row_parallel_linear", calls, r, outs, TP_GROUPS))
+    # two tensor-parallel groups at once (ranks 0-1 and 2-3 of 4), each on its own tokens: each sums its own, and
+    # each adds its bias once (a rank chosen by its place in the group, not in the world)
+    _, _, want_b, mlp_calls_b, biased_calls_b, want_biased_b = row_parallel_case(seed=5)
+    for calls, wants, what in ((mlp_calls + mlp_calls_b, [want_mlp] * TP + [want_b] * TP, "the MLP's output"),
+                               (biased_calls + biased_calls_b, [want_biased] * TP + [want_biased_b] * TP,
+                                "a row-parallel layer with a bias")):
+        outs = graded_on_thread_ranks(impl, "row_parallel_linear", calls, "4.2", TP_GROUPS)
+        for r, (y, want) in enumerate(zip(outs, wants)):
+            check_close(y, want, "4.2", f"{what} on rank {r} of 4{groups_named(TP_GROUPS)}, each group on its own "
+                        f"tokens", ATOL, RTOL, suspects=rank_suspects("row_parallel_linear", calls, r, outs, TP_GROUPS))
 
 
 @pytest.mark.ex4_2
