@@ -363,3 +363,15 @@ def test_a_known_bug_is_named_only_where_it_matches_on_every_rank():
     assert ("parallel_lm_head must return None on rank 1 of 2: rank 0 of the group alone holds the full logits "
             "(it samples); every other rank returns None, as vLLM's LM head does (it returned a tensor of shape "
             "(3, 256))") in message, message
+
+
+def test_the_scoreboard_stops_before_a_property_tests_failing_example():
+    """hypothesis appends the failing example after a property test's message; cut at MESSAGE_LINES it was a
+    dangling 'Failing test case: property_holds(' line. The scoreboard stops before it and says where the rest is."""
+    from minillm.course.grade import Result, scoreboard
+    message = "test_x: Exercise 6.4 (tpots): tpots(...) has shape (0,), expected (1,)\n  -- see the notebook\n" \
+              "Failing test case: property_holds(\n    case=[...],\n)"
+    board = scoreboard([Result("6.4", "tpots", "failed", 0, 1, message)], "exercises")
+    assert "has shape (0,), expected (1,)" in board and "-- see the notebook" in board
+    assert "Failing test case" not in board
+    assert "make grade EX=6.4 VERBOSE=1" in board

@@ -38,6 +38,9 @@ from minillm.course.kernel_bounds import KernelOutOfBounds
 
 TESTS_DIR = os.path.join(REPO_DIR, "tests", "exercises")
 MESSAGE_LINES = 4  # lines of the first failure shown on the scoreboard (the JSON keeps all of it)
+# hypothesis appends the failing example after a property test's message, over many lines: the scoreboard
+# stops before it (the test's own message already describes the case)
+EXAMPLE_FOOTERS = ("Failing test case:", "Falsifying example:")
 MAX_CRASH_CHARS = 300  # of a crash's exception message, on its one line
 # seconds one graded test may run: the slowest takes ~8 s on the course's 2-core machine; past this an
 # endless loop in an exercise would hang `make grade`, whose output is captured, with no word
@@ -328,8 +331,10 @@ def scoreboard(results: list[Result], impl: str) -> str:
     failed = [r for r in results if r.status == "failed"]
     for r in failed:
         msg = r.message.splitlines()
-        lines += ["", f"{r.id} {r.title}: first failure", *("    " + m for m in msg[:MESSAGE_LINES])]
-        if len(msg) > MESSAGE_LINES:
+        shown = msg[:MESSAGE_LINES]
+        shown = shown[:next((i for i, m in enumerate(shown) if m.lstrip().startswith(EXAMPLE_FOOTERS)), len(shown))]
+        lines += ["", f"{r.id} {r.title}: first failure", *("    " + m for m in shown)]
+        if len(msg) > len(shown):
             marker = "ex" + r.id.replace(".", "_")
             lines.append(f"    ... (make grade EX={r.id} VERBOSE=1, or pytest tests/exercises -m {marker})")
     counts = {s: sum(r.status == s for r in results) for s in ("passed", "failed", "not started")}

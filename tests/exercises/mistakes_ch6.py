@@ -432,6 +432,12 @@ def finish_leaves_waiting_flag(book, req):
 
 
 # 6.4
+def tpots_filtered_by_chunks(traces):
+    # the bug: the requests kept are those with more than one chunk, not more than one token
+    return np.array([(t.latency - t.ttft) / (t.output_tokens - 1) for t in traces
+                     if t.ok and len(t.chunk_times) > 1], dtype=np.float64)
+
+
 def tpots_per_chunk(traces):
     # the bug: the time after the first chunk over the chunks that followed it, not over the tokens
     return np.array([(t.latency - t.ttft) / (len(t.chunk_times) - 1) for t in traces
@@ -768,6 +774,10 @@ MISTAKES = [
             "TPOT is divided by the chunks after the first: a chunk can carry several tokens. Divide by "
             "output_tokens - 1, the tokens after the first (and keep every completed request with output_tokens > 1)",
             "test_ch6.py::test_latencies_by_their_definitions"),
+    Mistake("ch6_tpot_filtered_by_chunks", "6.4", {"tpots": tpots_filtered_by_chunks},
+            "the requests TPOT keeps are those with more than one chunk: a request can stream several tokens in "
+            "one chunk, and it still has a TPOT. Keep every completed request with output_tokens > 1",
+            "test_ch6.py::test_latencies_on_any_traces"),
     Mistake("ch6_itl_mean_per_request", "6.4", {"itls": itls_mean_per_request},
             "ITL is one mean gap per request: it is every gap between consecutive chunks, all requests pooled "
             "(chunks - 1 values per request): np.diff of each request's chunk times, concatenated",
