@@ -425,7 +425,8 @@ def add_rms_norm_kernel(
     (columns contiguous); weight_ptr: [n_cols]; out_ptr, residual_out_ptr: [n_rows, n_cols]
     contiguous outputs (row stride n_cols). BLOCK_N: a power of two >= n_cols.
         h = x + residual                      (only when HAS_RESIDUAL; else h = x)
-        residual_out = h                      (only when HAS_RESIDUAL)
+        residual_out = h                      (only when HAS_RESIDUAL: without a residual the launcher
+                                               passes out itself as residual_out_ptr)
         out = (h * rsqrt(mean(h**2) + eps)) * weight
     Store outputs in the output tensors' dtype (residual_out_ptr.dtype.element_ty).
     USE_PDL (chapter 5's programmatic dependent launch; always False on a CPU): the launcher may start

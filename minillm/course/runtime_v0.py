@@ -56,10 +56,12 @@ def prefill_batch(token_ids: list[int], slot_mapping: np.ndarray | None = None) 
                  cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=n, max_seqlen_k=n)
 
 
-def check_batch(batch: Batch) -> None:
+def check_batch(batch: Batch, num_slots: int | None = None) -> None:
     """ValueError, naming the field, when a hand-built step's arrays do not have the shapes Batch documents
-    (a 1-D block table reaches the attention as an IndexError deep inside it otherwise)."""
+    (a 1-D block table reaches the attention as an IndexError deep inside it otherwise), or, given the
+    cache's num_slots, when a slot lies past the cache (a sequence grown past max_model_len)."""
     n = len(batch.input_ids)
+    phase = "prefill" if batch.is_prefill else "decode"
     want = {"input_ids": (batch.input_ids, 1, n), "positions": (batch.positions, 1, n),
             "slot_mapping": (batch.slot_mapping, 1, n)}
     if batch.is_prefill:
@@ -70,13 +72,18 @@ def check_batch(batch: Batch) -> None:
         if value is None:
             if field == "slot_mapping" and batch.is_prefill:
                 continue  # a prefill that stores nothing
-            raise ValueError(f"Batch.{field} is None: a {'prefill' if batch.is_prefill else 'decode'} step needs it")
+            raise ValueError(f"Batch.{field} is None: a {phase} step needs it")
         shape = np.shape(value)
         if len(shape) != ndim or (rows is not None and shape[0] != rows):
             need = (f"[{rows}, num_blocks]: a row per sequence (np.arange(num_blocks)[None, :] for one)"
                     if field == "block_tables" else f"[{rows if rows is not None else 'num_seqs + 1'}]")
-            raise ValueError(f"Batch.{field} has shape {shape}; a {'prefill' if batch.is_prefill else 'decode'} "
-                             f"step of {n} token{'' if n == 1 else 's'} needs {need} (see Batch in minillm/engine/model_runner.py)")
+            raise ValueError(f"Batch.{field} has shape {shape}; a {phase} step of {n} token{'' if n == 1 else 's'} "
+                             f"needs {need} (see Batch in minillm/engine/model_runner.py)")
+    if num_slots is not None and batch.slot_mapping is not None and len(batch.slot_mapping) \
+            and int(np.max(batch.slot_mapping)) >= num_slots:
+        raise ValueError(f"Batch.slot_mapping holds slot {int(np.max(batch.slot_mapping))}, past the KV cache's "
+                         f"{num_slots} slots: the sequence has grown longer than the runner's max_model_len (a loop "
+                         f"that never stops? a list that grows while you iterate or append to it?)")
 
 
 @torch.inference_mode()
@@ -84,7 +91,7 @@ def last_logits(runner: ModelRunner, batch: Batch) -> torch.Tensor:
     """Run one step through the engine's model and return the logits of the batch's LAST row: [vocab] fp32.
     (load_batch copies the batch to the device and sets the attention context; it is reset after.)
     A step whose arrays do not have Batch's shapes raises ValueError naming the field (check_batch)."""
-    check_batch(batch)
+    check_batch(batch, runner.num_kvcache_blocks * runner.block_size)
     input_ids, positions = runner.load_batch(batch)
     try:
         hidden = runner.model(input_ids, positions)

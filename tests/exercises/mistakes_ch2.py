@@ -545,6 +545,23 @@ def gather_table_ignored(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride
     tl.store(out_ptr + tokens[:, None] * stride_out + cols[None, :], rows, mask=mask)
 
 
+FIXED_BLOCK_T = tl.constexpr(8)  # gather_block_t_fixed's tile: the wrapper's default block_t, written in
+
+
+@triton.jit
+def gather_block_t_fixed(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out,
+                         PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Tiles the tokens by a number of its own (8, the default block_t), not by its BLOCK_T argument."""
+    tokens = tl.program_id(0) * FIXED_BLOCK_T + tl.arange(0, FIXED_BLOCK_T)
+    cols = tl.arange(0, BLOCK_D)
+    mask_t = tokens < n_tokens
+    mask = mask_t[:, None] & (cols < n_cols)[None, :]
+    page = tl.load(table_ptr + tokens // PAGE, mask=mask_t, other=0).to(tl.int64)
+    src = page[:, None] * stride_page + (tokens % PAGE)[:, None] * stride_row + cols[None, :]
+    rows = tl.load(cache_ptr + src, mask=mask)
+    tl.store(out_ptr + tokens[:, None] * stride_out + cols[None, :], rows, mask=mask)
+
+
 @triton.jit
 def gather_columns_unmasked(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out,
                             PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -728,13 +745,17 @@ def matmul_acc_overwritten(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, s
 def _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
                             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, RESCALE_SUM: tl.constexpr,
                             RESCALE_ACC: tl.constexpr, PAD_SCORE: tl.constexpr, ALPHA_INVERTED: tl.constexpr,
-                            KEEP_MAX: tl.constexpr, DIVIDE: tl.constexpr, SCORES_CONTIGUOUS: tl.constexpr):
+                            KEEP_MAX: tl.constexpr, DIVIDE: tl.constexpr, SCORES_CONTIGUOUS: tl.constexpr,
+                            MAX_FROM_ZERO: tl.constexpr = False):
     """The right online softmax, with one of its details switched off (see the wrappers below)."""
     row = tl.program_id(0).to(tl.int64)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < head_dim
-    m = tl.full([], float("-inf"), tl.float32)
+    if MAX_FROM_ZERO:  # the running max starts at 0: scores far below 0 then underflow exp(s - 0) to 0
+        m = tl.full([], 0.0, tl.float32)
+    else:
+        m = tl.full([], float("-inf"), tl.float32)
     l = tl.full([], 0.0, tl.float32)  # noqa: E741
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for n0 in range(0, n_keys, BLOCK_N):
@@ -781,6 +802,14 @@ def online_acc_not_rescaled(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, s
     """acc = acc + sum(p * v): the weighted sum is not rescaled by exp(m - m_new) when the max grows."""
     _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
                             BLOCK_N, BLOCK_D, True, False, float("-inf"), False, True, True, False)
+
+
+@triton.jit
+def online_max_starts_at_zero(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """m = 0.0 at the start instead of -inf: the max never drops below 0."""
+    _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                            BLOCK_N, BLOCK_D, True, True, float("-inf"), False, True, True, False, True)
 
 
 @triton.jit
@@ -904,7 +933,8 @@ def kernel_residual_out_is_x(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_
 def _rms_kernel_variant(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x, stride_residual,
                         eps, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, WITH_EPS: tl.constexpr,
                         WEIGHT_BEFORE_ROUND: tl.constexpr, SUM_ROUNDED: tl.constexpr, OUT_AT_X_STRIDE: tl.constexpr,
-                        RESIDUAL_AT_X_STRIDE: tl.constexpr):
+                        RESIDUAL_AT_X_STRIDE: tl.constexpr, EPS_OUTSIDE: tl.constexpr = False,
+                        RESIDUAL_OUT_ALWAYS: tl.constexpr = False):
     """The right add+RMSNorm kernel, with one of its details changed (see the wrappers below)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
@@ -916,10 +946,13 @@ def _rms_kernel_variant(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_p
         r_stride = stride_x if RESIDUAL_AT_X_STRIDE else stride_residual
         r = tl.load(residual_ptr + row * r_stride + cols, mask=mask, other=0.0).to(tl.float32)
         h = h + r
-        tl.store(residual_out_ptr + row * out_stride + cols, h.to(dtype), mask=mask)
+        if not RESIDUAL_OUT_ALWAYS:
+            tl.store(residual_out_ptr + row * out_stride + cols, h.to(dtype), mask=mask)
         if SUM_ROUNDED:
             h = h.to(dtype).to(tl.float32)
-    if WITH_EPS:
+    if EPS_OUTSIDE:  # rsqrt(mean) + eps
+        rstd = tl.rsqrt(tl.sum(h * h, axis=0) / n_cols) + eps
+    elif WITH_EPS:
         rstd = tl.rsqrt(tl.sum(h * h, axis=0) / n_cols + eps)
     else:
         rstd = tl.rsqrt(tl.sum(h * h, axis=0) / n_cols)
@@ -929,6 +962,24 @@ def _rms_kernel_variant(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_p
     else:
         out = (h * rstd).to(dtype).to(tl.float32) * w
     tl.store(out_ptr + row * out_stride + cols, out.to(dtype), mask=mask)
+    if RESIDUAL_OUT_ALWAYS:  # the new residual stored last, with or without a residual (then it is h = x)
+        tl.store(residual_out_ptr + row * out_stride + cols, h.to(dtype), mask=mask)
+
+
+@triton.jit
+def kernel_eps_outside_rsqrt(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x,
+                             stride_residual, eps, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):
+    """rstd = rsqrt(mean(h**2)) + eps: eps added after the rsqrt, not under it."""
+    _rms_kernel_variant(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x, stride_residual,
+                        eps, HAS_RESIDUAL, BLOCK_N, True, False, True, False, False, True, False)
+
+
+@triton.jit
+def kernel_residual_out_always(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x,
+                               stride_residual, eps, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Stores residual_out after out, whether or not there is a residual."""
+    _rms_kernel_variant(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x, stride_residual,
+                        eps, HAS_RESIDUAL, BLOCK_N, True, False, True, False, False, False, True)
 
 
 @triton.jit
@@ -1275,6 +1326,13 @@ MISTAKES: list[Mistake] = [
             "the cache is addressed as if it were contiguous (page * PAGE * n_cols + row * n_cols): use its "
             "strides, page * stride_page + row * stride_row (a cache slice, such as one head's K, has wider rows)",
             GATHER_GUARDED),
+    Mistake("ch2_primer_gather_block_t_fixed", "2.9",
+            {"gather_pages_kernel": gather_block_t_fixed,
+             "gather_pages": with_kernel(primer.gather_pages, "gather_pages_kernel", gather_block_t_fixed)},
+            "the kernel tiles the tokens by a number of its own (8, the wrapper's default) instead of its BLOCK_T "
+            "argument: the launch makes cdiv(n_tokens, BLOCK_T) programs, so with block_t=16 half the tokens are "
+            "never gathered. Use BLOCK_T (on a GPU Triton refuses a plain global inside @triton.jit anyway)",
+            GATHER, {"case": "whole-pages"}),
     Mistake("ch2_primer_gather_page_and_row_swapped", "2.9",
             {"gather_pages_kernel": gather_page_and_row_swapped, "gather_pages": with_kernel(primer.gather_pages, "gather_pages_kernel", gather_page_and_row_swapped)},
             "the page and the row inside it are swapped: token t lives in page table[t // PAGE] (the quotient) "
@@ -1324,6 +1382,13 @@ MISTAKES: list[Mistake] = [
                                                  online_sum_not_rescaled)},
             "the running sum l is not rescaled when a tile raises the max: its terms are exp(s - m_old), so "
             "l = l * exp(m_old - m_new) + sum(p), like acc", ONLINE, {"case": "max-grows"}),
+    Mistake("ch2_primer_online_max_starts_at_zero", "2.11",
+            {"online_softmax_kernel": online_max_starts_at_zero,
+             "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",
+                                                 online_max_starts_at_zero)},
+            "the running max starts at 0.0: when every score is far below 0 (attention scores can be), exp(s - 0) "
+            "underflows to 0, l stays 0 and the output is 0 / 0 = NaN. Start m at -inf (the first tile's max "
+            "then replaces it)", ONLINE, {"case": "far-below-zero"}),
     Mistake("ch2_primer_online_acc_not_rescaled", "2.11",
             {"online_softmax_kernel": online_acc_not_rescaled,
              "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",
@@ -1376,6 +1441,17 @@ MISTAKES: list[Mistake] = [
             {"add_rms_norm_kernel": kernel_without_eps, "rms_norm_triton": launcher_of(kernel_without_eps)},
             "the kernel never adds eps: rstd = tl.rsqrt(tl.sum(h * h, axis=0) / n_cols + eps)",
             "test_ch2.py::test_triton_rms_norm_uses_eps"),
+    Mistake("ch2_triton_eps_outside_rsqrt", "2.12",
+            {"add_rms_norm_kernel": kernel_eps_outside_rsqrt, "rms_norm_triton": launcher_of(kernel_eps_outside_rsqrt)},
+            "eps is added after the rsqrt (rsqrt(mean(h**2)) + eps): it belongs under it, rstd = tl.rsqrt(tl.sum(h * "
+            "h, axis=0) / n_cols + eps), where it keeps a row of zeros from dividing by 0",
+            "test_ch2.py::test_triton_rms_norm_fp16_large_activations"),
+    Mistake("ch2_triton_residual_out_always", "2.12",
+            {"add_rms_norm_kernel": kernel_residual_out_always,
+             "rms_norm_triton": launcher_of(kernel_residual_out_always)},
+            "residual_out is stored even without a residual (HAS_RESIDUAL False): the launcher then passes out itself "
+            "as residual_out_ptr, so the store overwrites the normalized row with x. Store residual_out only under "
+            "`if HAS_RESIDUAL:`", "test_ch2.py::test_triton_rms_norm_without_residual_per_head"),
     Mistake("ch2_triton_weight_before_round", "2.12",
             {"add_rms_norm_kernel": kernel_weight_before_round,
              "rms_norm_triton": launcher_of(kernel_weight_before_round)},

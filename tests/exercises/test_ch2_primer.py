@@ -236,6 +236,7 @@ def test_softmax_rows_of_large_logits(impl):
 
 # ---- 2.9 a gather through the page table ---------------------------------------------------------
 GATHER_BLOCK_T = 8  # tokens per program: 13 tokens take 2 programs, the second partly masked
+GATHER_WIDE_BLOCK_T = 16  # and the same gathers in programs of 16: the kernel must tile by its BLOCK_T
 # name -> (tokens, page size, row width d, the page table: a permutation, -1 past the last page in use)
 GATHER_CASES = {
     "whole-pages": (16, 4, 32, [2, 0, 3, 1]),
@@ -245,13 +246,13 @@ GATHER_CASES = {
 NUM_PAGES = 6
 
 
-def gather_launch(cache: torch.Tensor, table: torch.Tensor, n_tokens: int,
-                  width: int | None = None) -> Callable[[Callable], torch.Tensor]:
+def gather_launch(cache: torch.Tensor, table: torch.Tensor, n_tokens: int, width: int | None = None,
+                  block_t: int = GATHER_BLOCK_T) -> Callable[[Callable], torch.Tensor]:
     """launch(gather_pages) -> the guarded output buffer of gather_pages(cache, table, n_tokens, out=...)
     (out's rows `width` elements apart when given)."""
     def launch(gather_pages: Callable) -> torch.Tensor:
         buf, out = guarded_output((n_tokens, cache.shape[2]), width=width)
-        gather_pages(cache, table, n_tokens, block_t=GATHER_BLOCK_T, out=out)
+        gather_pages(cache, table, n_tokens, block_t=block_t, out=out)
         return buf
 
     return launch
@@ -283,9 +284,10 @@ def test_gather_pages_matches_torch_indexing(impl, case):
     n_tokens, page, d, table = GATHER_CASES[case]
     _, cache = guarded(randn(NUM_PAGES, page, d, seed=34))
     _, table_t = guarded(torch.tensor(table, dtype=torch.int32))
-    check_guarded("2.9", f"gather_pages of {n_tokens} tokens, pages of {page}, table {table}",
-                  gather_launch(cache, table_t, n_tokens), "gather_pages", (n_tokens, d),
-                  gathered(cache, table, n_tokens), impl.gather_pages, **EXACT)
+    for block_t in (GATHER_BLOCK_T, GATHER_WIDE_BLOCK_T):
+        check_guarded("2.9", f"gather_pages of {n_tokens} tokens, pages of {page}, table {table}, {block_t} tokens "
+                      f"a program", gather_launch(cache, table_t, n_tokens, block_t=block_t), "gather_pages",
+                      (n_tokens, d), gathered(cache, table, n_tokens), impl.gather_pages, **EXACT)
 
 
 @pytest.mark.ex2_9
@@ -306,13 +308,14 @@ def test_gather_reads_only_the_tensors_it_was_given(impl):
 
 # ---- 2.10 a tiled matmul with tl.dot -------------------------------------------------------------
 MATMUL_TILES = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)  # the smallest tl.dot tiles a GPU accepts
+MATMUL_WIDE_TILES = dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=32)  # others: the kernel must use the tiles it is given
 
 
-def matmul_launch(a: torch.Tensor, b: torch.Tensor) -> Callable[[Callable], torch.Tensor]:
-    """launch(tiled_matmul) -> the guarded output buffer of tiled_matmul(a, b, MATMUL_TILES, out=...)."""
+def matmul_launch(a: torch.Tensor, b: torch.Tensor, tiles: dict = MATMUL_TILES) -> Callable[[Callable], torch.Tensor]:
+    """launch(tiled_matmul) -> the guarded output buffer of tiled_matmul(a, b, tiles, out=...)."""
     def launch(tiled_matmul: Callable) -> torch.Tensor:
         buf, out = guarded_output((a.shape[0], b.shape[1]), a.dtype)
-        tiled_matmul(a, b, MATMUL_TILES, out=out)
+        tiled_matmul(a, b, tiles, out=out)
         return buf
 
     return launch
@@ -337,8 +340,9 @@ def test_tiled_matmul_matches_torch(impl, mkn):
     M, K, N = mkn
     _, a = guarded(randn(M, K, seed=37))
     _, b = guarded(randn(K, N, seed=38))
-    check_guarded("2.10", f"tiled_matmul [{M}, {K}] @ [{K}, {N}]", matmul_launch(a, b), "tiled_matmul", (M, N), a @ b,
-                  impl.tiled_matmul, **TOL_MATMUL)
+    for tiles in (MATMUL_TILES, MATMUL_WIDE_TILES):
+        check_guarded("2.10", f"tiled_matmul [{M}, {K}] @ [{K}, {N}] in tiles {tiles}", matmul_launch(a, b, tiles),
+                      "tiled_matmul", (M, N), a @ b, impl.tiled_matmul, **TOL_MATMUL)
 
 
 @pytest.mark.ex2_10
@@ -369,6 +373,7 @@ ONLINE_ROWS, ONLINE_DIM = 5, 24  # head_dim 24: the values tile [16, 32] is mask
 # the scores' ramp runs from -4 to 4: the max grows by ~8 over the keys (a running sum that is not
 # rescaled is off by up to e**8), and padded keys scored 0 instead of -inf would weigh e**-9 or more each
 ONLINE_RAMP = 4.0
+ONLINE_FAR = 200.0  # 'far-below-zero' shifts every score down by this: exp(s - 0) underflows fp32, exp(s - max) not
 
 
 def online_scores(case: str, n_keys: int) -> torch.Tensor:
@@ -376,14 +381,16 @@ def online_scores(case: str, n_keys: int) -> torch.Tensor:
     and the running sums must be rescaled."""
     noise = randn(ONLINE_ROWS, n_keys, seed=41) * 2
     ramp = torch.linspace(-ONLINE_RAMP, ONLINE_RAMP, n_keys)
+    if case == "far-below-zero":
+        return noise + ramp - ONLINE_FAR
     return noise + (ramp if case == "max-grows" else ramp.flip(0))
 
 
 @pytest.mark.ex2_11
-@pytest.mark.parametrize("case", ["max-grows", "max-first", "one-partial-tile"])
+@pytest.mark.parametrize("case", ["max-grows", "max-first", "one-partial-tile", "far-below-zero"])
 def test_softmax_weighted_sum_matches_torch(impl, case):
     """Rows of scores 104 elements apart (a slice), values rows 32 apart (a slice), 100 keys in tiles
-    of 16; 'one-partial-tile' has 5 keys: a single tile, mostly masked."""
+    of 16; 'one-partial-tile' has 5 keys: a single tile, mostly masked; 'far-below-zero' every score near -200."""
     n_keys = 5 if case == "one-partial-tile" else 100
     _, wide_scores = guarded(torch.cat([online_scores(case, n_keys), torch.zeros(ONLINE_ROWS, 4)], dim=1))
     _, wide_values = guarded(randn(n_keys, 32, seed=42))
