@@ -38,6 +38,11 @@ def shard_packed_as_one_tensor(weight, output_sizes, rank, world_size):
     return right_shard_weight(weight, 0, rank, world_size)  # the bug: the rank-th slice of [q | k | v] itself
 
 
+def shard_packed_in_equal_parts(weight, output_sizes, rank, world_size):
+    # the bug: the packed tensor cut into len(output_sizes) equal parts, though q, k and v differ in size
+    return torch.cat([right_shard_weight(part, 0, rank, world_size) for part in weight.chunk(len(output_sizes))])
+
+
 def shard_packed_on_columns(weight, output_sizes, rank, world_size):
     # the bug: "column-parallel" read as "split the columns", dim 1 (the input features)
     return torch.cat([right_shard_weight(part, 1, rank, world_size) for part in weight.split(output_sizes)])
@@ -110,6 +115,15 @@ def vocab_embed_shifts_ids_in_place(token_ids, weight_shard, vocab_start, group)
 def vocab_embed_mask_includes_end(token_ids, weight_shard, vocab_start, group):
     local = token_ids - vocab_start
     mask = (local >= 0) & (local <= weight_shard.shape[0])  # the bug: <= lets the next rank's first id in
+    y = F.embedding(torch.where(mask, local, 0), weight_shard)
+    y = y.masked_fill(~mask.unsqueeze(-1), 0)
+    dist.all_reduce(y, group=group)
+    return y
+
+
+def vocab_embed_mask_excludes_start(token_ids, weight_shard, vocab_start, group):
+    local = token_ids - vocab_start
+    mask = (local > 0) & (local < weight_shard.shape[0])  # the bug: > drops the slice's first id, vocab_start
     y = F.embedding(torch.where(mask, local, 0), weight_shard)
     y = y.masked_fill(~mask.unsqueeze(-1), 0)
     dist.all_reduce(y, group=group)
@@ -190,6 +204,11 @@ MISTAKES: list[Mistake] = [
             "all of q and none of k and v. Split it into its parts first (weight.split(output_sizes)), shard "
             "each part on dim 0, and concatenate the shards",
             "test_ch4.py::test_shard_weight_and_packed_match_torch_chunk"),
+    Mistake("ch4_shard_packed_in_equal_parts", "4.1", {"shard_packed": shard_packed_in_equal_parts},
+            "shard_packed cuts the packed tensor into len(output_sizes) equal parts (chunk): with GQA q has more "
+            "rows than k and v, so the parts are [q | k | v] at the sizes output_sizes gives: "
+            "weight.split(output_sizes), then each part's rank-th slice",
+            "test_ch4.py::test_shard_weight_and_packed_match_torch_chunk"),
     Mistake("ch4_shard_packed_on_columns", "4.1", {"shard_packed": shard_packed_on_columns},
             "shard_packed split the parts on dim 1 (the input features): q, k, v, gate and up are column-parallel, "
             "which splits their OUTPUT features, dim 0 of an nn.Linear weight [out, in]",
@@ -240,6 +259,10 @@ MISTAKES: list[Mistake] = [
             "the mask lets in local == V/p (local <= weight_shard.shape[0]): that id is the first of the next rank's "
             "slice, one row past the end of this shard, and F.embedding raises IndexError on it. This rank owns "
             "0 <= local < weight_shard.shape[0] (a strict < at the end)",
+            "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
+    Mistake("ch4_vocab_embed_mask_excludes_start", "4.3", {"vocab_parallel_embed": vocab_embed_mask_excludes_start},
+            "the mask drops local == 0 (local > 0): that is the first id of this rank's slice, vocab_start itself, "
+            "and no rank then owns it (its row comes out zero). This rank owns 0 <= local < weight_shard.shape[0]",
             "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
     Mistake("ch4_vocab_embed_without_group", "4.3", {"vocab_parallel_embed": vocab_embed_without_group},
             "the all-reduce has no group=, so it sums over every rank of the default (WORLD) group: with more than "
@@ -335,13 +358,13 @@ def vocab_embed_keeps_all_reduce_result(token_ids, weight_shard, vocab_start, gr
 
 
 def _lm_head(hidden, weight_shard, group, *, list_everywhere=False, one_buffer=False, global_dst=False,
-             world_rank=False, in_fp32=False):
+             world_rank=False, in_fp32=False, world_size=False):
     """parallel_lm_head with one bug switched on."""
     if in_fp32:  # the bug: logits in float32 for the sampler, never cast back to hidden's dtype
         hidden, weight_shard = hidden.float(), weight_shard.float()
     logits = F.linear(hidden, weight_shard)
     rank = dist.get_rank() if world_rank else dist.get_rank(group)  # (world_rank: the GLOBAL rank)
-    size = dist.get_world_size(group)
+    size = dist.get_world_size() if world_size else dist.get_world_size(group)  # (world_size: the GLOBAL size)
     if one_buffer:  # the bug: one tensor listed size times
         parts = [torch.empty_like(logits)] * size if rank == 0 else None
     else:  # (list_everywhere: every rank passes a gather_list)
@@ -367,6 +390,10 @@ def lm_head_global_dst(hidden, weight_shard, group):
 
 def lm_head_world_rank(hidden, weight_shard, group):
     return _lm_head(hidden, weight_shard, group, world_rank=True)
+
+
+def lm_head_world_size(hidden, weight_shard, group):
+    return _lm_head(hidden, weight_shard, group, world_size=True)
 
 
 def lm_head_in_fp32(hidden, weight_shard, group):
@@ -431,6 +458,11 @@ MISTAKES += [
             "the rank that keeps the logits is found with dist.get_rank(), the GLOBAL rank: in a tensor-parallel "
             "group without global rank 0, its first rank passes no gather_list though it is the destination "
             "(torch raises ValueError). Use this process's rank in the group, dist.get_rank(group)",
+            "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
+    Mistake("ch4_lm_head_world_size", "4.4", {"parallel_lm_head": lm_head_world_size},
+            "the gather_list has dist.get_world_size() tensors, the GLOBAL world's size: in a tensor-parallel group "
+            "smaller than the world that is too many (gloo and NCCL refuse it). One tensor per rank of the group: "
+            "dist.get_world_size(group)",
             "test_ch4.py::test_parallel_lm_head_on_two_thread_ranks"),
     Mistake("ch4_lm_head_in_fp32", "4.4", {"parallel_lm_head": lm_head_in_fp32},
             "the logits of bfloat16 hidden states come back in float32: computed in float32 (hidden.float(), "

@@ -80,6 +80,9 @@ NOT_WAITED = ("called torch.distributed.{op}(..., async_op=True) and never calle
               "Call it without async_op, or call .wait() on its result before using the tensor")
 REDUCED_TO_ONE = ("called torch.distributed.reduce, which leaves the sum on rank {to} of the group alone, and rank "
                   "{other} needs the sum too: all_reduce, not reduce")
+GATHER_LIST_SIZE = ("passed torch.distributed.gather a gather_list of {n} tensors in a group of {size} ranks: gloo and "
+                    "NCCL refuse it (these thread ranks would not); the list holds one tensor per rank of the group, "
+                    "dist.get_world_size(group) of them")
 POINT_TO_POINT_CALLED = ("called torch.distributed.{op}, which moves a tensor from one rank to one other: this "
                          "exercise needs a collective that every rank of the group calls, the same one on each "
                          "(all_reduce, all_gather, gather, with group=group)")
@@ -148,6 +151,11 @@ def checked_collectives(handles: threading.local):
 
     def handled(op):
         def call(*args, **kwargs):
+            if op == "gather":  # the threaded group takes a gather_list of any length; the real backends do not
+                bound = signature[op].bind(*args, **kwargs).arguments
+                parts, size = bound.get("gather_list"), dist.get_world_size(bound.get("group"))
+                if parts and len(parts) != size:
+                    raise CollectiveMisuse(GATHER_LIST_SIZE.format(n=len(parts), size=size))
             result = real[op](*args, **kwargs)
             if not signature[op].bind(*args, **kwargs).arguments.get("async_op"):
                 return result
