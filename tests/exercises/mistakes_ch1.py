@@ -45,12 +45,13 @@ def bpe_highest_rank(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
         parts[i:i + 2] = [parts[i] + parts[i + 1]]
 
 
-def _bpe_scan(piece: bytes, ranks: dict[bytes, int], *, ties_right: bool = False, pairs_missed: int = 0) -> list[int]:
+def _bpe_scan(piece: bytes, ranks: dict[bytes, int], *, ties_right: bool = False, pairs_missed: int = 0,
+              first_pair: int = 0, parts_left: int = 1) -> list[int]:
     """The right scan for the lowest-ranked pair, with one detail changed."""
     parts = [piece[i:i + 1] for i in range(len(piece))]
-    while len(parts) > 1:
+    while len(parts) > parts_left:
         best, best_rank = -1, None
-        for i in range(len(parts) - 1 - pairs_missed):
+        for i in range(first_pair, len(parts) - 1 - pairs_missed):
             rank = ranks.get(parts[i] + parts[i + 1])
             if rank is not None and (best_rank is None or rank < best_rank or (ties_right and rank == best_rank)):
                 best, best_rank = i, rank
@@ -68,6 +69,16 @@ def bpe_rightmost_tie(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
 def bpe_skips_the_last_pair(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
     """Scans range(len(parts) - 2): the last two parts are never merged with each other."""
     return _bpe_scan(piece, ranks, pairs_missed=1)
+
+
+def bpe_skips_the_first_pair(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
+    """Scans range(1, len(parts) - 1): the first two parts are never merged with each other."""
+    return _bpe_scan(piece, ranks, first_pair=1)
+
+
+def bpe_stops_at_two_parts(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
+    """Loops while len(parts) > 2: the last merge, of the final two parts into one token, never happens."""
+    return _bpe_scan(piece, ranks, parts_left=2)
 
 
 def bpe_returns_bytes(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]:
@@ -464,6 +475,13 @@ MISTAKES: list[Mistake] = [
             "the scan stops one pair short (range(len(parts) - 2)): the last two parts are never merged with each "
             "other, so a piece whose last merge joins its end stays split. A piece of n parts has n - 1 adjacent "
             "pairs, i = 0 .. len(parts) - 2: range(len(parts) - 1)", BPE),
+    Mistake("ch1_bpe_skips_the_first_pair", "1.1", {"bpe_encode": bpe_skips_the_first_pair},
+            "the scan starts at the second pair (range(1, len(parts) - 1)): the first two parts are never merged "
+            "with each other, so a piece whose merges start at its beginning stays split. Scan every adjacent "
+            "pair, i = 0 .. len(parts) - 2: range(len(parts) - 1)", BPE),
+    Mistake("ch1_bpe_stops_at_two_parts", "1.1", {"bpe_encode": bpe_stops_at_two_parts},
+            "the loop stops when two parts are left (while len(parts) > 2): the last merge, of those two into one "
+            "token, never happens. Merge while more than one part is left and some pair has a rank", BPE),
     Mistake("ch1_bpe_returns_bytes", "1.1", {"bpe_encode": bpe_returns_bytes},
             "returns the merged byte strings instead of token ids: finish with [ranks[part] for part in parts]",
             BPE),

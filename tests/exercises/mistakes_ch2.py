@@ -59,6 +59,13 @@ def rms_norm_mean_over_everything(x, weight, eps):
     return weight * (xf * torch.rsqrt(xf.pow(2).mean() + eps)).to(x.dtype)
 
 
+def rms_norm_mean_over_dim_1(x, weight, eps):
+    """Means over dim=1, "the hidden dimension" of a [tokens, hidden] input: of [tokens, heads, head_dim] it is
+    the heads."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(dim=1, keepdim=True) + eps)).to(x.dtype)
+
+
 def rms_norm_centered(x, weight, eps):
     """Subtracts each row's mean first, as LayerNorm does."""
     xf = x.float()
@@ -149,6 +156,13 @@ def apply_rotary_interleaved(x, positions, cos_sin):
     cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
     x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
     return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2).to(x.dtype)
+
+
+def apply_rotary_positions_from_the_first(x, positions, cos_sin):
+    """Counts positions from the batch's first token (positions - positions[0])."""
+    cos, sin = cos_sin[positions - positions[0]].unsqueeze(1).chunk(2, dim=-1)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
 def apply_rotary_ignoring_positions(x, positions, cos_sin):
@@ -489,6 +503,17 @@ def softmax_pad_as_zero(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: t
 
 
 @triton.jit
+def softmax_store_unmasked(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
+    """Masks the loads but not the store: all BLOCK_N lanes of each row are written."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(out_ptr + row * stride_out + cols, (e / tl.sum(e, axis=0)).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
 def softmax_without_max(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
     """exp(x) / sum(exp(x)) without subtracting the row's max first."""
     row = tl.program_id(0).to(tl.int64)
@@ -813,6 +838,14 @@ def online_max_starts_at_zero(scores_ptr, values_ptr, out_ptr, n_keys, head_dim,
 
 
 @triton.jit
+def online_nothing_rescaled(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Sets m = m_new before alpha = exp(m - m_new), which is then 1: neither l nor acc is rescaled."""
+    _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                            BLOCK_N, BLOCK_D, False, False, float("-inf"), False, True, True, False)
+
+
+@triton.jit
 def online_pad_as_zero(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Loads the scores past n_keys as 0.0: the padded keys add exp(0 - m) to the running sum."""
@@ -1071,6 +1104,10 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_rms_norm_mean_over_everything", "2.1", {"rms_norm": rms_norm_mean_over_everything},
             "rms_norm takes one mean square over the whole tensor (x.pow(2).mean() without a dim): each row (each "
             "token, each head) has its own RMS, so x.pow(2).mean(dim=-1, keepdim=True)", NORM, {"shape": (18, 64)}),
+    Mistake("ch2_rms_norm_mean_over_dim_1", "2.1", {"rms_norm": rms_norm_mean_over_dim_1},
+            "rms_norm means over dim=1: that is the hidden dimension of a [tokens, hidden] input only; rms_norm also "
+            "normalizes each head of [tokens, heads, head_dim] (QK-norm), whose last dimension is the one to "
+            "average: x.pow(2).mean(dim=-1, keepdim=True)", NORM, {"shape": (18, 4, 16)}),
     Mistake("ch2_rms_norm_centered", "2.1", {"rms_norm": rms_norm_centered},
             "rms_norm subtracts the row's mean first, as LayerNorm does: RMSNorm does not center, it divides x "
             "itself by sqrt(mean(x**2) + eps) (and has no bias)", NORM, {"shape": (18, 64)}),
@@ -1119,6 +1156,10 @@ MISTAKES: list[Mistake] = [
             "apply_rotary takes cache row i for the i-th token of the batch: index the cache with the "
             "tokens' positions (cos_sin[positions]), which restart at each sequence and skip a cached prefix",
             ROTARY, {"offsets": (7, 100, 0, 300)}),
+    Mistake("ch2_rope_positions_from_the_first", "2.3", {"apply_rotary": apply_rotary_positions_from_the_first},
+            "apply_rotary counts positions from the batch's first token (positions - positions[0]): a token's "
+            "position is its place in its own sequence, cached prefix included, which positions already holds; "
+            "index the cache with it as it is, cos_sin[positions]", ROTARY, {"offsets": (7, 100, 0, 300)}),
     Mistake("ch2_rope_cos_sin_swapped", "2.3", {"apply_rotary": apply_rotary_cos_sin_swapped},
             "apply_rotary reads the cache row as [sin | cos]: rope_cos_sin stores [cos | sin], so "
             "cos, sin = cos_sin[positions].chunk(2, dim=-1), in that order", ROTARY, {"offsets": (0, 0, 0, 0)}),
@@ -1284,6 +1325,11 @@ MISTAKES: list[Mistake] = [
             {"add_kernel": add_mask_off_by_one, "vector_add": with_kernel(primer.vector_add, "add_kernel", add_mask_off_by_one)},
             "the mask is offsets <= n, one lane too many: element n is one past the end (the last is n - 1), so "
             "mask = offsets < n, on the loads and the store", ADD_GUARDED),
+    Mistake("ch2_primer_softmax_store_unmasked", "2.8",
+            {"softmax_kernel": softmax_store_unmasked,
+             "softmax_rows": with_kernel(primer.softmax_rows, "softmax_kernel", softmax_store_unmasked)},
+            "the store has no mask: each row writes all BLOCK_N lanes, past its n_cols values into the next row's "
+            "place or past the output; pass mask=cols < n_cols to tl.store as to the load", SOFTMAX_GUARDED),
     Mistake("ch2_primer_softmax_pad_as_zero", "2.8",
             {"softmax_kernel": softmax_pad_as_zero,
              "softmax_rows": with_kernel(primer.softmax_rows, "softmax_kernel", softmax_pad_as_zero)},
@@ -1389,6 +1435,13 @@ MISTAKES: list[Mistake] = [
             "the running max starts at 0.0: when every score is far below 0 (attention scores can be), exp(s - 0) "
             "underflows to 0, l stays 0 and the output is 0 / 0 = NaN. Start m at -inf (the first tile's max "
             "then replaces it)", ONLINE, {"case": "far-below-zero"}),
+    Mistake("ch2_primer_online_nothing_rescaled", "2.11",
+            {"online_softmax_kernel": online_nothing_rescaled,
+             "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",
+                                                 online_nothing_rescaled)},
+            "neither l nor acc is rescaled when a tile raises the max (alpha is 1: taken after m = m_new, or left "
+            "out): take alpha = exp(m_old - m_new) BEFORE updating m, then l = l * alpha + sum(p) and acc = acc * "
+            "alpha + sum(p[:, None] * v, axis=0)", ONLINE, {"case": "max-grows"}),
     Mistake("ch2_primer_online_acc_not_rescaled", "2.11",
             {"online_softmax_kernel": online_acc_not_rescaled,
              "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",

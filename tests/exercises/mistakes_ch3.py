@@ -95,7 +95,7 @@ def match_prefix_stops_hashing_at_a_miss(token_ids, block_size, hash_to_block_id
 
 # ---- 3.3 paged decode attention in torch -------------------------------------------------------------
 def _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, *, heads_tiled=False, zero_hidden=True,
-                  key_count_error=0, clamp_in_place=False):
+                  key_count_error=0, clamp_in_place=False, float_mask=False):
     """paged_decode_torch with one bug switched on."""
     if clamp_in_place:  # the bug: the caller's block tables lose their -1 padding
         block_tables.clamp_min_(0)
@@ -112,8 +112,10 @@ def _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, *, hea
         k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
     else:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    out = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=visible[:, None, None, :],
-                                                           scale=scale)
+    mask = visible[:, None, None, :]
+    if float_mask:  # the bug: 1.0 / 0.0, which SDPA ADDS to the scores (a hidden key gets score - 1, not -inf)
+        mask = mask.to(q.dtype)
+    out = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale)
     return out.squeeze(2)
 
 
@@ -123,6 +125,10 @@ def paged_decode_heads_tiled(q, k_cache, v_cache, block_tables, context_lens, sc
 
 def paged_decode_masks_without_zeroing(q, k_cache, v_cache, block_tables, context_lens, scale):
     return _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, zero_hidden=False)
+
+
+def paged_decode_float_mask(q, k_cache, v_cache, block_tables, context_lens, scale):
+    return _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, float_mask=True)
 
 
 def paged_decode_one_key_too_few(q, k_cache, v_cache, block_tables, context_lens, scale):
@@ -225,7 +231,7 @@ store_kvcache_value_from_key = _store_with(STORE_VALUE_FROM_KEY)
 # ---- 3.5 the paged decode kernel -----------------------------------------------------------------------
 DECODE_HEADS_MODULO, DECODE_NO_RESCALE, DECODE_LSE_NATURAL_LOG = 1, 2, 3
 DECODE_MAX_FROM_ZERO, DECODE_EXP_NOT_EXP2, DECODE_UNMASKED_SCORES, DECODE_DIVIDES_BY_ZERO = 4, 5, 6, 7
-DECODE_OUT_AT_Q_STRIDES, DECODE_CHUNK_UNROUNDED, DECODE_Q_PAST_HEAD_DIM = 8, 9, 10
+DECODE_OUT_AT_Q_STRIDES, DECODE_CHUNK_UNROUNDED, DECODE_Q_PAST_HEAD_DIM, DECODE_CHUNK_FLOOR = 8, 9, 10, 11
 
 
 @triton.jit
@@ -238,7 +244,10 @@ def buggy_paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
                               BUG: tl.constexpr):
     b, g, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(context_lens_ptr + b)
-    per_split = (seq_len + num_splits - 1) // num_splits
+    if BUG == DECODE_CHUNK_FLOOR:  # keys per split rounded down: a sequence shorter than num_splits gets none
+        per_split = seq_len // num_splits
+    else:
+        per_split = (seq_len + num_splits - 1) // num_splits
     if BUG == DECODE_CHUNK_UNROUNDED:  # a split's keys not rounded up to whole tiles of BLOCK_N
         chunk = per_split
     else:
@@ -339,6 +348,7 @@ paged_decode_attention_exp_not_exp2 = _decode_with(DECODE_EXP_NOT_EXP2)
 paged_decode_attention_unmasked_scores = _decode_with(DECODE_UNMASKED_SCORES)
 paged_decode_attention_divides_by_zero = _decode_with(DECODE_DIVIDES_BY_ZERO)
 paged_decode_attention_q_past_head_dim = _decode_with(DECODE_Q_PAST_HEAD_DIM)
+paged_decode_attention_chunk_floor = _decode_with(DECODE_CHUNK_FLOOR)
 paged_decode_attention_out_at_q_strides = _decode_with(DECODE_OUT_AT_Q_STRIDES)
 paged_decode_attention_chunk_unrounded = _decode_with(DECODE_CHUNK_UNROUNDED)
 
@@ -518,6 +528,11 @@ MISTAKES: list[Mistake] = [
             "weight 0 times a NaN value is NaN. Zero the K and V rows at key positions >= context_lens[b] "
             "(masked_fill) as well as masking them",
             "test_ch3.py::test_paged_decode_torch_matches_sdpa", {"dtype": torch.float32, "case": 0}),
+    Mistake("ch3_paged_decode_float_mask", "3.3", {"paged_decode_torch": paged_decode_float_mask},
+            "the mask is given to scaled_dot_product_attention as floats, 1.0 (attend) and 0.0 (hide): SDPA ADDS a "
+            "float mask to the scores, so every key stays in the softmax (a hidden one at score - 1). Pass a "
+            "boolean mask (True = attend), or a float one of 0.0 and -inf",
+            "test_ch3.py::test_paged_decode_torch_matches_sdpa", {"dtype": torch.float32, "case": 0}),
     Mistake("ch3_paged_decode_one_key_too_few", "3.3", {"paged_decode_torch": paged_decode_one_key_too_few},
             "each sequence attends to context_lens[b] - 1 keys, leaving out the newest: its K/V was stored "
             "before attention runs and context_lens[b] counts it. Key position p is visible iff p < context_lens[b]",
@@ -573,6 +588,11 @@ MISTAKES: list[Mistake] = [
             "with split-K the splits are combined with the wrong weights: part_lse is m + ln(l), but m is in "
             "log2 units (the scores were scaled by log2(e) for exp2). Store m + log2(l) (tl.log2): the "
             "combine kernel weights split s by 2^(lse_s - max lse)",
+            "test_ch3.py::test_paged_decode_kernel_matches_sdpa", {"dtype": torch.float32, "case": 0, "num_splits": 3}),
+    Mistake("ch3_decode_chunk_floor", "3.5", {"paged_decode_attention": paged_decode_attention_chunk_floor},
+            "the keys per split are rounded down (seq_len // num_splits): a sequence shorter than num_splits gets 0 "
+            "keys a split and comes out zero (the rounding up to whole tiles hides it for longer ones). Round up: "
+            "cdiv(seq_len, num_splits), then up to a multiple of BLOCK_N",
             "test_ch3.py::test_paged_decode_kernel_matches_sdpa", {"dtype": torch.float32, "case": 0, "num_splits": 3}),
     Mistake("ch3_decode_q_past_head_dim", "3.5", {"paged_decode_attention": paged_decode_attention_q_past_head_dim},
             "q is loaded without the head-dim mask: with HEAD_DIM < BLOCK_D (40 < 64 here) each query row also reads "

@@ -73,6 +73,16 @@ def append_placeholders_limit_before(token_lists, num_prompt_tokens, max_tokens,
     return positions, at_limit
 
 
+def append_placeholders_model_len_strict(token_lists, num_prompt_tokens, max_tokens, max_model_len):
+    positions, at_limit = [], []
+    for tokens, prompt_len, limit in zip(token_lists, num_prompt_tokens, max_tokens):
+        positions.append(len(tokens))
+        tokens.append(PLACEHOLDER_TOKEN)
+        # the bug: > max_model_len, so a sequence that reaches max_model_len tokens is scheduled again
+        at_limit.append(len(tokens) - prompt_len >= limit or len(tokens) > max_model_len)
+    return positions, at_limit
+
+
 def _fill(token_lists, positions, sampled, at_limit, eos_token_ids, params, *, eos_always=False,
           length_at_any_position=False, drop_next=True, length_first=False):
     """fill_placeholders with one rule switched off."""
@@ -257,11 +267,12 @@ def model_bytes_keys_only(mc, dtype_bytes):
     return weights, kv // 2, params  # the bug: the values are not counted
 
 
-def _floor(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, *, first_step=1, causal=2):
+def _floor(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, *, first_step=1, causal=2,
+           last_step_shift=0):
     weights, kv_tok, params = right_model_bytes(mc, dtype_bytes)
     p, o = np.asarray(list(prompt_lens), dtype=np.float64), np.asarray(list(output_lens))
     decode_bytes = 0.0
-    for t in range(first_step, int(o.max())):
+    for t in range(first_step, int(o.max()) + last_step_shift):
         active = o > t
         decode_bytes += weights + ((p[active] + t) * kv_tok).sum()
     H, d, L = mc.num_attention_heads, mc.head_dim, mc.num_hidden_layers
@@ -273,6 +284,10 @@ def _floor(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, 
 
 def workload_floor_decodes_the_first_token(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
     return _floor(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, first_step=0)
+
+
+def workload_floor_one_step_too_many(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, last_step_shift=1)
 
 
 def workload_floor_full_attention(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
@@ -438,15 +453,17 @@ def gumbel_multiplies_by_temperature(logits, temperatures, top_k=None, top_p=Non
 
 
 # 5.4
-def _bytes7(mc, dtype_bytes, *, o_bias=True, qk_norm_per_head=False, q_square=False, final_norm=True):
+def _bytes7(mc, dtype_bytes, *, o_bias=True, qk_norm_per_head=False, q_square=False, final_norm=True,
+            tied_head_unread=False, kv_bias_for_k_only=False):
     h, i, L, d = mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, mc.head_dim
     H, Hkv = mc.num_attention_heads, mc.num_key_value_heads
     q = h * h if q_square else h * H * d  # (h x h: as if H x head_dim were hidden_size)
     per_layer = q + 2 * h * Hkv * d + H * d * h + 2 * h * i + i * h + 2 * h
     per_layer += ((H + Hkv) * d if qk_norm_per_head else 2 * d) * mc.qk_norm
-    per_layer += (H + 2 * Hkv) * d * mc.qkv_bias + (h * mc.o_bias if o_bias else 0)
+    per_layer += (H + (1 if kv_bias_for_k_only else 2) * Hkv) * d * mc.qkv_bias + (h * mc.o_bias if o_bias else 0)
     non_embedding = L * per_layer + (h if final_norm else 0)
-    return (non_embedding + mc.vocab_size * h) * dtype_bytes, 2 * L * Hkv * d * dtype_bytes, non_embedding
+    head = 0 if tied_head_unread and mc.tie_word_embeddings else mc.vocab_size * h
+    return (non_embedding + head) * dtype_bytes, 2 * L * Hkv * d * dtype_bytes, non_embedding
 
 
 def model_bytes_kv_of_hidden_size(mc, dtype_bytes):
@@ -464,6 +481,14 @@ def model_bytes_qk_norm_per_head(mc, dtype_bytes):
 
 def model_bytes_q_proj_square(mc, dtype_bytes):
     return _bytes7(mc, dtype_bytes, q_square=True)
+
+
+def model_bytes_tied_head_unread(mc, dtype_bytes):
+    return _bytes7(mc, dtype_bytes, tied_head_unread=True)
+
+
+def model_bytes_qkv_bias_of_q_and_k(mc, dtype_bytes):
+    return _bytes7(mc, dtype_bytes, kv_bias_for_k_only=True)
 
 
 def model_bytes_without_final_norm(mc, dtype_bytes):
@@ -602,6 +627,11 @@ MISTAKES = [
             "positions[i] is the list's length after appending: that is one past the placeholder's index, so the "
             "sampled token would be written after it. Take len(tokens) before appending (or len(tokens) - 1 after)",
             "test_ch5.py::test_append_placeholders"),
+    Mistake("ch5_append_model_len_strict", "5.2", {"append_placeholders": append_placeholders_model_len_strict},
+            "at_limit compares the length with > max_model_len: a sequence whose placeholder makes it exactly "
+            "max_model_len tokens long is at its limit (one more token would not fit), so len(tokens) >= "
+            "max_model_len after appending",
+            "test_ch5.py::test_append_placeholders"),
     Mistake("ch5_append_ignores_max_model_len", "5.2",
             {"append_placeholders": append_placeholders_ignores_max_model_len},
             "at_limit ignores max_model_len: a sequence whose new placeholder makes it max_model_len tokens long is "
@@ -734,6 +764,10 @@ MISTAKES = [
             "the floor decodes every request's first token too: that token comes from the prefill, so the "
             "decode steps are t = 1 .. max(o) - 1 (a request with o tokens is decoded o - 1 times)",
             "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_one_step_too_many", "5.4", {"workload_floor": workload_floor_one_step_too_many},
+            "the floor runs one decode step past the last: at t = max(o) no request is left, but the step still "
+            "reads the weights once more. The decode steps are t = 1 .. max(o) - 1: range(1, max(o))",
+            "test_ch5.py::test_workload_floor_closed_form"),
     Mistake("ch5_floor_full_attention", "5.4", {"workload_floor": workload_floor_full_attention},
             "prefill attention is counted over the whole p x p score matrix: causal attention computes the "
             "lower half, 2 x p^2 x H x d FLOPs per layer for QK^T and PV together",
@@ -755,6 +789,15 @@ MISTAKES = [
             "q_proj (or o_proj) is counted as hidden_size x hidden_size: it maps hidden_size to "
             "num_attention_heads x head_dim, which need not be hidden_size (Qwen3: 16 x 128 = 2048 against 1024). "
             "Count h x H x d for q_proj and H x d x h for o_proj",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_bytes_tied_head_unread", "5.4", {"model_bytes": model_bytes_tied_head_unread},
+            "with tied embeddings the LM head is not counted as read: tied means one table in memory, but every "
+            "step still reads all of it as the head (vocab_size x hidden_size), while the embedding reads only a "
+            "few rows. Count the head whether or not it is tied",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_bytes_qkv_bias_of_q_and_k", "5.4", {"model_bytes": model_bytes_qkv_bias_of_q_and_k},
+            "the QKV bias (Qwen2) is counted for q and k only: v_proj has a bias too, (H + 2 x Hkv) x head_dim "
+            "values a layer",
             "test_ch5.py::test_model_bytes_match_transformers"),
     Mistake("ch5_bytes_without_final_norm", "5.4", {"model_bytes": model_bytes_without_final_norm},
             "the final RMSNorm (model.norm, hidden_size weights after the last layer) is not counted: it is a "

@@ -90,6 +90,11 @@ def sse_data_dispatches_empty_event(line, lines):
     return _read(line, lines, _data_value)
 
 
+def sse_data_empty_data_is_none(line, lines):
+    data = _read(line, lines, _data_value)
+    return data or None  # the bug: an event whose data is '' ('data:' alone) dispatches nothing
+
+
 # ---- 6.2 incremental detokenization -------------------------------------------------------------------
 def _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, *, hold_back=True, drop_prefix=True,
            read_while_holding=False, slide=True, emit_nothing=False):
@@ -221,6 +226,15 @@ def latency_percentiles_nearest_rank(values_s, percentiles=PERCENTILES):
     out = {"mean": float(v.mean()) if v.size else math.nan}
     for p in percentiles:  # the bug: the nearest-rank value, no interpolation between the two around it
         out["median" if p == 50 else f"p{p:g}"] = float(v[max(0, math.ceil(p / 100 * v.size) - 1)]) if v.size \
+            else math.nan
+    return out
+
+
+def latency_percentiles_midpoint(values_s, percentiles=PERCENTILES):
+    v = np.asarray(values_s, dtype=np.float64) * 1e3
+    out = {"mean": float(v.mean()) if v.size else math.nan}
+    for p in percentiles:  # the bug: the midpoint of the two values around the percentile, not linear
+        out["median" if p == 50 else f"p{p:g}"] = float(np.percentile(v, p, method="midpoint")) if v.size \
             else math.nan
     return out
 
@@ -393,6 +407,15 @@ def abort_request_unregisters(book, request_id):
     return req
 
 
+def abort_request_clears_waiting(book, request_id):
+    req = book.requests.get(request_id)
+    if req is None or req.aborted:
+        return None
+    req.aborted = True
+    req.waiting = False  # the bug: finish() then never counts this waiting request down in num_waiting
+    return req
+
+
 def abort_request_counts_down(book, request_id):
     req = book.requests.get(request_id)
     if req is None or req.aborted:
@@ -557,6 +580,11 @@ MISTAKES = [
             "each data line is returned as an event of its own: an event ends at the empty line only, and its "
             "data is all its data lines joined with '\\n'. Append each value to `lines`; return at the empty line",
             "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_empty_data_is_none", "6.1", {"sse_data": sse_data_empty_data_is_none},
+            "an event whose only data line is empty ('data:' or 'data: ') returns None: it is an event that "
+            "carries the empty string, and returns ''. None is for a blank line after no data line at all (test "
+            "whether `lines` is empty, not whether the joined data is)",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
     Mistake("ch6_sse_data_dispatches_empty_event", "6.1", {"sse_data": sse_data_dispatches_empty_event},
             "an empty line after an event without any data line (only comments such as ': keep-alive', or "
             "event:/id:/retry: fields) returned '' : the client then reads an event whose data is empty "
@@ -715,6 +743,11 @@ MISTAKES = [
             "engine thread ends it and finish() unregisters it and frees its waiting slot (which it cannot do once "
             "the request is gone)",
             "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_abort_clears_waiting", "6.3", {"abort_request": abort_request_clears_waiting},
+            "abort_request sets req.waiting = False: an aborted request still holds its place in the queue until "
+            "finish(), which counts a waiting one down in num_waiting; with waiting already False it never does, "
+            "and num_waiting leaks a slot. Only mark it: req.aborted = True",
+            "test_ch6.py::test_admission_scenario"),
     Mistake("ch6_abort_counts_down", "6.3", {"abort_request": abort_request_counts_down},
             "abort_request counts a waiting request down in num_waiting: counts change only in finish(), when the "
             "engine has ended it (until then it still holds its place). Only mark it: req.aborted = True",
@@ -749,6 +782,10 @@ MISTAKES = [
     Mistake("ch6_percentiles_nearest_rank", "6.4", {"latency_percentiles": latency_percentiles_nearest_rank},
             "percentiles by nearest rank: benchmark_serving's (numpy's default) interpolate linearly between the "
             "two values around rank (n - 1) x p / 100: np.percentile(v, p)",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
+    Mistake("ch6_percentiles_midpoint", "6.4", {"latency_percentiles": latency_percentiles_midpoint},
+            "percentiles by the midpoint of the two values around the rank (method='midpoint'): benchmark_serving's "
+            "(numpy's default, 'linear') weighs them by where the rank (n - 1) x p / 100 falls: np.percentile(v, p)",
             "test_ch6.py::test_latency_percentiles_match_statistics"),
     Mistake("ch6_percentiles_in_seconds", "6.4", {"latency_percentiles": latency_percentiles_in_seconds},
             "the summary is in seconds: the values come in seconds and the summary is in milliseconds (x 1000)",
