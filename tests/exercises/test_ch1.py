@@ -135,8 +135,8 @@ def test_header_of_a_file_that_is_all_header(impl):
     for data in _all_header_files():
         (n,) = struct.unpack("<Q", data[:8])
         check_equal(_header_outcome(impl.parse_safetensors_header, data), (sorted(load(data)), len(data)), "1.2",
-                    f"(tensor names, data_start) of a {len(data)}-byte file that is all header (N = {n} = its size - 8, "
-                    f"as safetensors writes {sorted(load(data)) or 'no tensor'})",
+                    f"(tensor names, data_start) of a {len(data)}-byte file that is all header (N = {n} = its size "
+                    f"- 8, as safetensors writes {sorted(load(data)) or 'no tensor'})",
                     suspects=suspects_of("parse_safetensors_header", lambda fn, data=data: _header_outcome(fn, data)))
 
 
