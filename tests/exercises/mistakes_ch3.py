@@ -652,18 +652,19 @@ def fork_aliases_the_parent(parent_table, blocks):
 
 
 def _append_slot(block_table, num_tokens, block_size, blocks, take_block, *, copy=True, release=True,
-                 always_copy=False, new_block_test=lambda n, bs: (n - 1) % bs == 0):
-    """append_slot with one bug switched on."""
+                 always_copy=False, new_block_test=lambda n, bs: (n - 1) % bs == 0, last=lambda n, bs: -1):
+    """append_slot with one bug switched on (last: the table index taken for the newest token's block)."""
     if new_block_test(num_tokens, block_size):
         block_table.append(take_block().block_id)
         return None
-    old = blocks[block_table[-1]]
+    i = last(num_tokens, block_size)
+    old = blocks[block_table[i]]
     if not copy or (old.ref_count == 1 and not always_copy):
         return None
     new = take_block()
     if release:
         old.ref_count -= 1
-    block_table[-1] = new.block_id
+    block_table[i] = new.block_id
     return old.block_id, new.block_id
 
 
@@ -686,18 +687,8 @@ def append_slot_new_block_one_late(block_table, num_tokens, block_size, blocks, 
 
 def append_slot_last_block_of_num_tokens(block_table, num_tokens, block_size, blocks, take_block):
     """Finds the newest token's block as block_table[num_tokens // block_size]: one past the last block when
-    the token fills that block's last row."""
-    if (num_tokens - 1) % block_size == 0:
-        block_table.append(take_block().block_id)
-        return None
-    i = num_tokens // block_size  # the bug: the newest token, position num_tokens - 1, is in block (n - 1) // bs
-    old = blocks[block_table[i]]
-    if old.ref_count == 1:
-        return None
-    new = take_block()
-    old.ref_count -= 1
-    block_table[i] = new.block_id
-    return old.block_id, new.block_id
+    the token fills that block's last row (the newest token, position num_tokens - 1, is in block (n - 1) // bs)."""
+    return _append_slot(block_table, num_tokens, block_size, blocks, take_block, last=lambda n, bs: n // bs)
 
 
 MISTAKES += [
