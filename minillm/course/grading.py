@@ -89,12 +89,13 @@ def check_type(actual, expected: type, exercise_id: str, what: str, call: str = 
         _fail(exercise_id, f"{what}, got {name}", f"({call or 'it'} returned {_short(actual)})", diagnosis)
 
 
-def check_that(problem: str | None, exercise_id: str, what: str, actual=None, suspects: Suspects | None = None) -> None:
+def check_that(problem: str | None, exercise_id: str, what: str, actual=None, suspects: Suspects | None = None,
+               same: Callable[[Any, Any], bool] | None = None) -> None:
     """Fail with `what` and `problem` when problem is not None: for a check that words its own failure
     ("dropped tokens must be -inf" and "(got -1e+09 at row 0, token 3)"). The diagnosis compares
-    `actual` with each suspect as check_equal does."""
+    `actual` with each suspect by `same` (check_equal's test by default)."""
     if problem is not None:
-        _fail(exercise_id, what, problem, _diagnose(actual, suspects, equal), actual=actual)
+        _fail(exercise_id, what, problem, _diagnose(actual, suspects, same or equal), actual=actual)
 
 
 def require_written(impl: str, exercise_id: str) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from minillm.course.grading import check_close, check_equal
+from minillm.course.grading import check_close, check_equal, check_that
 from mistakes import then, wrong_versions
 
 SENTINEL = 77.0  # what every guard region holds
@@ -70,6 +70,49 @@ def guards_of(buf: torch.Tensor, shape: tuple[int, ...] | None = None, width: in
     return torch.cat([ends, buf[GUARD:-GUARD].view(shape[0], width)[:, shape[1]:].reshape(-1)])
 
 
+def _spans(indices: list[int]) -> str:
+    """[3, 4, 5, 9] -> '3-5, 9'."""
+    spans, start = [], None
+    for i, k in enumerate(indices):
+        start = k if start is None else start
+        if i + 1 == len(indices) or indices[i + 1] != k + 1:
+            spans.append(f"{start}" if start == k else f"{start}-{k}")
+            start = None
+    return ", ".join(spans)
+
+
+def guard_writes(buf: torch.Tensor, shape: tuple[int, ...], width: int | None = None) -> str | None:
+    """Where a kernel wrote outside its output, in the output's own terms (None: nowhere): elements before
+    its first, elements past its end (as flat indices of the output), and for an output `width` wide the
+    columns past shape[1] of each row."""
+    n = shape[0] * width if width is not None else int(torch.tensor(shape).prod())
+    touched = lambda t: (t != SENTINEL).nonzero().flatten().tolist()  # noqa: E731 (NaN != SENTINEL too)
+    found = []
+    before = touched(buf[:GUARD])
+    if before:
+        found.append(f"{_count(before)} before its first (flat indices {_spans([k - GUARD for k in before])})")
+    after = touched(buf[-GUARD:])
+    if after:
+        found.append(f"{_count(after)} past its end (flat indices {_spans([n + k for k in after])} of its {n})")
+    if width is not None:
+        extra = buf[GUARD:-GUARD].view(shape[0], width)[:, shape[1]:] != SENTINEL
+        rows, cols = extra.any(1).nonzero().flatten().tolist(), extra.any(0).nonzero().flatten().tolist()
+        if rows:
+            found.append(f"column{'' if len(cols) == 1 else 's'} {_spans([shape[1] + c for c in cols])} of "
+                         f"row{'' if len(rows) == 1 else 's'} {_spans(rows)}, past each row's "
+                         f"{shape[1]} (its rows are {width} apart: the rest of each row belongs to another tensor)")
+    return "; ".join(found) if found else None
+
+
+def _count(indices: list[int]) -> str:
+    return f"{len(indices)} element{'' if len(indices) == 1 else 's'}"
+
+
+def _same_guards(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal guard regions, NaN where the other has NaN."""
+    return a.shape == b.shape and torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
 def interior(buf: torch.Tensor, shape: tuple[int, ...], width: int | None = None) -> torch.Tensor:
     """The tensor between the guards of a guarded buffer."""
     if width is None:
@@ -86,11 +129,9 @@ def check_guarded(exercise_id: str, what: str, launch: Callable[[Callable], torc
     buffers), so a student's output that equals one of them names the bug."""
     buf = launch(got_launcher)
     suspected = {hint: (lambda fn=fn: launch(fn)) for hint, fn in wrong_versions(launcher).items()}
-    guards = guards_of(buf, shape, width)
-    check_close(guards, torch.full(guards.shape, SENTINEL, dtype=buf.dtype), exercise_id,
-                f"guard regions around the output of {what} (a store without its mask?"
-                f"{' or at the wrong row stride?' if width else ''})", **EXACT,
-                suspects=then(suspected, lambda b: guards_of(b, shape, width)))
+    check_that(guard_writes(buf, shape, width), exercise_id, f"{what} wrote outside its output (a store without "
+               f"its mask{', or at the wrong row stride' if width else ''}?):", actual=guards_of(buf, shape, width),
+               suspects=then(suspected, lambda b: guards_of(b, shape, width)), same=_same_guards)
     check_close(interior(buf, shape, width), want, exercise_id, f"output of {what}", **tol,
                 suspects=then(suspected, lambda b: interior(b, shape, width)))
 
