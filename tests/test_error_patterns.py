@@ -162,3 +162,14 @@ def test_check_equal_says_a_tensors_shape_first_and_where_its_values_differ():
     with pytest.raises(AssertionError) as failure:  # not tensors: as before
         check_equal([1, 2], [1, 3], "3.1", "slot mapping")
     assert "slot mapping is wrong.\n  got:      [1, 2]\n  expected: [1, 3]" in str(failure.value)
+
+
+def test_one_number_is_told_as_a_number():
+    """A 0-d result (a floor in seconds, a count) fails with its value, the expected one and the difference, not
+    'at 1 of 1 elements; first at index ()'."""
+    with pytest.raises(AssertionError) as failure:
+        check_close(torch.tensor(3.56649, dtype=torch.float64), torch.tensor(3.5662, dtype=torch.float64), "5.4",
+                    "floor_decode_s", atol=0, rtol=1e-9)
+    message = str(failure.value)
+    assert "floor_decode_s is 3.56649, expected 3.5662: off by 0.00029" in message
+    assert "1 of 1" not in message and "index ()" not in message

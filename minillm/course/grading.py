@@ -148,6 +148,9 @@ def _close_problem(actual, expected, atol: float, rtol: float) -> str | None:
     bad = err > atol + rtol * e.abs()
     if not bad.any():
         return None
+    if a.dim() == 0:  # one number: no elements or indices to count
+        return (f"is {a.item():.6g}, expected {e.item():.6g}: off by {err.item():.3g} (atol {atol:g}, rtol "
+                f"{rtol:g})")
     idx = tuple(int(i) for i in bad.nonzero()[0])
     return (f"differs from the reference at {int(bad.sum())} of {bad.numel()} elements; max abs error "
             f"{err.max().item():.3g} (atol {atol:g}, rtol {rtol:g}); first at index {idx}: "

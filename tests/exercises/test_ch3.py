@@ -510,8 +510,9 @@ def test_paged_decode_kernel_matches_sdpa(impl, dtype, case, num_splits):
     want = torch.full((len(lengths) + 2, H, d), SENTINEL, dtype=dtype)  # (before the kernel runs on q)
     want[1:-1] = sdpa_decode(q, ks, vs, d ** -0.5).to(dtype)
     out_buf = output_of(impl.paged_decode_attention)
-    check_close(out_buf, want, "3.5", f"decode output with guard rows (lengths {lengths}, H={H}, Hkv={hkv}, D={d}, "
-                f"block_size={bs}, {dtype}, num_splits={num_splits})", **TOL[dtype],
+    check_close(out_buf, want, "3.5", f"decode output with guard rows (rows 1-{len(lengths)} are the sequences of "
+                f"lengths {lengths}, rows 0 and {len(lengths) + 1} guards; H={H}, Hkv={hkv}, D={d}, block_size={bs}, "
+                f"{dtype}, num_splits={num_splits})", **TOL[dtype],
                 suspects=suspects_of("paged_decode_attention", output_of))
     check_equal(unchanged(k_buf, before), True, "3.5", "k_cache is unchanged (decode only reads it)")
 

@@ -159,10 +159,13 @@ STREAM = [  # (lines of one event, does it hold a data line); each group ends wi
 @pytest.mark.ex6_1
 def test_sse_data_reads_a_stream(impl):
     lines = [line for group, _ in STREAM for line in group]
-    want = read_by_openai(STREAM)
-    check_equal(reads(impl.sse_data, lines), want, "6.1",
-                f"what sse_data returns at each line of the stream {lines} (vs the openai package's SSE decoder)",
-                suspects=suspects_of("sse_data", lambda fn: reads(fn, lines)))
+    want, got = read_by_openai(STREAM), reads(impl.sse_data, lines)
+    # the stream is long: say where the two part first, at which line
+    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None) if isinstance(got, list) else None
+    where = "" if first is None else f"; first at line {first}, {lines[first]!r}: got {got[first]!r}, expected " \
+                                     f"{want[first]!r}"
+    check_equal(got, want, "6.1", f"what sse_data returns at each line of the stream (vs the openai package's SSE "
+                f"decoder{where})", suspects=suspects_of("sse_data", lambda fn: reads(fn, lines)))
 
 
 WHITESPACE_LINES = [" ", "  ", "\t", " \t", "\x0b", "\x0c", "\xa0", "\u2028"]  # str.isspace(); no SSE line end
