@@ -23,7 +23,9 @@ step. docs/performance.md ("Running further ahead") quotes these runs.
 * tma: the staged form with the slabs copied by the Tensor Memory Accelerator (bulk copies one thread
   issues, completing on an mbarrier) instead of cp.async; then the same kernel without its grid barrier
   (the weights streamed and the dots done, the outputs wrong: what the memory side alone takes) and
-  without its weight copies after the first layer (the barriers and dots alone: the chain's latency).
+  without its weight copies after the first layer (the barriers and dots alone: the chain's latency); then
+  one replay with every program stamping, each GEMV, when its weights were ready, its arrive and its
+  release (stamp_report: where a GEMV's time goes).
 """
 from __future__ import annotations
 
@@ -680,15 +682,18 @@ def _tma_rows(desc, bar, buf, row0, BOXES_R: gl.constexpr, BOX_R: gl.constexpr, 
 
 
 @gluon.jit
-def _tma_chain_kernel(d_qkv, d_gu, d_d, w_o, y_qkv, y_o, y_gu, y_d, count_ptr, n_layers,
-                      num_warps: gl.constexpr, SYNC: gl.constexpr, LOAD: gl.constexpr, LOAD_O: gl.constexpr = True):
+def _tma_chain_kernel(d_qkv, d_gu, d_d, w_o, y_qkv, y_o, y_gu, y_d, count_ptr, n_layers, stamp_ptr,
+                      num_warps: gl.constexpr, SYNC: gl.constexpr, LOAD: gl.constexpr, LOAD_O: gl.constexpr = True,
+                      STAMP: gl.constexpr = False):
     """_staged_chain_kernel's GEMVs (the same rows a program) with each slab brought by TMA copies a whole
     layer ahead: qkv 32 rows (2 x 4 boxes of 16 x 256), gate_up 48 (3 x 4 boxes), down 8 rows of 3,072
     (12 boxes of 8 x 256); o_proj's 8 rows of 2,048 in registers as there. The copies of a slab are issued
     by one thread between the grid barrier's arrive and its wait, right after the program read the slab's
     buffer for this layer. SYNC=False: no grid barrier (the outputs are then wrong). LOAD=False: the first
     layer's weights only, reused (the outputs are then wrong). LOAD_O=False: o_proj's alone reused (a
-    release waits for the loads before it: does reloading o_proj's registers hold the barriers back?)."""
+    release waits for the loads before it: does reloading o_proj's registers hold the barriers back?).
+    STAMP: each program writes %globaltimer three times a GEMV (its weights ready, its barrier arrive, its
+    release) to stamp_ptr[pid, 4 * layer + gemv, 0..2]."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
     box16: gl.constexpr = d_qkv.layout
     box8: gl.constexpr = d_d.layout
@@ -719,6 +724,7 @@ def _tma_chain_kernel(d_qkv, d_gu, d_d, w_o, y_qkv, y_o, y_gu, y_d, count_ptr, n
             mbarrier.wait(bars.index(0), ready)
         elif layer == 0:
             mbarrier.wait(bars.index(0), 0)
+        _stamp(stamp_ptr, pid, n_layers, 4 * layer, 0, STAMP)
         for r in gl.static_range(2):
             acc = gl.zeros([16], gl.float32, rl)
             for s in gl.static_range(4):
@@ -726,25 +732,31 @@ def _tma_chain_kernel(d_qkv, d_gu, d_d, w_o, y_qkv, y_o, y_gu, y_d, count_ptr, n
                 acc += gl.sum(sq.index(r * 4 + s).load(layout).to(gl.float32) * x[None, :], axis=1)
             gl.store(y_qkv + pid * 32 + r * 16 + gl.arange(0, 16, layout=rl), acc.to(gl.bfloat16))
         phase += 1
+        _stamp(stamp_ptr, pid, n_layers, 4 * layer, 1, STAMP)
         _tma_sync_arrive(count_ptr, SYNC)
         if LOAD:
             fence_async_shared()
             _tma_rows(d_qkv, bars.index(0), sq, nxt * 4096 + pid * 32, 2, 16, 4)
         _tma_sync_wait(count_ptr, phase * G, SYNC)
+        _stamp(stamp_ptr, pid, n_layers, 4 * layer, 2, STAMP)
         # ---- o_proj, from registers
+        _stamp(stamp_ptr, pid, n_layers, 4 * layer + 1, 0, STAMP)
         x = gl.load(y_qkv + gl.arange(0, 2048, layout=xl)).to(gl.float32)
         acc = gl.sum(wo.to(gl.float32) * x[None, :], axis=1)
         gl.store(y_o + pid * 8 + gl.arange(0, 8, layout=rl), acc.to(gl.bfloat16))
         phase += 1
+        _stamp(stamp_ptr, pid, n_layers, 4 * layer + 1, 1, STAMP)
         _tma_sync_arrive(count_ptr, SYNC)
         if LOAD and LOAD_O:
             wo = gl.load(w_o + nxt * (1024 * 2048) + o_offs)
         _tma_sync_wait(count_ptr, phase * G, SYNC)
+        _stamp(stamp_ptr, pid, n_layers, 4 * layer + 1, 2, STAMP)
         # ---- gate_up_proj
         if LOAD:
             mbarrier.wait(bars.index(1), ready)
         elif layer == 0:
             mbarrier.wait(bars.index(1), 0)
+        _stamp(stamp_ptr, pid, n_layers, 4 * layer + 2, 0, STAMP)
         for r in gl.static_range(3):
             acc = gl.zeros([16], gl.float32, rl)
             for s in gl.static_range(4):
@@ -752,30 +764,41 @@ def _tma_chain_kernel(d_qkv, d_gu, d_d, w_o, y_qkv, y_o, y_gu, y_d, count_ptr, n
                 acc += gl.sum(sg.index(r * 4 + s).load(layout).to(gl.float32) * x[None, :], axis=1)
             gl.store(y_gu + pid * 48 + r * 16 + gl.arange(0, 16, layout=rl), acc.to(gl.bfloat16))
         phase += 1
+        _stamp(stamp_ptr, pid, n_layers, 4 * layer + 2, 1, STAMP)
         _tma_sync_arrive(count_ptr, SYNC)
         if LOAD:
             fence_async_shared()
             _tma_rows(d_gu, bars.index(1), sg, nxt * 6144 + pid * 48, 3, 16, 4)
         _tma_sync_wait(count_ptr, phase * G, SYNC)
+        _stamp(stamp_ptr, pid, n_layers, 4 * layer + 2, 2, STAMP)
         # ---- down_proj
         if LOAD:
             mbarrier.wait(bars.index(2), ready)
         elif layer == 0:
             mbarrier.wait(bars.index(2), 0)
+        _stamp(stamp_ptr, pid, n_layers, 4 * layer + 3, 0, STAMP)
         acc = gl.zeros([8], gl.float32, rl)
         for s in gl.static_range(12):
             x = gl.load(y_gu + s * BOX_K + cols).to(gl.float32)
             acc += gl.sum(sd.index(s).load(layout).to(gl.float32) * x[None, :], axis=1)
         gl.store(y_d + pid * 8 + gl.arange(0, 8, layout=rl), acc.to(gl.bfloat16))
         phase += 1
+        _stamp(stamp_ptr, pid, n_layers, 4 * layer + 3, 1, STAMP)
         _tma_sync_arrive(count_ptr, SYNC)
         if LOAD:
             fence_async_shared()
             _tma_rows(d_d, bars.index(2), sd, nxt * 1024 + pid * 8, 1, 8, 12)
         _tma_sync_wait(count_ptr, phase * G, SYNC)
+        _stamp(stamp_ptr, pid, n_layers, 4 * layer + 3, 2, STAMP)
     if LOAD:  # the last layer's copies of its own slabs again: let them land before the kernel ends
         for i in gl.static_range(3):
             mbarrier.wait(bars.index(i), n_layers % 2)
+
+
+@gluon.jit
+def _stamp(stamp_ptr, pid, n_layers, gemv, j: gl.constexpr, STAMP: gl.constexpr):
+    if STAMP:
+        gl.store(stamp_ptr + (pid * 4 * n_layers + gemv) * 3 + j, _asm_timer())
 
 
 @gluon.jit
@@ -823,13 +846,15 @@ def tma_probe() -> None:
                                      ys["gate_up"], ys["down"], count, L, num_warps=8)
         return ys["down"]
 
-    def tma_run(sync=True, load=True, load_o=True, warps=8):
+    stamps = torch.zeros(128, 4 * L, 3, dtype=torch.int64, device=DEV)
+
+    def tma_run(sync=True, load=True, load_o=True, warps=8, stamp=False):
         def run():
             count.zero_()
             ys["down"].copy_(x0)
             _tma_chain_kernel[(128,)](desc["qkv"], desc["gate_up"], desc["down"], w["o"], ys["qkv"], ys["o"],
-                                      ys["gate_up"], ys["down"], count, L, num_warps=warps, SYNC=sync, LOAD=load,
-                                      LOAD_O=load_o)
+                                      ys["gate_up"], ys["down"], count, L, stamps, num_warps=warps, SYNC=sync,
+                                      LOAD=load, LOAD_O=load_o, STAMP=stamp)
             return ys["down"]
         return run
 
@@ -851,7 +876,32 @@ def tma_probe() -> None:
         diff = (fn().float() - want).abs().max().item()
         ts = " ".join(f"{t:7.1f}" for t in times[label])
         print(f"  {label:66s} {ts} us  {100 * floor / min(times[label]):5.1f}%   max |y - chain's| {diff:.3g}")
+    tma_stamps(tma_run(stamp=True), stamps, floor)
 
+
+def tma_stamps(run, stamps: torch.Tensor, floor: float) -> None:
+    """Where a GEMV's time goes in the TMA chain, from each program's stamps (weights ready, arrive, release)."""
+    graph_us(run)  # warmed, captured, replayed: the last replay's stamps stay
+    print(stamp_report(stamps.cpu().double() / 1e3, floor))
+
+
+def stamp_report(st: torch.Tensor, floor: float) -> str:
+    """st [programs, GEMVs, (ready, arrive, release)] in us -> per kind of GEMV, medians over its 28: the whole
+    GEMV (release to release), the spread of the programs' weights becoming ready, how long after the GEMV
+    began the last program's were, the dot (ready to arrive, median program), and the barrier (the last
+    arrive to the first release)."""
+    ready, arrive, release = st[..., 0], st[..., 1], st[..., 2]
+    step = release.min(0).values  # a GEMV ends when the first program leaves its barrier
+    start = torch.cat([ready.min(0).values[:1], step[:-1]])
+    total = (step[-1] - ready[:, 0].min()).item()
+    lines = [f"  stamped replay: {total:.1f} us for the {st.shape[1]} GEMVs ({100 * floor / total:.1f}% of the floor)"]
+    parts = {"whole": step - start, "ready spread": ready.max(0).values - ready.min(0).values,
+             "last ready": ready.max(0).values - start, "dot": (arrive - ready).median(0).values,
+             "barrier": step - arrive.max(0).values}
+    lines.append("    us (median of 28)  " + "".join(f"{k:>14s}" for k in parts))
+    for g, name in enumerate(NAMES):
+        lines.append(f"    {name:19s}" + "".join(f"{v[g::4].median().item():14.2f}" for v in parts.values()))
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     steps = {"cascade": cascade, "staged": staged, "configs": configs, "persistent": persistent, "tma": tma_probe}
