@@ -123,6 +123,20 @@ def rope_cos_sin_exponent_halved(head_dim, max_position, base):
     return torch.cat([angles.cos(), angles.sin()], dim=-1)
 
 
+def rope_cos_sin_in_fp64(head_dim, max_position, base):
+    """The angles in fp64, the table cast to fp32 at the end: more accurate than transformers' fp32, so not its bits."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = torch.arange(max_position, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
+
+
+def rope_cos_sin_negative_power(head_dim, max_position, base):
+    """inv_freq = base ** (-2j / d) in fp32: the same number as 1.0 / base ** (2j / d), rounded differently."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    angles = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+
 def rope_cos_sin_not_inverted(head_dim, max_position, base):
     """inv_freq = base ** (2j / d), without the 1.0 / : frequencies that grow instead of shrink."""
     inv_freq = base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
@@ -1141,6 +1155,17 @@ MISTAKES: list[Mistake] = [
             "rope_cos_sin's frequencies use base ** (-j / d): the exponent is -2j / d for j < d/2, i.e. "
             "torch.arange(0, d, 2) / d", "test_ch2.py::test_rope_cos_sin_matches_qwen3_rotary_embedding",
             {"theta": 10000.0}),
+    Mistake("ch2_rope_cos_sin_in_fp64", "2.3", {"rope_cos_sin": rope_cos_sin_in_fp64},
+            "the angles are computed in fp64 and cast at the end: transformers computes them in fp32, so at Qwen3's "
+            "4,096 positions the table differs from its by up to 3e-4 (3e-3 at 40,960), and the model's logits "
+            "from transformers'. Follow its recipe in fp32: inv_freq = 1.0 / (base ** (torch.arange(0, d, "
+            "2).float() / d)), angles = positions (fp32) x inv_freq",
+            "test_ch2.py::test_rope_cos_sin_bit_for_bit_at_qwen3s_shape"),
+    Mistake("ch2_rope_negative_power", "2.3", {"rope_cos_sin": rope_cos_sin_negative_power},
+            "inv_freq is base ** (-2j / d): the same number as transformers' 1.0 / base ** (2j / d), but rounded "
+            "differently in fp32, and at 4,096 positions an angle's error grows 4,096-fold (the table differs by up "
+            "to 2.4e-4). Write it as transformers does: 1.0 / (base ** (torch.arange(0, d, 2).float() / d))",
+            "test_ch2.py::test_rope_cos_sin_bit_for_bit_at_qwen3s_shape"),
     Mistake("ch2_rope_inv_freq_not_inverted", "2.3", {"rope_cos_sin": rope_cos_sin_not_inverted},
             "rope_cos_sin's frequencies are base ** (2j / d), which grow with j: theta_j = base ** (-2j / d), i.e. "
             "inv_freq = 1.0 / base ** (torch.arange(0, d, 2) / d)",

@@ -359,7 +359,7 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
                    no_decode_first=False, spare_half_prefilled=False, victim_at_the_back=False,
                    budget_for_the_first=False, one_seq_too_many=False, chunk_runs_at_once=False, chunk_in_both=False,
                    decode_first_every_step=False, victim_stays_running=False, preempts_itself=False,
-                   budget_strict=False, never_chunks=False):
+                   budget_strict=False, never_chunks=False, victims_queued_last=False):
     """schedule_step with one bug switched on."""
     scheduled, preempted, num_tokens = [], [], 0
     head = waiting[0] if waiting else None
@@ -415,7 +415,7 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
             block_manager.deallocate(victim)
             if victim_at_the_back:  # the bug: the victim queues behind every waiting sequence
                 waiting.append(victim)
-            else:
+            elif not victims_queued_last:  # (the bug: the step's victims go back together, below)
                 waiting.appendleft(victim)
             preempted.append(victim)
             if victim is seq:
@@ -424,6 +424,8 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
             if may_append:
                 block_manager.may_append(seq)
             scheduled.append(seq)
+    if victims_queued_last:  # the bug: all at once at the end, in an order that puts the newest first
+        waiting.extendleft(reversed(preempted))
     running.extend(scheduled)
     return scheduled, False, preempted
 
@@ -836,6 +838,11 @@ def schedule_step_budget_strict(waiting, running, block_manager, max_num_seqs, m
     return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, budget_strict=True)
 
 
+def schedule_step_victims_queued_last(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens,
+                          victims_queued_last=True)
+
+
 def schedule_step_never_chunks(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
     return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, never_chunks=True)
 
@@ -1036,6 +1043,11 @@ MISTAKES += [
             "max_num_batched_tokens): the budget is the most a step may compute, so admit while tokens + len(seq) "
             "<= max_num_batched_tokens and stop only when it would go past it",
             "test_ch3.py::test_schedule_step_admits_in_order_within_budgets"),
+    Mistake("ch3_schedule_victims_queued_last", "3.6", {"schedule_step": schedule_step_victims_queued_last},
+            "the step's victims go back to `waiting` together at the end, newest first: each one goes to the FRONT "
+            "as it is preempted (waiting.appendleft(victim) inside the loop), so of two victims the older, "
+            "preempted last, is readmitted first",
+            "test_ch3.py::test_schedule_step_preempts_until_a_block_frees"),
     Mistake("ch3_schedule_never_chunks", "3.6", {"schedule_step": schedule_step_never_chunks},
             "the first prompt of a step is computed whole, past the token budget: its chunk is n = min(len(seq) - "
             "seq.num_computed_tokens, max_num_batched_tokens - tokens so far); a prompt longer than the budget "

@@ -73,6 +73,14 @@ def append_placeholders_limit_before(token_lists, num_prompt_tokens, max_tokens,
     return positions, at_limit
 
 
+def top_k_top_p_kth_value(logits, top_k, top_p):
+    """Top-k as 'below the k-th largest value', read with gather at index top_k - 1: past the vocabulary
+    when top_k > V (an index error)."""
+    sorted_logits, _ = logits.sort(dim=-1, descending=True)
+    kth = sorted_logits.gather(-1, (top_k[:, None] - 1).long())
+    return right_top_k_top_p(logits.masked_fill(logits < kth, float("-inf")), None, top_p)
+
+
 def append_placeholders_model_len_strict(token_lists, num_prompt_tokens, max_tokens, max_model_len):
     positions, at_limit = [], []
     for tokens, prompt_len, limit in zip(token_lists, num_prompt_tokens, max_tokens):
@@ -84,7 +92,8 @@ def append_placeholders_model_len_strict(token_lists, num_prompt_tokens, max_tok
 
 
 def _fill(token_lists, positions, sampled, at_limit, eos_token_ids, params, *, eos_always=False,
-          length_at_any_position=False, drop_next=True, length_first=False):
+          length_at_any_position=False, drop_next=True, length_first=False, first_eos_only=False,
+          eos_skips_stop_ids=False):
     """fill_placeholders with one rule switched off."""
     outcomes = []
     for tokens, pos, tok, limit, p in zip(token_lists, positions, sampled, at_limit, params):
@@ -92,7 +101,10 @@ def _fill(token_lists, positions, sampled, at_limit, eos_token_ids, params, *, e
             outcomes.append("dropped")
             continue
         tokens[pos] = tok
-        stop = ((eos_always or not p.ignore_eos) and tok in eos_token_ids) or tok in p.stop_token_ids
+        eos = {min(eos_token_ids)} if first_eos_only else eos_token_ids  # (the bug: one EOS id of several)
+        stop = ((eos_always or not p.ignore_eos) and tok in eos) or tok in p.stop_token_ids
+        if eos_skips_stop_ids and tok in eos_token_ids:  # the bug: an EOS id is judged as EOS alone
+            stop = not p.ignore_eos
         last = limit and (length_at_any_position or pos == len(tokens) - 1)
         if length_first and last:
             outcomes.append("length")
@@ -105,6 +117,14 @@ def _fill(token_lists, positions, sampled, at_limit, eos_token_ids, params, *, e
         else:
             outcomes.append(None)
     return outcomes
+
+
+def fill_placeholders_first_eos_only(token_lists, positions, sampled, at_limit, eos_token_ids, params):
+    return _fill(token_lists, positions, sampled, at_limit, eos_token_ids, params, first_eos_only=True)
+
+
+def fill_placeholders_eos_skips_stop_ids(token_lists, positions, sampled, at_limit, eos_token_ids, params):
+    return _fill(token_lists, positions, sampled, at_limit, eos_token_ids, params, eos_skips_stop_ids=True)
 
 
 def fill_placeholders_eos_despite_ignore_eos(token_lists, positions, sampled, at_limit, eos_token_ids, params):
@@ -627,6 +647,15 @@ MISTAKES = [
             "positions[i] is the list's length after appending: that is one past the placeholder's index, so the "
             "sampled token would be written after it. Take len(tokens) before appending (or len(tokens) - 1 after)",
             "test_ch5.py::test_append_placeholders"),
+    Mistake("ch5_fill_first_eos_only", "5.2", {"fill_placeholders": fill_placeholders_first_eos_only},
+            "only one of the EOS ids stops a request: eos_token_ids is a set (a model's config can list several, and "
+            "the engine adds the tokenizer's), and any of them ends it: tok in eos_token_ids",
+            "test_ch5.py::test_fill_placeholders"),
+    Mistake("ch5_fill_eos_skips_stop_ids", "5.2", {"fill_placeholders": fill_placeholders_eos_skips_stop_ids},
+            "a token that is an EOS id is judged as EOS alone, so with ignore_eos it never stops, even when the "
+            "request lists it in stop_token_ids: the two rules are separate, (not ignore_eos and tok in "
+            "eos_token_ids) OR tok in stop_token_ids",
+            "test_ch5.py::test_fill_placeholders"),
     Mistake("ch5_append_model_len_strict", "5.2", {"append_placeholders": append_placeholders_model_len_strict},
             "at_limit compares the length with > max_model_len: a sequence whose placeholder makes it exactly "
             "max_model_len tokens long is at its limit (one more token would not fit), so len(tokens) >= "
@@ -666,6 +695,11 @@ MISTAKES = [
             "top-p drops the token that crosses top_p (its mass including itself is compared): keep a token "
             "when the mass of the tokens ranked strictly before it is < top_p (probs.cumsum(-1) - probs), so "
             "the kept set's mass reaches top_p and the best token always stays",
+            "test_ch5.py::test_top_k_top_p_masks_match_transformers"),
+    Mistake("ch5_top_k_kth_value", "5.3", {"apply_top_k_top_p": top_k_top_p_kth_value},
+            "top-k reads the k-th largest logit at index top_k - 1, past the end of the row when top_k is larger "
+            "than the vocabulary (a request may ask for that; SamplingParams allows any top_k >= 1). Then every "
+            "token stays: clamp top_k to V, or drop by rank (rank >= top_k), which needs no index",
             "test_ch5.py::test_top_k_top_p_masks_match_transformers"),
     Mistake("ch5_top_p_keeps_the_token_at_top_p", "5.3", {"apply_top_k_top_p": top_p_keeps_the_token_at_top_p},
             "top-p keeps a token whose tokens before it already hold exactly top_p of the mass (mass_before > top_p): "

@@ -8,7 +8,11 @@ packed variable-length batches (several sequences back to back, as the engine ru
     pytest tests/exercises/test_ch2.py --impl=exercises -m ex2_1
 """
 
+import ast
 import functools
+import inspect
+import os
+import textwrap
 
 import pytest
 import torch
@@ -19,8 +23,8 @@ from transformers.models.qwen3.modeling_qwen3 import (Qwen3Attention, Qwen3Decod
 
 from helpers import greedy_reference, ref_path, small_engine_args
 from minillm import LLM, SamplingParams
-from minillm.course.exercises import use_impl
-from minillm.course.grading import check_close, check_equal, check_unmodified, require_written
+from minillm.course.exercises import REPO_DIR, use_impl
+from minillm.course.grading import check_close, check_equal, check_that, check_unmodified, require_written
 from minillm.layers.attention import varlen_attention
 from minillm.layers.layernorm import rms_norm as rms_norm_ref
 from minillm.layers.rotary import apply_rotary as apply_rotary_ref, rope_cos_sin as rope_cos_sin_ref
@@ -213,6 +217,21 @@ def test_rope_cos_sin_matches_qwen3_rotary_embedding(impl, theta):
     cos, sin = rot(torch.zeros(1), torch.arange(512)[None])  # [1, 512, 16] each: halves repeated
     check_close(cache, torch.cat([cos[0, :, :8], sin[0, :, :8]], dim=-1), "2.3", "rope_cos_sin cache", **TOL_ROPE,
                 suspects=suspects("rope_cos_sin", 16, 512, theta))
+
+
+@pytest.mark.ex2_3
+def test_rope_cos_sin_bit_for_bit_at_qwen3s_shape(impl):
+    """head_dim 128, theta 1e6, 4,096 positions: transformers' table to the last bit (the docstring's fp32
+    recipe gives it; an fp64 table, or inv_freq rounded another way, differs by up to ~3e-4 there, which a
+    tolerance cannot tell from a right table, and the model's logits then differ from transformers')."""
+    d, positions, theta = 128, 4096, 1_000_000.0
+    cfg = tiny_config(head_dim=d, max_position_embeddings=positions,
+                      rope_parameters={"rope_type": "default", "rope_theta": theta})
+    cos, sin = Qwen3RotaryEmbedding(cfg)(torch.zeros(1), torch.arange(positions)[None])
+    check_close(impl.rope_cos_sin(d, positions, theta), torch.cat([cos[0, :, :d // 2], sin[0, :, :d // 2]], dim=-1),
+                "2.3", f"rope_cos_sin({d}, {positions}, {theta:g}) bit for bit against transformers' "
+                "Qwen3RotaryEmbedding (fp32 angles, as it computes them)", **EXACT,
+                suspects=suspects("rope_cos_sin", d, positions, theta))
 
 
 @pytest.mark.ex2_3
@@ -523,6 +542,30 @@ def test_triton_rms_norm_fp16_large_activations(impl):
             check_close(normed, want, "2.12", "normed output in fp16, bit for bit (x + residual rounded to fp16, "
                         "the normalized row rounded before the weight)", **EXACT,
                         suspects=then(suspected, lambda out: out[0]))
+
+
+def pdl_wait_problem(kernel) -> str | None:
+    """Where a kernel's gdc_wait() comes too late: a kernel that calls it is launched with programmatic dependent
+    launch on a GPU (minillm.kernels.gemv.pdl_args), and may then start while the kernel writing its input still
+    runs, so every tl.load must come after the wait. None when it does (or when the kernel never waits: it is
+    then launched the ordinary way). A CPU cannot run PDL, so this reads the kernel's code."""
+    source, first = inspect.getsourcelines(kernel.fn)
+    path = os.path.relpath(inspect.getsourcefile(kernel.fn), REPO_DIR)
+    tree = ast.parse(textwrap.dedent("".join(source)))
+    lines = lambda name: sorted(first - 1 + n.lineno for n in ast.walk(tree)  # noqa: E731
+                                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name)
+    waits, loads = lines("gdc_wait"), lines("load")
+    if waits and loads and loads[0] < waits[0]:
+        return (f"(the tl.load at {path}:{loads[0]} comes before gdc_wait() at line {waits[0]}: under PDL it may "
+                f"read x before the kernel writing it has finished)")
+    return None
+
+
+@pytest.mark.ex2_12
+def test_triton_kernel_reads_nothing_before_its_pdl_wait(impl, impl_name):
+    require_written(impl_name, "2.12")  # (a stub's body has no wait to check)
+    check_that(pdl_wait_problem(impl.add_rms_norm_kernel), "2.12", "add_rms_norm_kernel must call "
+               "tl.extra.cuda.gdc_wait() (under `if USE_PDL:`) before its first tl.load")
 
 
 @pytest.mark.ex2_12

@@ -689,6 +689,36 @@ def preempt_the_newest_script(schedule_step):
     yield _step("next step: C (9 tokens = 3 blocks) cannot be readmitted yet", out, ([A, B], False, []))
 
 
+def preempt_until_a_block_frees_script(schedule_step):
+    """Three samples of one prompt share its block (a fork, as n=3 makes); each decode token needs a block
+    of its own and one is free. A takes it; B must preempt C, which frees nothing (the shared block keeps
+    A's and B's references), so B preempts itself too: two victims, the newest first."""
+    bm = ScriptBlockManager(num_blocks=2, block_size=4)
+    (A,) = _seqs([4])
+    waiting, running = deque([A]), deque()
+    schedule_step(waiting, running, bm, 8, 100)  # A's prompt: block 0
+    for name in "BC":
+        child = Sequence(list(A.token_ids), SamplingParams(), 4)
+        child.name = name
+        bm.fork(A, child)
+        child.status = SequenceStatus.RUNNING
+        running.append(child)
+    B, C = running[1], running[2]
+    D = Sequence(list(range(5000, 5008)), SamplingParams(), 4)  # a new request: 2 blocks, more than is free
+    D.name = "D"
+    waiting.append(D)
+    for s in (A, B, C):
+        s.append_token(7)  # the 5th token of each starts a block; one block is free
+    out = schedule_step(waiting, running, bm, 8, 100)
+    yield _step("(scheduled, is_prefill, preempted) when A, B and C share their prompt's block, one block is "
+                "free and D (2 blocks) waits: A takes the block; B preempts C, which frees nothing (its block is "
+                "shared), then itself", out, ([A], False, [C, B]))
+    yield _step("(waiting, running) after: each victim went to the FRONT of waiting as it was preempted, so B, "
+                "the older, is readmitted first, and both before D", (waiting, running), ([B, C, D], [A]))
+    yield _step("(A, B, C block tables, free blocks) after", (A.block_table, B.block_table, C.block_table,
+                                                               bm.num_free_blocks), ([0, 1], [], [], 0))
+
+
 def preempt_itself_when_alone_script(schedule_step):
     bm = ScriptBlockManager(num_blocks=2, block_size=4)
     (A,) = _seqs([8])
@@ -794,6 +824,11 @@ def test_schedule_step_stops_at_the_first_that_does_not_fit(impl):
 @pytest.mark.ex3_6
 def test_schedule_step_preempts_the_newest(impl):
     check_script(impl, preempt_the_newest_script)
+
+
+@pytest.mark.ex3_6
+def test_schedule_step_preempts_until_a_block_frees(impl):
+    check_script(impl, preempt_until_a_block_frees_script)
 
 
 @pytest.mark.ex3_6
