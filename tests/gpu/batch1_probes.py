@@ -600,11 +600,9 @@ def _staged_chain_kernel(w_qkv, w_o, w_gu, w_d, y_qkv, y_o, y_gu, y_d, count_ptr
     async_copy.wait_group(0)
 
 
-def persistent() -> None:
-    """The 112 GEMVs of a step as the engine's GEMV kernels (PDL) against one persistent kernel with a
-    grid barrier between GEMVs, the next GEMV's weights loaded before the barrier's arrive, between its
-    arrive and its wait (a release must wait for the loads before it; an acquire does not hold back the
-    loads issued before it), or after the wait. Earlier probe (2026-12-03): loading ahead did not pay."""
+def chain_case():
+    """The 112 GEMVs' case: (layers, shapes, weights [L, N, K] by name, copy GB/s, floor us, input x0, output
+    buffers, a zeroed barrier counter, chain: the engine's GEMV kernels run over it, PDL-chained)."""
     L = LAYERS
     g = torch.Generator(device=DEV).manual_seed(0)
     shapes = dict(zip(NAMES, SHAPES))
@@ -623,6 +621,15 @@ def persistent() -> None:
             gu = G.gemv(o, w["gate_up"][i])
             y = G.gemv(gu[:, :3072], w["down"][i])
         return y
+    return L, shapes, w, bw, floor, x0, ys, count, chain
+
+
+def persistent() -> None:
+    """The 112 GEMVs of a step as the engine's GEMV kernels (PDL) against one persistent kernel with a
+    grid barrier between GEMVs, the next GEMV's weights loaded before the barrier's arrive, between its
+    arrive and its wait (a release must wait for the loads before it; an acquire does not hold back the
+    loads issued before it), or after the wait. Earlier probe (2026-12-03): loading ahead did not pay."""
+    L, shapes, w, bw, floor, x0, ys, count, chain = chain_case()
 
     def persistent_run(prefetch, warps):
         def run():
@@ -817,27 +824,10 @@ def _tma_sync_wait(count_ptr, target, SYNC: gl.constexpr):
 
 def tma_probe() -> None:
     """The persistent chain with TMA copies, and the same kernel without its barrier or without its copies."""
-    L = LAYERS
-    g = torch.Generator(device=DEV).manual_seed(0)
-    shapes = dict(zip(NAMES, SHAPES))
-    w = {n: (torch.randn(L, N, K, device=DEV, generator=g) / K ** 0.5).to(DT) for n, (N, K) in shapes.items()}
-    bw = device_ceilings().copy_gbps
-    floor = sum(t.numel() * 2 for t in w.values()) / bw / 1e3
-    x0 = torch.randn(1, 1024, device=DEV, generator=g).to(DT)
-    ys = {n: torch.zeros(1, N, device=DEV, dtype=DT) for n, (N, K) in shapes.items()}
-    count = torch.zeros(1, device=DEV, dtype=torch.int32)
+    L, shapes, w, bw, floor, x0, ys, count, chain = chain_case()
     unswizzled = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     desc = {n: TensorDescriptor.from_tensor(w[n].view(L * N, K), [r, BOX_K.value], unswizzled)
             for n, (N, K), r in ((n, shapes[n], r) for n, r in (("qkv", 16), ("gate_up", 16), ("down", 8)))}
-
-    def chain():
-        y = x0
-        for i in range(L):
-            q = G.gemv(y, w["qkv"][i])
-            o = G.gemv(q[:, :2048], w["o"][i])
-            gu = G.gemv(o, w["gate_up"][i])
-            y = G.gemv(gu[:, :3072], w["down"][i])
-        return y
 
     def staged_run():
         count.zero_()
