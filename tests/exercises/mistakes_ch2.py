@@ -1160,12 +1160,12 @@ MISTAKES: list[Mistake] = [
             "4,096 positions the table differs from its by up to 3e-4 (3e-3 at 40,960), and the model's logits "
             "from transformers'. Follow its recipe in fp32: inv_freq = 1.0 / (base ** (torch.arange(0, d, "
             "2).float() / d)), angles = positions (fp32) x inv_freq",
-            "test_ch2.py::test_rope_cos_sin_bit_for_bit_at_qwen3s_shape"),
+            "test_ch2.py::test_rope_cos_sin_has_transformers_angles_at_qwen3s_shape"),
     Mistake("ch2_rope_negative_power", "2.3", {"rope_cos_sin": rope_cos_sin_negative_power},
             "inv_freq is base ** (-2j / d): the same number as transformers' 1.0 / base ** (2j / d), but rounded "
             "differently in fp32, and at 4,096 positions an angle's error grows 4,096-fold (the table differs by up "
             "to 2.4e-4). Write it as transformers does: 1.0 / (base ** (torch.arange(0, d, 2).float() / d))",
-            "test_ch2.py::test_rope_cos_sin_bit_for_bit_at_qwen3s_shape"),
+            "test_ch2.py::test_rope_cos_sin_has_transformers_angles_at_qwen3s_shape"),
     Mistake("ch2_rope_inv_freq_not_inverted", "2.3", {"rope_cos_sin": rope_cos_sin_not_inverted},
             "rope_cos_sin's frequencies are base ** (2j / d), which grow with j: theta_j = base ** (-2j / d), i.e. "
             "inv_freq = 1.0 / base ** (torch.arange(0, d, 2) / d)",

@@ -219,19 +219,22 @@ def test_rope_cos_sin_matches_qwen3_rotary_embedding(impl, theta):
                 suspects=suspects("rope_cos_sin", 16, 512, theta))
 
 
+ROPE_SAME_ANGLES = dict(atol=1e-6, rtol=0)  # the same fp32 angles: cos and sin may differ in their last bit between
+# one machine's vector path and another's (a tail computed by scalar code), never by 1e-6; another angle by 1e-4
+
+
 @pytest.mark.ex2_3
-def test_rope_cos_sin_bit_for_bit_at_qwen3s_shape(impl):
-    """head_dim 128, theta 1e6, 4,096 positions: transformers' table to the last bit (the docstring's fp32
-    recipe gives it; an fp64 table, or inv_freq rounded another way, differs by up to ~3e-4 there, which a
-    tolerance cannot tell from a right table, and the model's logits then differ from transformers')."""
+def test_rope_cos_sin_has_transformers_angles_at_qwen3s_shape(impl):
+    """head_dim 128, theta 1e6, 4,096 positions: transformers' table, its fp32 angles (the docstring's recipe
+    gives them; an fp64 table, or inv_freq rounded another way, differs by up to ~3e-4 there, and the model's
+    logits then differ from transformers')."""
     d, positions, theta = 128, 4096, 1_000_000.0
     cfg = tiny_config(head_dim=d, max_position_embeddings=positions,
                       rope_parameters={"rope_type": "default", "rope_theta": theta})
     cos, sin = Qwen3RotaryEmbedding(cfg)(torch.zeros(1), torch.arange(positions)[None])
     check_close(impl.rope_cos_sin(d, positions, theta), torch.cat([cos[0, :, :d // 2], sin[0, :, :d // 2]], dim=-1),
-                "2.3", f"rope_cos_sin({d}, {positions}, {theta:g}) bit for bit against transformers' "
-                "Qwen3RotaryEmbedding (fp32 angles, as it computes them)", **EXACT,
-                suspects=suspects("rope_cos_sin", d, positions, theta))
+                "2.3", f"rope_cos_sin({d}, {positions}, {theta:g}) against transformers' Qwen3RotaryEmbedding (its "
+                "fp32 angles: within 1e-6)", **ROPE_SAME_ANGLES, suspects=suspects("rope_cos_sin", d, positions, theta))
 
 
 @pytest.mark.ex2_3
