@@ -56,10 +56,11 @@ def prefill_batch(token_ids: list[int], slot_mapping: np.ndarray | None = None) 
                  cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=n, max_seqlen_k=n)
 
 
-def check_batch(batch: Batch, num_slots: int | None = None) -> None:
+def check_batch(batch: Batch, num_slots: int | None = None, block_size: int | None = None) -> None:
     """ValueError, naming the field, when a hand-built step's arrays do not have the shapes Batch documents
-    (a 1-D block table reaches the attention as an IndexError deep inside it otherwise), or, given the
-    cache's num_slots, when a slot lies past the cache (a sequence grown past max_model_len)."""
+    (a 1-D block table reaches the attention as an IndexError deep inside it otherwise); given the cache's
+    num_slots, when a slot lies past the cache (a sequence grown past max_model_len); given block_size, when a
+    decode row's context is longer than its block table covers (its attention would read fewer keys)."""
     n = len(batch.input_ids)
     phase = "prefill" if batch.is_prefill else "decode"
     want = {"input_ids": (batch.input_ids, 1, n), "positions": (batch.positions, 1, n),
@@ -79,6 +80,12 @@ def check_batch(batch: Batch, num_slots: int | None = None) -> None:
                     if field == "block_tables" else f"[{rows if rows is not None else 'num_seqs + 1'}]")
             raise ValueError(f"Batch.{field} has shape {shape}; a {phase} step of {n} token{'' if n == 1 else 's'} "
                              f"needs {need} (see Batch in minillm/engine/model_runner.py)")
+    if block_size is not None and not batch.is_prefill and len(batch.context_lens):
+        longest, width = int(np.max(batch.context_lens)), np.shape(batch.block_tables)[1]
+        if longest > width * block_size:
+            raise ValueError(f"Batch.context_lens holds {longest} keys, but block_tables has {width} column"
+                             f"{'' if width == 1 else 's'} of {block_size}-token blocks ({width * block_size} keys): "
+                             f"a row needs ceil(context_len / block_size) blocks in its table")
     if num_slots is not None and batch.slot_mapping is not None and len(batch.slot_mapping) \
             and int(np.max(batch.slot_mapping)) >= num_slots:
         raise ValueError(f"Batch.slot_mapping holds slot {int(np.max(batch.slot_mapping))}, past the KV cache's "
@@ -91,7 +98,7 @@ def last_logits(runner: ModelRunner, batch: Batch) -> torch.Tensor:
     """Run one step through the engine's model and return the logits of the batch's LAST row: [vocab] fp32.
     (load_batch copies the batch to the device and sets the attention context; it is reset after.)
     A step whose arrays do not have Batch's shapes raises ValueError naming the field (check_batch)."""
-    check_batch(batch, runner.num_kvcache_blocks * runner.block_size)
+    check_batch(batch, runner.num_kvcache_blocks * runner.block_size, runner.block_size)
     input_ids, positions = runner.load_batch(batch)
     try:
         hidden = runner.model(input_ids, positions)

@@ -151,32 +151,46 @@ def header_rejects_a_header_ending_the_file(data, file_size=None) -> tuple[dict,
     return right_parse_header(data, file_size=size - 1)  # the reference, told the file is one byte shorter
 
 
-def read_tensor_end_without_data_start(buf, info: dict, data_start: int, name: str = "") -> torch.Tensor:
-    """Compares the entry's end offset, which counts from data_start, with len(buf) itself: a tensor past
-    the end of the file passes the check, and torch.frombuffer refuses it with its own ValueError."""
+def _read_tensor(buf, info: dict, data_start: int, name: str = "", *, size_check: str = "==",
+                 empty_first: bool = False, end_from_data_start: bool = True) -> torch.Tensor:
+    """read_tensor with one check changed: the byte range's size compared with ">=" (a longer one passes)
+    or not at all ("none"), an empty tensor returned before any check (empty_first), or the end offset
+    compared with len(buf) as if it counted from the buffer's start (end_from_data_start False)."""
     if info.get("dtype") not in SAFETENSORS_DTYPES:
         raise ValueError(f"tensor {name!r}: unsupported dtype {info.get('dtype')!r}")
     dtype = SAFETENSORS_DTYPES[info["dtype"]]
     shape, (begin, end) = info["shape"], info["data_offsets"]
-    if end - begin != _numel(shape) * dtype.itemsize or begin < 0 or end > len(buf):
+    if empty_first and _numel(shape) == 0:
+        return torch.empty(shape, dtype=dtype)
+    size, want = end - begin, _numel(shape) * dtype.itemsize
+    wrong_size = {"==": size != want, ">=": size < want, "none": False}[size_check]
+    if wrong_size or begin < 0 or (data_start if end_from_data_start else 0) + end > len(buf):
         raise ValueError(f"tensor {name!r}: offsets {begin}..{end} do not fit its shape")
     if _numel(shape) == 0:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(buf, dtype=dtype, count=_numel(shape), offset=data_start + begin).view(shape)
 
 
+def read_tensor_size_at_least(buf, info: dict, data_start: int, name: str = "") -> torch.Tensor:
+    """Refuses a byte range shorter than the shape but accepts a longer one."""
+    return _read_tensor(buf, info, data_start, name, size_check=">=")
+
+
+def read_tensor_empty_before_checks(buf, info: dict, data_start: int, name: str = "") -> torch.Tensor:
+    """Returns an empty tensor before checking its entry's offsets."""
+    return _read_tensor(buf, info, data_start, name, empty_first=True)
+
+
+def read_tensor_end_without_data_start(buf, info: dict, data_start: int, name: str = "") -> torch.Tensor:
+    """Compares the entry's end offset, which counts from data_start, with len(buf) itself: a tensor past
+    the end of the file passes the check, and torch.frombuffer refuses it with its own ValueError."""
+    return _read_tensor(buf, info, data_start, name, end_from_data_start=False)
+
+
 def read_tensor_without_size_check(buf, info: dict, data_start: int, name: str = "") -> torch.Tensor:
     """Checks the dtype and the end of the buffer but not that end - begin is numel * itemsize: offsets
     that do not fit the shape are read as if they did."""
-    if info.get("dtype") not in SAFETENSORS_DTYPES:
-        raise ValueError(f"tensor {name!r}: unsupported dtype {info.get('dtype')!r}")
-    dtype = SAFETENSORS_DTYPES[info["dtype"]]
-    shape, (begin, end) = info["shape"], info["data_offsets"]
-    if begin < 0 or data_start + end > len(buf):
-        raise ValueError(f"tensor {name!r}: offsets past the end of the file")
-    if _numel(shape) == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(buf, dtype=dtype, count=_numel(shape), offset=data_start + begin).view(shape)
+    return _read_tensor(buf, info, data_start, name, size_check="none")
 
 
 # ---- 1.3 packed parameters -----------------------------------------------------------------------
@@ -510,6 +524,16 @@ MISTAKES: list[Mistake] = [
             "last byte, and safetensors writes every file whose tensors hold no bytes (or that holds none) that "
             "way. Raise only when N > file_size - 8",
             "test_ch1.py::test_header_of_a_file_that_is_all_header"),
+    Mistake("ch1_read_tensor_size_at_least", "1.2", {"read_tensor": read_tensor_size_at_least},
+            "read_tensor refuses a byte range shorter than the shape needs but accepts a longer one (<, not !=): "
+            "offsets that span more bytes than numel * itemsize describe another tensor than the header says. "
+            "Raise unless end - begin == numel * dtype.itemsize",
+            CORRUPT, {"case": "offsets longer than the shape"}),
+    Mistake("ch1_read_tensor_empty_before_checks", "1.2", {"read_tensor": read_tensor_empty_before_checks},
+            "read_tensor returns an empty tensor before checking its entry: an entry of no elements whose offsets "
+            "span bytes is corrupt too. Check the offsets first (end - begin == 0 for it), then return "
+            "torch.empty(shape)",
+            CORRUPT, {"case": "an empty tensor whose offsets hold bytes"}),
     Mistake("ch1_read_tensor_end_without_data_start", "1.2", {"read_tensor": read_tensor_end_without_data_start},
             "read_tensor's bound check compares the entry's end offset with len(buf), but offsets count from "
             "data_start: a tensor past the end of the file passes it, and only torch.frombuffer's own error (which "

@@ -109,6 +109,12 @@ def add_rms_norm_normalizes_the_fp32_sum(x, residual, weight, eps):
     return rms_norm(total, weight, eps).to(x.dtype), total.to(x.dtype)
 
 
+def add_rms_norm_fixed_eps(x, residual, weight, eps):
+    """Normalizes with eps = 1e-6 written in (Qwen3's), not the eps it is given."""
+    new_residual = x + residual
+    return rms_norm(new_residual, weight, 1e-6), new_residual
+
+
 def add_rms_norm_outputs_swapped(x, residual, weight, eps):
     """Returns (new_residual, normed) instead of (normed, new_residual)."""
     new_residual = x + residual
@@ -298,6 +304,11 @@ def attention_mask_diagonal_negated(q, k, v, scale):
 def attention_math_in_input_dtype(q, k, v, scale):
     """Computes the products and the softmax in q's dtype: no .float() (bf16 rounds every step)."""
     return _attention(q, k, v, scale, in_fp32=False)
+
+
+def attention_scale_in_input_dtype(q, k, v, scale):
+    """Multiplies q by scale in q's dtype, then upcasts: in bf16 the scaled q is rounded."""
+    return _attention(q * scale, k, v, 1.0)
 
 
 def attention_returns_fp32(q, k, v, scale):
@@ -717,7 +728,8 @@ def matmul_half_accumulator(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, 
 @triton.jit
 def _matmul_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, A_CONTIGUOUS: tl.constexpr,
-                    B_CONTIGUOUS: tl.constexpr, SWAP_PROGRAM_IDS: tl.constexpr, OVERWRITE: tl.constexpr):
+                    B_CONTIGUOUS: tl.constexpr, SWAP_PROGRAM_IDS: tl.constexpr, OVERWRITE: tl.constexpr,
+                    C_CONTIGUOUS: tl.constexpr = False):
     """The right matmul, with one of its details changed (see the wrappers below)."""
     if SWAP_PROGRAM_IDS:
         pid_m, pid_n = tl.program_id(1), tl.program_id(0)
@@ -744,8 +756,19 @@ def _matmul_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_b
             acc = tl.dot(a, b)
         else:
             acc += tl.dot(a, b)
-    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
-             mask=mask_m[:, None] & mask_n[None, :])
+    if C_CONTIGUOUS:  # (the bug: C's element (i, j) at i * N + j)
+        c_offsets = offs_m[:, None] * N + offs_n[None, :]
+    else:
+        c_offsets = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptr + c_offsets, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def matmul_c_assumed_contiguous(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                                stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Stores C as if contiguous, element (i, j) at i * N + j: ignores stride_cm and stride_cn."""
+    _matmul_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                    BLOCK_M, BLOCK_N, BLOCK_K, False, False, False, False, True)
 
 
 @triton.jit
@@ -785,7 +808,7 @@ def _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, s
                             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, RESCALE_SUM: tl.constexpr,
                             RESCALE_ACC: tl.constexpr, PAD_SCORE: tl.constexpr, ALPHA_INVERTED: tl.constexpr,
                             KEEP_MAX: tl.constexpr, DIVIDE: tl.constexpr, SCORES_CONTIGUOUS: tl.constexpr,
-                            MAX_FROM_ZERO: tl.constexpr = False):
+                            MAX_FROM_ZERO: tl.constexpr = False, OUT_CONTIGUOUS: tl.constexpr = False):
     """The right online softmax, with one of its details switched off (see the wrappers below)."""
     row = tl.program_id(0).to(tl.int64)
     offs_n = tl.arange(0, BLOCK_N)
@@ -824,7 +847,10 @@ def _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, s
             m = m_new
     if DIVIDE:
         acc = acc / l
-    tl.store(out_ptr + row * stride_out + offs_d, acc.to(out_ptr.dtype.element_ty), mask=mask_d)
+    if OUT_CONTIGUOUS:  # (the bug: output rows head_dim apart)
+        tl.store(out_ptr + row * head_dim + offs_d, acc.to(out_ptr.dtype.element_ty), mask=mask_d)
+    else:
+        tl.store(out_ptr + row * stride_out + offs_d, acc.to(out_ptr.dtype.element_ty), mask=mask_d)
 
 
 @triton.jit
@@ -849,6 +875,14 @@ def online_max_starts_at_zero(scores_ptr, values_ptr, out_ptr, n_keys, head_dim,
     """m = 0.0 at the start instead of -inf: the max never drops below 0."""
     _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
                             BLOCK_N, BLOCK_D, True, True, float("-inf"), False, True, True, False, True)
+
+
+@triton.jit
+def online_out_rows_head_dim_apart(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Stores output row r at out_ptr + r * head_dim, as if the output were contiguous."""
+    _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                            BLOCK_N, BLOCK_D, True, True, float("-inf"), False, True, True, False, False, True)
 
 
 @triton.jit
@@ -1097,9 +1131,10 @@ ONLINE = PRIMER + "test_softmax_weighted_sum_matches_torch"
 
 MISTAKES: list[Mistake] = [
     Mistake("ch2_rms_norm_no_fp32_upcast", "2.1", {"rms_norm": rms_norm_in_input_dtype},
-            "rms_norm computes the statistics in the input's dtype: in fp16, x**2 overflows once |x| > 256 (and "
-            "bf16 loses precision); compute on x.float() and cast the normalized x back to x.dtype "
-            "before multiplying by weight", "test_ch2.py::test_rms_norm_fp16_large_activations"),
+            "rms_norm's statistics pass through the input's dtype: in fp16, x**2 (or their fp32 mean cast back "
+            "to x.dtype) overflows once |x| > 256 (and bf16 loses precision); keep the squares, their mean and "
+            "rsqrt on x.float(), and cast only the normalized x back to x.dtype before multiplying by weight",
+            "test_ch2.py::test_rms_norm_fp16_large_activations"),
     Mistake("ch2_rms_norm_eps_outside_sqrt", "2.1", {"rms_norm": rms_norm_eps_outside_sqrt},
             "eps is added outside the square root: divide by sqrt(mean(x**2) + eps), i.e. multiply by "
             "torch.rsqrt(mean + eps)", "test_ch2.py::test_rms_norm_uses_eps"),
@@ -1148,6 +1183,10 @@ MISTAKES: list[Mistake] = [
             "in bf16 the two differ, and so does the rounding after. Compute residual = x + residual in x.dtype "
             "first, then normed = rms_norm(residual, ...): the norm of exactly the stream you return",
             "test_ch2.py::test_add_rms_norm_bf16_keeps_the_stream_in_bf16"),
+    Mistake("ch2_add_rms_norm_fixed_eps", "2.2", {"add_rms_norm": add_rms_norm_fixed_eps},
+            "add_rms_norm normalizes with eps = 1e-6 written in: each model brings its own rms_norm_eps (Llama 3 and "
+            "SmolLM2 1e-5); pass the eps argument to rms_norm",
+            "test_ch2.py::test_add_rms_norm_uses_eps"),
     Mistake("ch2_add_rms_norm_outputs_swapped", "2.2", {"add_rms_norm": add_rms_norm_outputs_swapped},
             "add_rms_norm returns (new_residual, normed): the order is (normed, new_residual), as "
             "apply_rms_norm and the decoder layer unpack it", ADD_NORM),
@@ -1256,6 +1295,11 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_attention_math_in_input_dtype", "2.4", {"causal_attention": attention_math_in_input_dtype},
             "causal_attention computes in q's dtype: in bf16 the scores, the softmax and the weighted sum each round "
             "to 8 bits. Upcast q, k and v with .float(), and cast the result back to q.dtype once, at the end",
+            "test_ch2.py::test_causal_attention_bf16_keeps_dtype_and_matches"),
+    Mistake("ch2_attention_scale_in_input_dtype", "2.4", {"causal_attention": attention_scale_in_input_dtype},
+            "q is multiplied by scale in q's dtype, before the upcast: in bf16 q * scale rounds to 8 bits (unless "
+            "scale is a power of two; a model's head_dim ** -0.5 is not for head_dim 128). Upcast first, then "
+            "scale: (q.float() @ k.float()...) * scale",
             "test_ch2.py::test_causal_attention_bf16_keeps_dtype_and_matches"),
     Mistake("ch2_silu_on_up", "2.5", {"silu_and_mul": silu_on_up},
             "SiLU is applied to the wrong half: x is [gate | up], so silu(first half) * second half", MLP,
@@ -1429,6 +1473,11 @@ MISTAKES: list[Mistake] = [
             "the accumulator is kept in fp16 and rounded after every K tile, so the error grows with K: keep "
             "acc = tl.zeros(..., dtype=tl.float32) and cast to C's dtype once, at the store",
             PRIMER + "test_matmul_fp16_accumulates_in_fp32"),
+    Mistake("ch2_primer_matmul_c_assumed_contiguous", "2.10",
+            {"matmul_kernel": matmul_c_assumed_contiguous,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_c_assumed_contiguous)},
+            "C is stored as if contiguous (row * N + col): C may be a slice of a wider tensor, so store at "
+            "offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn", PRIMER + "test_matmul_into_rows_of_a_wider_output"),
     Mistake("ch2_primer_matmul_a_assumed_contiguous", "2.10",
             {"matmul_kernel": matmul_a_assumed_contiguous, "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_a_assumed_contiguous)},
             "A is addressed as if contiguous (row * K + k): A may be a transposed view, so use its strides, "
@@ -1460,6 +1509,13 @@ MISTAKES: list[Mistake] = [
             "the running max starts at 0.0: when every score is far below 0 (attention scores can be), exp(s - 0) "
             "underflows to 0, l stays 0 and the output is 0 / 0 = NaN. Start m at -inf (the first tile's max "
             "then replaces it)", ONLINE, {"case": "far-below-zero"}),
+    Mistake("ch2_primer_online_out_rows_head_dim_apart", "2.11",
+            {"online_softmax_kernel": online_out_rows_head_dim_apart,
+             "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",
+                                                 online_out_rows_head_dim_apart)},
+            "output row r is stored at out_ptr + r * head_dim, as if the output were contiguous: its rows are "
+            "stride_out elements apart (it may be a slice of a wider tensor), so store at out_ptr + row * stride_out",
+            PRIMER + "test_softmax_weighted_sum_into_rows_of_a_wider_output"),
     Mistake("ch2_primer_online_nothing_rescaled", "2.11",
             {"online_softmax_kernel": online_nothing_rescaled,
              "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",

@@ -57,6 +57,19 @@ def block_hash_unsigned(token_ids, prefix_hash):
     return int.from_bytes(h.digest(), "little")  # the bug: unsigned, in [0, 2**64)
 
 
+def block_hash_xor_chained(token_ids, prefix_hash):
+    h = hashlib.blake2b(digest_size=8)
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return int.from_bytes(h.digest(), "little", signed=True) ^ prefix_hash  # the bug: the chain by XOR
+
+
+def block_hash_int16_tokens(token_ids, prefix_hash):
+    h = hashlib.blake2b(digest_size=8)
+    h.update(prefix_hash.to_bytes(8, "little", signed=True))
+    h.update(np.asarray(token_ids).astype(np.int16).tobytes())  # the bug: ids past 32,767 wrap around
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
 def _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, *, last_block_counts=False,
                   check_tokens=True, stop_at_miss=False, last_block_unhashed=False):
     """match_prefix with one rule switched off."""
@@ -117,6 +130,20 @@ def _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, *, hea
         mask = mask.to(q.dtype)
     out = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale)
     return out.squeeze(2)
+
+
+def paged_decode_in_place_unchecked(q, k_cache, v_cache, block_tables, context_lens, scale):
+    """The batch-1 shortcut without its check: reads one sequence's keys in place from its first block on,
+    as if its blocks were consecutive."""
+    if len(block_tables) != 1:
+        return _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
+    length, block_size = int(context_lens[0]), k_cache.shape[1]
+    first, n = int(block_tables[0, 0]), -(-length // block_size)
+    k = k_cache[first:first + n].flatten(0, 1)[:length].transpose(0, 1)  # [Hkv, L, D]: blocks first.. in order
+    v = v_cache[first:first + n].flatten(0, 1)[:length].transpose(0, 1)
+    group = q.shape[1] // k.shape[0]
+    k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+    return torch.nn.functional.scaled_dot_product_attention(q[0][:, None], k, v, scale=scale).transpose(0, 1)
 
 
 def paged_decode_heads_tiled(q, k_cache, v_cache, block_tables, context_lens, scale):
@@ -494,6 +521,16 @@ MISTAKES: list[Mistake] = [
             "so a cache hit could hand a sequence K/V computed after another prefix. Feed prefix_hash into the "
             "hash first (prefix_hash.to_bytes(8, 'little', signed=True)), then the tokens",
             "test_ch3.py::test_block_hash_is_chained_and_deterministic"),
+    Mistake("ch3_block_hash_xor_chained", "3.2", {"compute_block_hash": block_hash_xor_chained},
+            "the prefix's hash is combined with the block's by XOR: XOR is symmetric and undoes itself, so [A, B] "
+            "and [B, A] get one hash and [A, A] gets -1, the 'no hash' mark (a prompt of a repeated block then "
+            "reuses another position's K/V). Feed the prefix hash into the digest with the tokens: "
+            "h.update(prefix_hash.to_bytes(8, 'little', signed=True)) before the token bytes",
+            "test_ch3.py::test_block_hash_is_chained_and_deterministic"),
+    Mistake("ch3_block_hash_int16_tokens", "3.2", {"compute_block_hash": block_hash_int16_tokens},
+            "the token ids are packed as 16-bit integers: ids past 32,767 wrap around (Qwen's vocabulary has "
+            "151,936), so different blocks hash alike and prefix hits are lost. Pack them as int64",
+            "test_ch3.py::test_block_hash_is_chained_and_deterministic"),
     Mistake("ch3_block_hash_unsigned", "3.2", {"compute_block_hash": block_hash_unsigned},
             "the hash is unsigned, in [0, 2**64): half of them do not fit a signed 64-bit integer. Turn the "
             "digest back into an int with int.from_bytes(digest, 'little', signed=True)",
@@ -520,6 +557,12 @@ MISTAKES: list[Mistake] = [
             "at the first miss, but keep hashing",
             "test_ch3.py::test_match_prefix_rules"),
     # 3.3
+    Mistake("ch3_paged_decode_in_place_unchecked", "3.3", {"paged_decode_torch": paged_decode_in_place_unchecked},
+            "the batch-1 shortcut reads the sequence's keys in place from its first block on, without checking "
+            "that its blocks are consecutive: after a prefix-cache hit or a preemption they rarely are. Take the "
+            "shortcut only when every step of the table is +1 ((blocks[0].diff() == 1).all()), else gather "
+            "through the table",
+            "test_ch3.py::test_paged_decode_torch_one_sequence_on_its_blocks", {"blocks": [0, 4, 2]}),
     Mistake("ch3_paged_decode_heads_tiled", "3.3", {"paged_decode_torch": paged_decode_heads_tiled},
             "query head h reads KV head h % Hkv (the KV heads were tiled, as Tensor.repeat does): with "
             "grouped-query attention query head h reads KV head h // (H // Hkv). Use "

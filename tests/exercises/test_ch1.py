@@ -227,6 +227,9 @@ def _corrupt_cases() -> dict[str, bytes]:
         "shape not a list": with_header(lambda h: h["alpha"].update(shape="2x3")),
         "negative dimension": with_header(lambda h: h["alpha"].update(shape=[2, -3])),
         "tensor past the end": with_header(lambda h: h["beta"].update(shape=[8], data_offsets=[24, 40])),
+        "offsets longer than the shape": with_header(lambda h: h["alpha"].update(data_offsets=[0, 28])),
+        "an empty tensor whose offsets hold bytes": with_header(
+            lambda h: h.update(gamma={"dtype": "F16", "shape": [4, 0], "data_offsets": [0, 8]})),
         "missing data_offsets": with_header(lambda h: h["alpha"].pop("data_offsets")),
         "entry not an object": with_header(lambda h: h.update(c=5)),
         # the whole header is valid JSON and names no tensor, but N claims 8 bytes more than the file holds:
@@ -243,7 +246,8 @@ def _named_by_read_tensor() -> dict[str, str]:
     last = max(json.loads(good[8:8 + n]).items(), key=lambda kv: kv[1]["data_offsets"][1] if kv[0] != "__metadata__"
                else -1)[0]
     return {"truncated data": last, "offsets do not match the shape": "alpha", "unknown dtype": "alpha",
-            "tensor past the end": "beta"}
+            "tensor past the end": "beta", "offsets longer than the shape": "alpha",
+            "an empty tensor whose offsets hold bytes": "gamma"}
 
 
 def _corrupt_outcome(impl, data: bytes, case: str | None = None) -> str:

@@ -352,10 +352,12 @@ MATMUL_TILES = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)  # the smallest tl.dot t
 MATMUL_WIDE_TILES = dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=32)  # others: the kernel must use the tiles it is given
 
 
-def matmul_launch(a: torch.Tensor, b: torch.Tensor, tiles: dict = MATMUL_TILES) -> Callable[[Callable], torch.Tensor]:
-    """launch(tiled_matmul) -> the guarded output buffer of tiled_matmul(a, b, tiles, out=...)."""
+def matmul_launch(a: torch.Tensor, b: torch.Tensor, tiles: dict = MATMUL_TILES,
+                  width: int | None = None) -> Callable[[Callable], torch.Tensor]:
+    """launch(tiled_matmul) -> the guarded output buffer of tiled_matmul(a, b, tiles, out=...) (out's rows
+    `width` elements apart when given)."""
     def launch(tiled_matmul: Callable) -> torch.Tensor:
-        buf, out = guarded_output((a.shape[0], b.shape[1]), a.dtype)
+        buf, out = guarded_output((a.shape[0], b.shape[1]), a.dtype, width=width)
         tiled_matmul(a, b, tiles, out=out)
         return buf
 
@@ -372,6 +374,17 @@ def test_matmul_of_odd_shapes_writes_only_its_tiles(impl):
     a, b = a_t.t(), b_t.t()
     check_guarded("2.10", f"tiled_matmul [{M}, {K}] @ [{K}, {N}]", matmul_launch(a, b), "tiled_matmul", (M, N), a @ b,
                   impl.tiled_matmul, **TOL_MATMUL)
+
+
+@pytest.mark.ex2_10
+def test_matmul_into_rows_of_a_wider_output(impl):
+    """C is [20, 36] cut from a [20, 50] tensor: its rows are 50 apart (stride_cm), and the 14 columns after
+    each row belong to another tensor."""
+    M, K, N = 20, 24, 36
+    _, a = guarded(randn(M, K, seed=46))
+    _, b = guarded(randn(K, N, seed=47))
+    check_guarded("2.10", f"tiled_matmul [{M}, {K}] @ [{K}, {N}] into rows 50 apart", matmul_launch(a, b, width=50),
+                  "tiled_matmul", (M, N), a @ b, impl.tiled_matmul, width=50, **TOL_MATMUL)
 
 
 @pytest.mark.ex2_10
@@ -445,6 +458,22 @@ def test_softmax_weighted_sum_matches_torch(impl, case):
     check_guarded("2.11", f"softmax_weighted_sum of {n_keys} keys in tiles of {ONLINE_BLOCK_N} ({case})", launch,
                   "softmax_weighted_sum", (ONLINE_ROWS, ONLINE_DIM), torch.softmax(scores, dim=-1) @ values,
                   impl.softmax_weighted_sum, **TOL_ONLINE)
+
+
+@pytest.mark.ex2_11
+def test_softmax_weighted_sum_into_rows_of_a_wider_output(impl):
+    """The output is [5, 24] cut from a [5, 40] tensor: its rows are 40 apart (stride_out)."""
+    n_keys = 40
+    scores, values = online_scores("max-grows", n_keys), randn(n_keys, ONLINE_DIM, seed=48)
+
+    def launch(softmax_weighted_sum: Callable) -> torch.Tensor:
+        buf, out = guarded_output((ONLINE_ROWS, ONLINE_DIM), width=40)
+        softmax_weighted_sum(scores, values, block_n=ONLINE_BLOCK_N, out=out)
+        return buf
+
+    check_guarded("2.11", f"softmax_weighted_sum of {n_keys} keys into rows 40 apart", launch,
+                  "softmax_weighted_sum", (ONLINE_ROWS, ONLINE_DIM), torch.softmax(scores, dim=-1) @ values,
+                  impl.softmax_weighted_sum, width=40, **TOL_ONLINE)
 
 
 @pytest.mark.ex2_11

@@ -174,6 +174,15 @@ def test_block_hash_is_chained_and_deterministic(impl):
         ("a chained hash differs from the block hashed alone",
          lambda h: h(blocks[1], h(blocks[0], -1)) != h(blocks[1], -1), True),
         ("token order matters", lambda h: h(swapped, -1) != h(blocks[3], -1), True),
+        # the chain is not symmetric, and a repeated block is a new link: a hash that combines the prefix's hash
+        # and the block's own by XOR gives [A, B] and [B, A] one hash, [A, A] the hash -1 (no hash at all)
+        ("the order of two blocks matters: hash(B after A) != hash(A after B)",
+         lambda h: h(blocks[1], h(blocks[0], -1)) != h(blocks[0], h(blocks[1], -1)), True),
+        ("a block repeated: (hash(A after A) is not -1, hash(A after A after A) != hash(A alone))",
+         lambda h: (h(blocks[0], h(blocks[0], -1)) != -1,
+                    h(blocks[0], h(blocks[0], h(blocks[0], -1))) != h(blocks[0], -1)), (True, True)),
+        ("token ids past 65,535 (Qwen's vocabulary has 151,936): hash([1] + 15 fives) != hash([65537] + 15 fives)",
+         lambda h: h([1] + [5] * 15, -1) != h([65537] + [5] * 15, -1), True),
     ]
     for what, prop, expected in properties:  # (what a property raises is graded too: outcome)
         check_equal(outcome(lambda: prop(impl.compute_block_hash)), expected, "3.2", what,  # noqa: B023 (called now)
@@ -342,10 +351,11 @@ def test_prefix_cache_in_the_engine(impl, monkeypatch):
 
 
 # ---- 3.3 paged decode attention in torch -------------------------------------------------------
-def paged_case(lengths, H, hkv, d, block_size, dtype, seed=0, fill=float("nan")):
+def paged_case(lengths, H, hkv, d, block_size, dtype, seed=0, fill=float("nan"), blocks: list[int] | None = None):
     """Per-sequence K/V scattered into shuffled cache blocks (plain indexing), tables padded with -1.
     Every cache row no sequence owns holds `fill`: NaN, as unwritten memory may, which must never leak in
-    (or a finite value, where a key counted by mistake then shows as a wrong value rather than NaN)."""
+    (or a finite value, where a key counted by mistake then shows as a wrong value rather than NaN).
+    blocks: the block ids the sequences take, in order (default: a seeded shuffle)."""
     g = torch.Generator().manual_seed(seed)
     ks = [torch.randn(n, hkv, d, generator=g).to(dtype) for n in lengths]
     vs = [torch.randn(n, hkv, d, generator=g).to(dtype) for n in lengths]
@@ -354,7 +364,7 @@ def paged_case(lengths, H, hkv, d, block_size, dtype, seed=0, fill=float("nan"))
     k_buf = torch.full((num_blocks + 2, block_size, hkv, d), fill, dtype=dtype)
     v_buf = k_buf.clone()
     k_cache, v_cache = k_buf[1:-1], v_buf[1:-1]
-    perm, used = torch.randperm(num_blocks, generator=g), 0
+    perm, used = torch.randperm(num_blocks, generator=g) if blocks is None else torch.tensor(blocks), 0
     tables = torch.full((len(lengths), max(need) + 1), -1, dtype=torch.int32)
     for i, n in enumerate(lengths):
         tables[i, :need[i]] = perm[used:used + need[i]].int()
@@ -384,7 +394,7 @@ DECODE_CASES = [  # (lengths, H, Hkv, D, block_size)
     ([1, 37, 130], 6, 2, 40, 16),
     ([300, 5, 256], 4, 2, 32, 256),
     ([17, 64], 4, 4, 16, 16),  # plain multi-head attention
-    ([45], 4, 2, 16, 16),  # one sequence (batch-1 decode) on three shuffled blocks
+    ([45], 4, 2, 16, 16),  # one sequence (batch-1 decode) on three blocks (in 3.3's seed, in order: see below)
 ]
 
 
@@ -410,6 +420,23 @@ def test_paged_decode_torch_matches_sdpa(impl, dtype, case):
                                              lambda fn, args=args: outcome(lambda: on_copies(fn)(*args))))
         check_close(got, sdpa_decode(q, ks, vs, scale).to(dtype), "3.3", what,
                     suspects=suspects("paged_decode_torch", *args), **TOL[dtype])
+
+
+@pytest.mark.ex3_3
+@pytest.mark.parametrize("blocks", [[0, 4, 2], [2, 3, 4]], ids=["shuffled", "in-order-from-2"])
+def test_paged_decode_torch_one_sequence_on_its_blocks(impl, blocks):
+    """Batch 1, the engine's decode at its most common: one sequence of 45 keys on 3 blocks of 16, taken out of
+    order (the first and last 2 apart, as if in order) or in order but not from block 0. A shortcut for a
+    sequence whose blocks lie back to back must check every one of them."""
+    q, ks, vs, k_cache, v_cache, _, _, tables, lens = paged_case([45], 4, 2, 16, 16, torch.float32, blocks=blocks)
+    args = (q, k_cache, v_cache, tables, lens, 0.25)
+    got = call_pure(lambda *a: outcome(lambda: impl.paged_decode_torch(*a)), "paged_decode_torch", "3.3", *args)
+    what = f"decode attention of one sequence of 45 keys on blocks {blocks} of 16"
+    if isinstance(got, str):  # what it raised
+        check_equal(got, "no error", "3.3", f"what paged_decode_torch did: {what}",
+                    suspects=suspects_of("paged_decode_torch", lambda fn: outcome(lambda: on_copies(fn)(*args))))
+    check_close(got, sdpa_decode(q, ks, vs, 0.25), "3.3", what, suspects=suspects("paged_decode_torch", *args),
+                **TOL[torch.float32])
 
 
 @pytest.mark.ex3_3
