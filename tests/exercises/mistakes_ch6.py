@@ -97,18 +97,24 @@ def sse_data_empty_data_is_none(line, lines):
 
 # ---- 6.2 incremental detokenization -------------------------------------------------------------------
 def _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, *, hold_back=True, drop_prefix=True,
-           read_while_holding=False, slide=True, emit_nothing=False):
+           read_while_holding=False, slide=True, emit_nothing=False, slide_to_last=False):
     """detokenize_incrementally with one rule switched off."""
     prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens)
     window = tokenizer.decode(ids[prefix_offset:], skip_special_tokens)
     longer = len(window) >= len(prefix) if emit_nothing else len(window) > len(prefix)
     if longer and (not hold_back or not window.endswith("\ufffd")):
-        return (window[len(prefix):] if drop_prefix else window), (read_offset if slide else 0), len(ids)
+        # (slide_to_last: the next window starts at the newest token, not at the tokens this call emitted)
+        new_prefix = len(ids) - 1 if slide_to_last else (read_offset if slide else 0)
+        return (window[len(prefix):] if drop_prefix else window), new_prefix, len(ids)
     return "", prefix_offset, (len(ids) if read_while_holding else read_offset)
 
 
 def detokenize_no_hold_back(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
     return _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, hold_back=False)
+
+
+def detokenize_slides_to_the_last_token(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
+    return _detok(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens, slide_to_last=True)
 
 
 def detokenize_token_alone(tokenizer, ids, prefix_offset, read_offset, skip_special_tokens=True):
@@ -640,6 +646,13 @@ MISTAKES = [
             "next token, and the client shows '\ufffd' for good. Emit nothing (and keep both offsets) while the "
             "window's text ends in '\\ufffd'",
             "test_ch6.py::test_detokenize_matches_decode_stream"),
+    Mistake("ch6_detok_slides_to_the_last_token", "6.2",
+            {"detokenize_incrementally": detokenize_slides_to_the_last_token},
+            "the next window starts at the newest token (prefix_offset = len(ids) - 1), not at the first token this "
+            "call emitted (read_offset): when several tokens arrive at once and the last is a skipped special "
+            "token, the window that follows has no word before it, and SentencePiece's next '▁word' decodes as the "
+            "start of a text, without its space. Return read_offset as the new prefix_offset",
+            "test_ch6.py::test_detokenize_a_sentencepiece_decoder"),
     Mistake("ch6_detok_token_alone", "6.2", {"detokenize_incrementally": detokenize_token_alone},
             "the new tokens are decoded on their own: a token holding only part of a character's UTF-8 bytes "
             "decodes to U+FFFD. Decode the window ids[prefix_offset:], emit its text past the prefix's "

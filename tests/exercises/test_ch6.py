@@ -348,6 +348,9 @@ SENTENCEPIECE_CASES = [  # (ids, skip_special_tokens)
 ]
 
 
+SENTENCEPIECE_CHUNKS = ([2], [1, 2], [3])  # tokens per call, cycling
+
+
 @pytest.mark.ex6_2
 def test_detokenize_a_sentencepiece_decoder(impl):
     """A tokenizer whose decoding depends on the tokens before (tokenizers' Metaspace decoder, SentencePiece's
@@ -373,6 +376,14 @@ def test_detokenize_a_sentencepiece_decoder(impl):
                     f"decoded SentencePiece's way (the word-start '▁' is a space except at the start of a text), "
                     f"tokens one at a time (vs the tokenizers library's DecodeStream)",
                     suspects=suspects_of("detokenize_incrementally", run, agree=with_offsets))
+        # tokens arriving several at a time (a step that read back more than one): a window that keeps too
+        # little context decodes a word after a skipped special token as the start of a text, without its space
+        for chunks in SENTENCEPIECE_CHUNKS:
+            joined = lambda fn, ids=ids, skip=skip, chunks=chunks: outcome(  # noqa: E731
+                lambda: "".join(deltas_by(fn, DecodeWith(hf), ids, skip, chunks)))
+            check_equal(joined(impl.detokenize_incrementally), hf.decode(ids, skip_special_tokens=skip), "6.2",
+                        f"the deltas of ids {ids}{specials} joined, the tokens arriving {chunks} at a time (vs "
+                        f"decoding them all at once)", suspects=suspects_of("detokenize_incrementally", joined))
 
 
 # characters whose UTF-8 bytes byte-level BPE splits across tokens, beside ASCII ones
