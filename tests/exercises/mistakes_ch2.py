@@ -516,70 +516,83 @@ def add_mask_off_by_one(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offsets, x + y, mask=mask)
 
 
+# _softmax_variant's X_ROWS (x's row r at r * stride_x, or at r * n_cols) and OUT_ROWS (out's row r at
+# r * stride_out, r * stride_x or r * n_cols)
+X_AT_STRIDE, X_N_COLS_APART = tl.constexpr(0), tl.constexpr(1)
+OUT_AT_STRIDE, OUT_AT_X_STRIDE, OUT_N_COLS_APART = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+
+
 @triton.jit
-def softmax_pad_as_zero(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
-    """Loads the lanes past n_cols as 0.0 (other=0.0): each adds exp(0 - max) to the denominator."""
+def _softmax_variant(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr, PAD: tl.constexpr,
+                     SUBTRACT_MAX: tl.constexpr, X_ROWS: tl.constexpr, OUT_ROWS: tl.constexpr,
+                     STORE_MASKED: tl.constexpr):
+    """The right row softmax with one detail changed (see the wrappers below): the masked lanes loaded as PAD
+    (-inf is right), the max subtracted or not, a row's place in x and in out, the store masked or not."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=0))
-    tl.store(out_ptr + row * stride_out + cols, (e / tl.sum(e, axis=0)).to(out_ptr.dtype.element_ty), mask=mask)
+    if X_ROWS == X_N_COLS_APART:
+        x_row = row * n_cols
+    else:
+        x_row = row * stride_x
+    x = tl.load(x_ptr + x_row + cols, mask=mask, other=PAD).to(tl.float32)
+    if SUBTRACT_MAX:
+        e = tl.exp(x - tl.max(x, axis=0))
+    else:
+        e = tl.exp(x)
+    if OUT_ROWS == OUT_N_COLS_APART:
+        out_row = row * n_cols
+    elif OUT_ROWS == OUT_AT_X_STRIDE:
+        out_row = row * stride_x
+    else:
+        out_row = row * stride_out
+    y = (e / tl.sum(e, axis=0)).to(out_ptr.dtype.element_ty)
+    if STORE_MASKED:
+        tl.store(out_ptr + out_row + cols, y, mask=mask)
+    else:
+        tl.store(out_ptr + out_row + cols, y)
+
+
+@triton.jit
+def softmax_pad_as_zero(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
+    """Loads the lanes past n_cols as 0.0 (other=0.0): each adds exp(0 - max) to the denominator."""
+    _softmax_variant(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N, 0.0, True, X_AT_STRIDE, OUT_AT_STRIDE,
+                     True)
 
 
 @triton.jit
 def softmax_store_unmasked(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
     """Masks the loads but not the store: all BLOCK_N lanes of each row are written."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=0))
-    tl.store(out_ptr + row * stride_out + cols, (e / tl.sum(e, axis=0)).to(out_ptr.dtype.element_ty))
+    _softmax_variant(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N, float("-inf"), True, X_AT_STRIDE,
+                     OUT_AT_STRIDE, False)
 
 
 @triton.jit
 def softmax_without_max(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
     """exp(x) / sum(exp(x)) without subtracting the row's max first."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
-    e = tl.exp(x)
-    tl.store(out_ptr + row * stride_out + cols, (e / tl.sum(e, axis=0)).to(out_ptr.dtype.element_ty), mask=mask)
+    _softmax_variant(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N, float("-inf"), False, X_AT_STRIDE,
+                     OUT_AT_STRIDE, True)
 
 
 @triton.jit
 def softmax_rows_n_cols_apart(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
     """Finds row r of x at r * n_cols (as if x were contiguous), not r * stride_x."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=float("-inf")).to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=0))
-    tl.store(out_ptr + row * stride_out + cols, (e / tl.sum(e, axis=0)).to(out_ptr.dtype.element_ty), mask=mask)
+    _softmax_variant(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N, float("-inf"), True, X_N_COLS_APART,
+                     OUT_AT_STRIDE, True)
 
 
 @triton.jit
 def softmax_out_at_x_stride(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
     """Stores row r at out_ptr + r * stride_x: x's row stride used for the output too."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=0))
-    tl.store(out_ptr + row * stride_x + cols, (e / tl.sum(e, axis=0)).to(out_ptr.dtype.element_ty), mask=mask)
+    _softmax_variant(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N, float("-inf"), True, X_AT_STRIDE,
+                     OUT_AT_X_STRIDE, True)
 
 
 @triton.jit
 def softmax_out_rows_n_cols_apart(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N: tl.constexpr):
-    """Stores row r at out_ptr + r * n_cols, as if out were contiguous, not r * stride_out."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=0))
-    tl.store(out_ptr + row * n_cols + cols, (e / tl.sum(e, axis=0)).to(out_ptr.dtype.element_ty), mask=mask)
+    """Stores row r at out_ptr + r * n_cols (as if out were contiguous), not r * stride_out."""
+    _softmax_variant(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_N, float("-inf"), True, X_AT_STRIDE,
+                     OUT_N_COLS_APART, True)
 
 
 @triton.jit
