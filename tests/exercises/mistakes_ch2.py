@@ -595,89 +595,91 @@ def softmax_out_rows_n_cols_apart(x_ptr, out_ptr, n_cols, stride_x, stride_out, 
                      OUT_N_COLS_APART, True)
 
 
+# _gather_variant's BUG: which detail of the right page gather is changed (RIGHT: none)
+GATHER_RIGHT, GATHER_TABLE_IGNORED, GATHER_COLUMNS_UNMASKED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+GATHER_CONTIGUOUS_CACHE, GATHER_PAGE_ROW_SWAPPED, GATHER_OUT_N_COLS_APART = tl.constexpr(3), tl.constexpr(4), \
+    tl.constexpr(5)
+FIXED_BLOCK_T = tl.constexpr(8)  # gather_block_t_fixed's tile: the wrapper's default block_t, written in
+
+
+@triton.jit
+def _gather_variant(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out,
+                    PAGE: tl.constexpr, TILE: tl.constexpr, BLOCK_D: tl.constexpr, BUG: tl.constexpr):
+    """The right page gather, TILE tokens a program, with the detail BUG names changed (see the wrappers)."""
+    tokens = tl.program_id(0) * TILE + tl.arange(0, TILE)
+    cols = tl.arange(0, BLOCK_D)
+    mask_t = tokens < n_tokens
+    if BUG == GATHER_COLUMNS_UNMASKED:  # every BLOCK_D lane of a row
+        mask = mask_t[:, None] & (cols < BLOCK_D)[None, :]
+    else:
+        mask = mask_t[:, None] & (cols < n_cols)[None, :]
+    if BUG == GATHER_TABLE_IGNORED:  # the logical page taken for the physical one
+        page = (tokens // PAGE).to(tl.int64)
+    elif BUG == GATHER_PAGE_ROW_SWAPPED:
+        page = tl.load(table_ptr + tokens % PAGE, mask=mask_t, other=0).to(tl.int64)
+    else:
+        page = tl.load(table_ptr + tokens // PAGE, mask=mask_t, other=0).to(tl.int64)
+    if BUG == GATHER_PAGE_ROW_SWAPPED:
+        row = tokens // PAGE
+    else:
+        row = tokens % PAGE
+    if BUG == GATHER_CONTIGUOUS_CACHE:
+        src = page[:, None] * (PAGE * n_cols) + row[:, None] * n_cols + cols[None, :]
+    else:
+        src = page[:, None] * stride_page + row[:, None] * stride_row + cols[None, :]
+    rows = tl.load(cache_ptr + src, mask=mask)
+    if BUG == GATHER_OUT_N_COLS_APART:
+        tl.store(out_ptr + tokens[:, None] * n_cols + cols[None, :], rows, mask=mask)
+    else:
+        tl.store(out_ptr + tokens[:, None] * stride_out + cols[None, :], rows, mask=mask)
+
+
 @triton.jit
 def gather_table_ignored(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out,
                          PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """Uses the logical page t // PAGE as the physical page: never reads the page table."""
-    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.arange(0, BLOCK_D)
-    mask = (tokens < n_tokens)[:, None] & (cols < n_cols)[None, :]
-    page = (tokens // PAGE).to(tl.int64)
-    src = page[:, None] * stride_page + (tokens % PAGE)[:, None] * stride_row + cols[None, :]
-    rows = tl.load(cache_ptr + src, mask=mask)
-    tl.store(out_ptr + tokens[:, None] * stride_out + cols[None, :], rows, mask=mask)
-
-
-FIXED_BLOCK_T = tl.constexpr(8)  # gather_block_t_fixed's tile: the wrapper's default block_t, written in
+    _gather_variant(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out, PAGE,
+                    BLOCK_T, BLOCK_D, GATHER_TABLE_IGNORED)
 
 
 @triton.jit
 def gather_block_t_fixed(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out,
                          PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """Tiles the tokens by a number of its own (8, the default block_t), not by its BLOCK_T argument."""
-    tokens = tl.program_id(0) * FIXED_BLOCK_T + tl.arange(0, FIXED_BLOCK_T)
-    cols = tl.arange(0, BLOCK_D)
-    mask_t = tokens < n_tokens
-    mask = mask_t[:, None] & (cols < n_cols)[None, :]
-    page = tl.load(table_ptr + tokens // PAGE, mask=mask_t, other=0).to(tl.int64)
-    src = page[:, None] * stride_page + (tokens % PAGE)[:, None] * stride_row + cols[None, :]
-    rows = tl.load(cache_ptr + src, mask=mask)
-    tl.store(out_ptr + tokens[:, None] * stride_out + cols[None, :], rows, mask=mask)
+    _gather_variant(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out, PAGE,
+                    FIXED_BLOCK_T, BLOCK_D, GATHER_RIGHT)
 
 
 @triton.jit
 def gather_columns_unmasked(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out,
                             PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """Masks the tokens but not the columns: all BLOCK_D lanes of each row are read and written."""
-    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.arange(0, BLOCK_D)
-    mask_t = tokens < n_tokens
-    page = tl.load(table_ptr + tokens // PAGE, mask=mask_t, other=0).to(tl.int64)
-    src = page[:, None] * stride_page + (tokens % PAGE)[:, None] * stride_row + cols[None, :]
-    rows = tl.load(cache_ptr + src, mask=mask_t[:, None])
-    tl.store(out_ptr + tokens[:, None] * stride_out + cols[None, :], rows, mask=mask_t[:, None])
+    _gather_variant(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out, PAGE,
+                    BLOCK_T, BLOCK_D, GATHER_COLUMNS_UNMASKED)
 
 
 @triton.jit
-def gather_ignores_cache_strides(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row,
-                                 stride_out, PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+def gather_ignores_cache_strides(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out,
+                                 PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """Addresses the cache as if contiguous: page * PAGE * n_cols + row * n_cols, not its strides."""
-    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.arange(0, BLOCK_D)
-    mask_t = tokens < n_tokens
-    mask = mask_t[:, None] & (cols < n_cols)[None, :]
-    page = tl.load(table_ptr + tokens // PAGE, mask=mask_t, other=0).to(tl.int64)
-    src = page[:, None] * (PAGE * n_cols) + (tokens % PAGE)[:, None] * n_cols + cols[None, :]
-    rows = tl.load(cache_ptr + src, mask=mask)
-    tl.store(out_ptr + tokens[:, None] * stride_out + cols[None, :], rows, mask=mask)
+    _gather_variant(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out, PAGE,
+                    BLOCK_T, BLOCK_D, GATHER_CONTIGUOUS_CACHE)
 
 
 @triton.jit
 def gather_page_and_row_swapped(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out,
                                 PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """Looks up page table[t % PAGE] and row t // PAGE: the quotient and the remainder swapped."""
-    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.arange(0, BLOCK_D)
-    mask_t = tokens < n_tokens
-    mask = mask_t[:, None] & (cols < n_cols)[None, :]
-    page = tl.load(table_ptr + tokens % PAGE, mask=mask_t, other=0).to(tl.int64)
-    src = page[:, None] * stride_page + (tokens // PAGE)[:, None] * stride_row + cols[None, :]
-    rows = tl.load(cache_ptr + src, mask=mask)
-    tl.store(out_ptr + tokens[:, None] * stride_out + cols[None, :], rows, mask=mask)
+    _gather_variant(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out, PAGE,
+                    BLOCK_T, BLOCK_D, GATHER_PAGE_ROW_SWAPPED)
 
 
 @triton.jit
-def gather_out_rows_n_cols_apart(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row,
-                                 stride_out, PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+def gather_out_rows_n_cols_apart(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out,
+                                 PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """Stores token t at out_ptr + t * n_cols, as if out were contiguous, not t * stride_out."""
-    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.arange(0, BLOCK_D)
-    mask_t = tokens < n_tokens
-    mask = mask_t[:, None] & (cols < n_cols)[None, :]
-    page = tl.load(table_ptr + tokens // PAGE, mask=mask_t, other=0).to(tl.int64)
-    src = page[:, None] * stride_page + (tokens % PAGE)[:, None] * stride_row + cols[None, :]
-    rows = tl.load(cache_ptr + src, mask=mask)
-    tl.store(out_ptr + tokens[:, None] * n_cols + cols[None, :], rows, mask=mask)
+    _gather_variant(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out, PAGE,
+                    BLOCK_T, BLOCK_D, GATHER_OUT_N_COLS_APART)
 
 
 @triton.jit
