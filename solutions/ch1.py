@@ -189,7 +189,8 @@ def load_model(model: nn.Module, path: str) -> None:
         loaded[name].add(shard)
     missing = [n for n in params if None not in loaded[n] and not expected_shards(n, packed) <= loaded[n]]
     if missing:
-        raise ValueError(f"the checkpoint at {path!r} is missing tensors for {len(missing)} parameters, "
+        raise ValueError(f"the checkpoint at {path!r} is missing tensors for {len(missing)} "
+                         f"parameter{'s' if len(missing) != 1 else ''}, "
                          f"e.g. {missing[:3]}; is it complete and made for this config.json?")
 
 
