@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 
+MODEL_DEFAULT = "smollm2-135m"
 EXIT_BAD_INPUT = 2
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
@@ -28,13 +29,20 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m", help="embedded name, model folder or hub id")
+    p.add_argument("--model", default=None, help=f"embedded name, model folder or hub id (default {MODEL_DEFAULT})")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto")
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton", "flash_attn"])
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs")
+    # vLLM's names; left out, the engine's defaults (EngineConfig)
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="CUDA: the share of the GPU's memory the engine may fill, KV cache included (default 0.9)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse the KV blocks of prompts' shared prefixes (default: on)")
+    p.add_argument("--generation-config", choices=["auto", "vllm"], default=None,
+                   help="auto (default): sampling defaults from the model's generation_config.json; vllm: ignore it")
 
 
 def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -45,11 +53,20 @@ def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
+def _llm_args(args, **more) -> dict:
+    """The engine arguments of _engine_args, for LLM(args.model, **them); those left out are not passed."""
+    given = dict(device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
+                 max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
+                 enforce_eager=args.enforce_eager)
+    for name in ("gpu_memory_utilization", "enable_prefix_caching", "generation_config"):
+        if getattr(args, name) is not None:
+            given[name] = getattr(args, name)
+    return dict(given, **more)
+
+
 def _make_llm(args):
     from minillm import LLM
-    return LLM(args.model, device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
-               max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
-               enforce_eager=args.enforce_eager, max_num_seqs=16)
+    return LLM(args.model, **_llm_args(args, max_num_seqs=16))
 
 
 def _params(args):
@@ -158,10 +175,7 @@ def cmd_serve(args) -> None:
     sock = _listen(args.host, args.port)
     try:
         from minillm.serving.server import serve
-        llm_args = dict(device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
-                        max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
-                        enforce_eager=args.enforce_eager, max_num_seqs=args.max_num_seqs,
-                        max_num_batched_tokens=args.max_num_batched_tokens)
+        llm_args = _llm_args(args, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
         serving_args = dict(max_waiting=args.max_waiting, static_batching=args.batching == "static",
                             stream_interval=args.stream_interval)
         if args.engine_core == "process":
@@ -185,6 +199,15 @@ def cmd_serve(args) -> None:
             print("minillm: the server has stopped and the engine is shut down", file=sys.stderr)
     finally:
         sock.close()
+
+
+def _pick_model(args) -> None:
+    """args.model: --model, or serve's MODEL (as `vllm serve MODEL` takes it), or the default."""
+    tag = getattr(args, "model_tag", None)
+    if tag is not None and args.model not in (None, tag):
+        raise ValueError(f"two models given: {tag!r} and --model {args.model!r}; give one")
+    if args.command in ("generate", "chat", "serve"):  # bench picks its model per device (minillm.bench)
+        args.model = tag or args.model or MODEL_DEFAULT
 
 
 def _check_text_args(args) -> None:
@@ -213,6 +236,8 @@ def _parser() -> argparse.ArgumentParser:
     from minillm.bench import add_bench_args
     add_bench_args(b)
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)")
+    s.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="the model, as `vllm serve MODEL` takes it (or --model)")
     _engine_args(s)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     s.add_argument("--port", type=int, default=8000, help="0 picks a free port")
@@ -249,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     try:
         args = _parser().parse_args(argv)
+        _pick_model(args)
         _check_text_args(args)
         {"generate": cmd_generate, "chat": cmd_chat, "bench": cmd_bench, "serve": cmd_serve}[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here at the latest, not at interpreter exit

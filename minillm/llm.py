@@ -19,7 +19,7 @@ from minillm.engine.sequence import Sequence
 from minillm.model_zoo import resolve_model
 from minillm.outputs import RequestOutput
 from minillm.sampling_params import SamplingParams, describe, is_integer
-from minillm.tokenizer import IncrementalDetokenizer, Tokenizer, text_content
+from minillm.tokenizer import IncrementalDetokenizer, Tokenizer, chat_template_options, text_content
 
 PROMPT_KEYS = ("prompt", "prompt_token_ids")  # a prompt dict: vLLM's TextPrompt or TokensPrompt
 
@@ -48,7 +48,8 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self.config = self.engine.config
         try:  # read once; a bad generation_config.json is reported now, not at generate
-            self._default_params = self._read_default_params()
+            # model_max_tokens: generation_config.json's max_new_tokens (None without), the server's chat default
+            self._default_params, self.model_max_tokens = self._read_default_params()
         except ValueError:
             self.engine.shutdown()
             raise
@@ -77,7 +78,15 @@ class LLM:
         if len(keys) != 1 or not keys <= set(PROMPT_KEYS):
             raise ValueError(f"a prompt dict must hold exactly one of {list(PROMPT_KEYS)} (vLLM's TextPrompt or "
                              f"TokensPrompt); got keys {sorted(keys)}")
-        return prompt[keys.pop()]
+        key = keys.pop()
+        value = prompt[key]
+        if key == "prompt" and not isinstance(value, str):
+            raise ValueError(f'{{"prompt": ...}} (a TextPrompt) holds text, got {describe(value)}; token ids go '
+                             f'in {{"prompt_token_ids": [...]}}')
+        if key == "prompt_token_ids" and (isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__")):
+            raise ValueError(f'{{"prompt_token_ids": ...}} (a TokensPrompt) holds a list of token ids, got '
+                             f'{describe(value)}; text goes in {{"prompt": ...}}')
+        return value
 
     def _prompt_ids(self, prompt):
         """Text -> token ids (checked); any other prompt is passed on for the engine to check."""
@@ -111,11 +120,12 @@ class LLM:
         SamplingParams' own defaults for the rest; with "vllm", SamplingParams(). A copy: yours to change."""
         return dataclasses.replace(self._default_params)
 
-    def _read_default_params(self) -> SamplingParams:
+    def _read_default_params(self) -> tuple[SamplingParams, int | None]:
         if self.config.generation_config == "vllm":
-            return SamplingParams()
+            return SamplingParams(), None
         try:
-            return SamplingParams(**generation_defaults(self.model_path))
+            defaults = generation_defaults(self.model_path)
+            return SamplingParams(**defaults), defaults.get("max_tokens")
         except ValueError as e:
             raise ValueError(f"{os.path.join(self.model_path, 'generation_config.json')}: {e}; fix the file, or "
                              f"create the LLM with generation_config='vllm' to ignore it") from None
@@ -205,22 +215,8 @@ class LLM:
         (then add_generation_prompt=False); tools: JSON-schema tool definitions for the template."""
         convs = self._conversations(messages)
         self._need_tokenizer()
-        if chat_template is not None and not isinstance(chat_template, str):
-            raise ValueError(f"chat_template must be a Jinja template string or None, got {describe(chat_template)}")
-        if chat_template_kwargs is not None and not (isinstance(chat_template_kwargs, dict) and all(
-                isinstance(k, str) for k in chat_template_kwargs)):
-            raise ValueError(f"chat_template_kwargs must be a dict of str keys or None, got "
-                             f"{describe(chat_template_kwargs)}")
-        taken = set(chat_template_kwargs or {}) & {"messages", "tools", "add_generation_prompt", "bos_token",
-                                                   "eos_token", "chat_template", "continue_final_message"}
-        if taken:
-            raise ValueError(f"chat_template_kwargs may not set {sorted(taken)}: pass them as chat()'s own arguments")
-        for name, flag in (("add_generation_prompt", add_generation_prompt),
-                           ("continue_final_message", continue_final_message)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{name} must be True or False, got {describe(flag)}")
-        options = dict(chat_template_kwargs or {}, chat_template=chat_template, tools=tools,
-                       add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message)
+        options = chat_template_options(chat_template, chat_template_kwargs, add_generation_prompt,
+                                        continue_final_message, tools)
         texts, prompts = [], []
         for i, conv in enumerate(convs):
             try:

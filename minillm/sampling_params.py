@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 # Seeds, top-k and token ids end up in int64 tensors (or seed a torch.Generator): larger values overflow.
-INT64_MAX = 2**63 - 1
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 
 
 def is_integer(x) -> bool:
@@ -36,7 +36,8 @@ MAX_LOGPROBS = 20  # top tokens per position (OpenAI's API allows 20)
 
 @dataclass
 class SamplingParams:
-    """temperature 0 is greedy; top_k -1, top_p 1.0 and min_p 0.0 keep the whole vocabulary.
+    """temperature 0 is greedy; top_k -1 (or 0, vLLM's other spelling), top_p 1.0 and min_p 0.0 keep the
+    whole vocabulary.
 
     `seed` gives the request its own random stream, so its tokens do not depend on what else is in
     the batch. Generation stops at max_tokens (None: only max_model_len limits it), at an EOS token
@@ -98,13 +99,13 @@ class SamplingParams:
         t, p, k = self.temperature, self.top_p, self.top_k
         need(is_real(t) and math.isfinite(t) and t >= 0, "temperature", "a finite number >= 0 (0 means greedy)", t)
         need(is_real(p) and math.isfinite(p) and 0.0 < p <= 1.0, "top_p", "a number in (0, 1] (1 keeps every token)", p)
-        need(is_integer(k) and (k == -1 or 1 <= k <= INT64_MAX), "top_k",
-             "-1 (off) or an integer in [1, 2**63 - 1]", k)
+        need(is_integer(k) and -1 <= k <= INT64_MAX, "top_k", "-1 or 0 (off) or an integer in [1, 2**63 - 1]", k)
+        k = -1 if k == 0 else k  # vLLM's two spellings of "off"; the sampler sees one
         need(self.max_tokens is None or (is_integer(self.max_tokens) and self.max_tokens >= 1), "max_tokens",
              "None (up to max_model_len) or an integer >= 1", self.max_tokens)
         need(isinstance(self.ignore_eos, bool), "ignore_eos", "True or False", self.ignore_eos)
-        need(self.seed is None or (is_integer(self.seed) and 0 <= self.seed <= INT64_MAX), "seed",
-             "None or an integer in [0, 2**63 - 1]", self.seed)
+        need(self.seed is None or (is_integer(self.seed) and INT64_MIN <= self.seed <= INT64_MAX), "seed",
+             "None or an integer in [-2**63, 2**63 - 1] (int64, as vLLM's server takes it)", self.seed)
         ids = self.stop_token_ids = [] if self.stop_token_ids is None else self.stop_token_ids
         need(isinstance(ids, (list, tuple)) and all(is_integer(i) and 0 <= i <= INT64_MAX for i in ids),
              "stop_token_ids", "a list of token ids (integers in [0, 2**63 - 1])", ids)

@@ -100,17 +100,35 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def batch_decode(self, sequences: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return [self.decode(ids, skip_special_tokens) for ids in sequences]
+
+    def __len__(self) -> int:  # transformers' len(tokenizer): the vocabulary, added tokens included
+        return self.vocab_size
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def convert_tokens_to_ids(self, tokens: str | list[str]):
+        """transformers' name: a token's id (None when it is not in the vocabulary), or a list of them."""
+        return self.token_to_id(tokens) if isinstance(tokens, str) else [self.token_to_id(t) for t in tokens]
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             chat_template: str | None = None, continue_final_message: bool = False,
-                            tools: list[dict] | None = None, **template_kwargs) -> str:
+                            tools: list[dict] | None = None, tokenize: bool = False,
+                            **template_kwargs) -> str | list[int]:
         """Render a conversation [{"role", "content"}, ...] to the prompt text the model was tuned on, as
         transformers' apply_chat_template(..., tokenize=False) does: chat_template replaces the
         tokenizer's own; continue_final_message leaves the last message open (no end-of-turn after
         it) for the model to continue; tools (JSON-schema dicts) and template_kwargs (e.g.
-        enable_thinking=False for Qwen3) are passed to the template."""
+        enable_thinking=False for Qwen3) are passed to the template. tokenize=True returns that text's
+        token ids instead (transformers' default is True; minillm's, the text, is what vLLM code asks
+        for with tokenize=False)."""
+        if not isinstance(tokenize, bool):
+            raise ValueError(f"tokenize must be True or False, got {describe(tokenize)}")
+        if tokenize:
+            return self.encode_chat(messages, add_generation_prompt=add_generation_prompt, chat_template=chat_template,
+                                    continue_final_message=continue_final_message, tools=tools, **template_kwargs)
         template = self.chat_template if chat_template is None else chat_template
         if not template:
             raise ValueError("this tokenizer has no chat template; use generate() with plain text instead, "
@@ -148,7 +166,34 @@ class Tokenizer:
     def encode_chat(self, messages: list[dict], **template_options) -> list[int]:
         """apply_chat_template(messages, **template_options), tokenized."""
         # the rendered template already holds every special token: add none
-        return self.encode(self.apply_chat_template(messages, **template_options), add_special_tokens=False)
+        return self.encode(self.apply_chat_template(messages, **template_options, tokenize=False),
+                           add_special_tokens=False)
+
+
+# names the template renders with that chat_template_kwargs may not override (each is an option of its own)
+RESERVED_TEMPLATE_NAMES = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "chat_template",
+                           "continue_final_message", "tokenize"}
+
+
+def chat_template_options(chat_template: str | None = None, chat_template_kwargs: dict | None = None,
+                          add_generation_prompt: bool = True, continue_final_message: bool = False,
+                          tools: list[dict] | None = None) -> dict:
+    """The template options of LLM.chat and of the server's chat requests (vLLM's names), checked:
+    -> keyword arguments for Tokenizer.apply_chat_template. A bad one raises ValueError naming it."""
+    if chat_template is not None and not isinstance(chat_template, str):
+        raise ValueError(f"chat_template must be a Jinja template string or None, got {describe(chat_template)}")
+    if chat_template_kwargs is not None and not (isinstance(chat_template_kwargs, dict) and all(
+            isinstance(k, str) for k in chat_template_kwargs)):
+        raise ValueError(f"chat_template_kwargs must be a dict of str keys or None, got {describe(chat_template_kwargs)}")
+    taken = set(chat_template_kwargs or {}) & RESERVED_TEMPLATE_NAMES
+    if taken:
+        raise ValueError(f"chat_template_kwargs may not set {sorted(taken)}: each is an option of its own")
+    for name, flag in (("add_generation_prompt", add_generation_prompt),
+                       ("continue_final_message", continue_final_message)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be True or False, got {describe(flag)}")
+    return dict(chat_template_kwargs or {}, chat_template=chat_template, tools=tools,
+                add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message)
 
 
 def check_text(text, what: str = "the prompt") -> str:

@@ -134,6 +134,9 @@ BAD_PROMPTS = [
     (5, "must be a string or a list of token ids"),
     (5.5, "must be a string or a list of token ids"),
     ({"a": 1}, "a prompt dict must hold exactly one of"),
+    ({"prompt_token_ids": "hello"}, "holds a list of token ids, got 'hello'"),  # vLLM's TokensPrompt
+    ({"prompt_token_ids": 5}, "holds a list of token ids, got 5"),
+    ({"prompt": [1, 2]}, "holds text, got"),  # vLLM's TextPrompt
     (b"abc", "must be a string or a list of token ids"),
     (bytearray(b"abc"), "must be a string or a list of token ids"),
     ({1, 2}, "must be a string or a list of token ids"),
@@ -203,12 +206,12 @@ BAD_PARAMS = [
     ("temperature", 1j),
     ("top_p", 0), ("top_p", -0.5), ("top_p", 1.5), ("top_p", math.nan), ("top_p", math.inf), ("top_p", "1"),
     ("top_p", None), ("top_p", True),
-    ("top_k", 0), ("top_k", -2), ("top_k", 10**30), ("top_k", 2**63), ("top_k", 1.5), ("top_k", 5.0),
+    ("top_k", -2), ("top_k", 10**30), ("top_k", 2**63), ("top_k", 1.5), ("top_k", 5.0),
     ("top_k", "5"), ("top_k", True), ("top_k", None),
     ("max_tokens", 0), ("max_tokens", -1), ("max_tokens", 1.5), ("max_tokens", "10"),  # None: up to max_model_len
     ("max_tokens", True), ("max_tokens", math.inf),
     ("ignore_eos", 1), ("ignore_eos", "yes"), ("ignore_eos", None),
-    ("seed", -1), ("seed", 2**64), ("seed", 2**63), ("seed", 1.5), ("seed", "42"), ("seed", True),
+    ("seed", -2**63 - 1), ("seed", 2**64), ("seed", 2**63), ("seed", 1.5), ("seed", "42"), ("seed", True),
     ("seed", math.nan),
     ("stop_token_ids", 5), ("stop_token_ids", "5"), ("stop_token_ids", [-1]), ("stop_token_ids", [1.5]),
     ("stop_token_ids", ["a"]), ("stop_token_ids", [2**64]), ("stop_token_ids", [True]),

@@ -47,6 +47,21 @@ def test_seeded_requests_are_reproducible_and_independent_of_the_batch():
     assert other != alone
 
 
+def test_vllm_spellings_top_k_0_and_negative_seeds():
+    """vLLM's top_k=0 means off, as -1 does; its seeds are any int64, negative ones too."""
+    assert SamplingParams(top_k=0).top_k == -1
+    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
+
+    def sample(**kw):
+        p = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, **kw)
+        return llm.generate([5, 6, 7], p, use_tqdm=False)[0].outputs[0].token_ids
+
+    assert sample(top_k=0, seed=7) == sample(top_k=-1, seed=7)
+    negative = sample(seed=-1)
+    assert sample(seed=-1) == negative  # a negative seed is a seed: the same tokens twice
+    assert sample(seed=-2**63) != negative
+
+
 def test_top_k_1_is_greedy():
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
     greedy = llm.generate([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)[0]
@@ -56,7 +71,7 @@ def test_top_k_1_is_greedy():
 
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-2),
-                                    dict(top_k=0), dict(max_tokens=0), dict(seed="x"), dict(stop=[""])])
+                                    dict(top_k=-3), dict(max_tokens=0), dict(seed="x"), dict(stop=[""])])
 def test_bad_sampling_params_raise(kwargs):
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)

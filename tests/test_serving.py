@@ -158,8 +158,60 @@ def test_n_samples_and_logprobs(client, offline):
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert [c.text for c in r.choices] == [c.text for c in want.outputs]
     lp = r.choices[0].logprobs
-    assert len(lp.tokens) == len(want.outputs[0].token_ids) and all(len(t) <= 2 for t in lp.top_logprobs)
+    assert len(lp.tokens) == len(want.outputs[0].token_ids) and all(len(t) <= 3 for t in lp.top_logprobs)
+    assert all(token in top for token, top in zip(lp.tokens, lp.top_logprobs))  # the top 2 and the sampled one
     assert r.usage.completion_tokens == sum(len(c.token_ids) for c in want.outputs)
+
+
+def test_completion_logprobs_hold_the_sampled_token_beside_the_top_k(server, offline):
+    """Legacy completions' top_logprobs: the k most likely tokens "as well the chosen tokens" (OpenAI), so
+    k + 1 entries where the sampled token is not among the k, and the sampled token alone for logprobs=0,
+    as vLLM fills them; the values are offline generate's."""
+    body = dict(prompt=PROMPTS[9], max_tokens=8, temperature=1.0, seed=5)
+    for k in (0, 2):
+        want = offline.generate(PROMPTS[9], params_for(offline, max_tokens=8, temperature=1.0, seed=5, logprobs=k),
+                                use_tqdm=False)[0].outputs[0]
+        r = httpx.post(f"{server.base_url}/v1/completions", json={**body, "logprobs": k}, timeout=TIMEOUT)
+        lp = r.json()["choices"][0]["logprobs"]
+        assert len(lp["top_logprobs"]) == len(want.token_ids) == 8, r.text
+        outside = 0
+        for top, t, position in zip(lp["top_logprobs"], want.token_ids, want.logprobs):
+            expected = {lp_.decoded_token: lp_.logprob for tid, lp_ in position.items() if tid == t or lp_.rank <= k}
+            assert top.keys() == expected.keys() and all(abs(top[key] - expected[key]) < 1e-5 for key in top)
+            outside += position[t].rank > k
+        assert outside > 0  # the case that needs the extra entry happened (a random tiny model, temperature 1)
+
+
+def test_chat_template_options_as_vllm_takes_them(server, offline):
+    """chat_template_kwargs, add_generation_prompt and continue_final_message render the prompt as
+    LLM.chat renders it with the same options (the prompt's length and the greedy reply agree)."""
+    messages = [{"role": "user", "content": "Name three colors."}, {"role": "assistant", "content": "Red, green"}]
+    greedy = dict(max_tokens=6, temperature=0.0, ignore_eos=True)
+    lengths = set()
+    for options in ({}, dict(add_generation_prompt=False, continue_final_message=True),
+                    dict(chat_template_kwargs={"enable_thinking": False})):
+        want = offline.chat(messages, params_for(offline, **greedy), **options)[0]
+        r = httpx.post(f"{server.base_url}/v1/chat/completions", json={"messages": messages, **greedy, **options},
+                       timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(want.prompt_token_ids), options
+        assert r.json()["choices"][0]["message"]["content"] == want.outputs[0].text, options
+        lengths.add(len(want.prompt_token_ids))
+    assert len(lengths) == 2  # continuing the last message leaves the new turn's header out
+
+
+def test_chat_without_max_tokens_runs_to_the_context_as_vllm_chat_does(server):
+    """A chat request that leaves max_tokens out runs until EOS or max_model_len (vLLM's chat default;
+    this model's generation_config sets no max_new_tokens); a completion takes SamplingParams' 64."""
+    url, limit = server.base_url + "/v1", ARGS["max_model_len"]
+    r = httpx.post(url + "/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                    "ignore_eos": True, "temperature": 0.0}, timeout=TIMEOUT)
+    usage = r.json()["usage"]
+    assert usage["completion_tokens"] == limit - usage["prompt_tokens"], r.text
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    r = httpx.post(url + "/completions", json={"prompt": "Hi", "ignore_eos": True, "temperature": 0.0},
+                   timeout=TIMEOUT)
+    assert r.json()["usage"]["completion_tokens"] == SamplingParams().max_tokens == 64, r.text
 
 
 def test_a_list_of_prompts_is_one_request_each(server, client, offline):
@@ -616,7 +668,7 @@ BAD = [
     ("completions", {"prompt": "Hi", "max_tokens": 0}, 400, "SamplingParams.max_tokens", "max_tokens"),
     ("completions", {"prompt": "Hi", "top_p": 0}, 400, "SamplingParams.top_p", "top_p"),
     ("completions", {"prompt": "Hi", "n": 0}, 400, "SamplingParams.n", "n"),
-    ("completions", {"prompt": "Hi", "seed": -1}, 400, "SamplingParams.seed", "seed"),
+    ("completions", {"prompt": "Hi", "seed": -2**63 - 1}, 400, "SamplingParams.seed", "seed"),
     ("completions", {"prompt": "Hi", "stop": [""]}, 400, "SamplingParams.stop", "stop"),
     ("completions", {"prompt": "Hi", "logprobs": 50}, 400, "SamplingParams.logprobs", "logprobs"),
     ("completions", {"prompt": "Hi", "presence_penalty": 3}, 400, "SamplingParams.presence_penalty",
@@ -656,6 +708,16 @@ BAD = [
     ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "prompt": "x"}, 400,
      "unknown field 'prompt'", "prompt"),
     ("completions", b'{"prompt": "' + b"x" * (1 << 20) + b'"}', 413, "larger than", None),
+    ("completions", {"prompt": "Hi", "skip_special_tokens": False}, 400, "skip_special_tokens=false is not supported",
+     "skip_special_tokens"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": "x"}, 400,
+     "chat_template_kwargs must be a dict", "chat_template_kwargs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {"messages": 1}},
+     400, "chat_template_kwargs may not set ['messages']", "chat_template_kwargs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": "yes"}, 400,
+     "add_generation_prompt must be True or False", "add_generation_prompt"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "continue_final_message": True}, 400,
+     "cannot both be True", "messages"),
 ]
 
 
@@ -791,6 +853,40 @@ def test_serve_bad_arguments_are_one_line_errors():
             p = _serve(*args)
             assert p.returncode == 2, (args, p.stderr)
             assert p.stderr.startswith("error: ") and phrase in p.stderr and p.stderr.count("\n") == 1, p.stderr
+
+
+def test_serve_takes_vllm_serves_command_line():
+    """`serve MODEL` (the model as `vllm serve MODEL` takes it) and vLLM's engine flags reach LLM(...)."""
+    from minillm.cli import _llm_args, _parser, _pick_model
+    args = _parser().parse_args(["serve", "qwen3-tiny", "--gpu-memory-utilization", "0.5", "--no-enable-prefix-caching",
+                                 "--generation-config", "vllm"])
+    _pick_model(args)
+    assert args.model == "qwen3-tiny"
+    given = _llm_args(args)
+    assert {k: given[k] for k in ("gpu_memory_utilization", "enable_prefix_caching", "generation_config")} == {
+        "gpu_memory_utilization": 0.5, "enable_prefix_caching": False, "generation_config": "vllm"}
+    args = _parser().parse_args(["serve"])
+    _pick_model(args)
+    assert args.model == "smollm2-135m" and "enable_prefix_caching" not in _llm_args(args)  # the engine's default
+    p = _serve("qwen3-tiny", "--model", "smollm2-135m")
+    assert p.returncode == 2 and "two models given" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    log_lines = []
+    proc = subprocess.Popen([sys.executable, "-m", "minillm", "serve", MODEL, "--device", "cpu", "--port", "0",
+                             "--engine-core", "thread", "--no-enable-prefix-caching"], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+    try:
+        for line in proc.stderr:
+            log_lines.append(line)
+            if "/v1 (OpenAI API" in line:
+                break
+        url = log_lines[-1].split(" at ", 1)[1].split("/v1", 1)[0]
+        assert [m["id"] for m in httpx.get(url + "/v1/models", timeout=TIMEOUT).json()["data"]] == [MODEL]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, "".join(log_lines) + proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_sigterm_stops_the_server_and_shuts_the_engine_down():

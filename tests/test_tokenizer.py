@@ -166,3 +166,26 @@ def test_llm_takes_another_folders_tokenizer(tmp_path):
         LLM(str(tmp_path), tokenizer=str(tmp_path), **small_engine_args(max_model_len=128))
     with pytest.raises(ValueError, match="tokenizer must be None"):
         LLM(str(tmp_path), tokenizer=3, **small_engine_args(max_model_len=128))
+
+
+def test_the_tokenizer_answers_transformers_common_calls_as_transformers_does():
+    """What vLLM code asks of llm.get_tokenizer(): apply_chat_template(tokenize=True) gives token ids,
+    len(), convert_tokens_to_ids and batch_decode, each equal to transformers' own tokenizer's."""
+    from transformers import AutoTokenizer
+    path = resolve_model("qwen3-tiny")
+    ours, theirs = Tokenizer(path), AutoTokenizer.from_pretrained(path)
+    for options in (dict(add_generation_prompt=True), dict(add_generation_prompt=False, continue_final_message=True)):
+        want = theirs.apply_chat_template(CONV, tokenize=True, **options)
+        want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
+        assert ours.apply_chat_template(CONV, tokenize=True, **options) == list(want)
+        assert ours.apply_chat_template(CONV, tokenize=False, **options) == theirs.apply_chat_template(
+            CONV, tokenize=False, **options)
+    assert len(ours) == len(theirs)
+    tokens = ["<|im_end|>", "Hello", "not-a-token-here"]
+    assert ours.convert_tokens_to_ids(tokens) == [theirs.convert_tokens_to_ids(t) if t in theirs.get_vocab() else None
+                                                  for t in tokens]
+    assert ours.convert_tokens_to_ids("<|im_end|>") == theirs.convert_tokens_to_ids("<|im_end|>")
+    batch = [ours.encode(t) for t in TEXTS[:3]] + [[151644, 872, 151645]]
+    assert ours.batch_decode(batch) == theirs.batch_decode(batch, skip_special_tokens=True)
+    with pytest.raises(ValueError, match="tokenize must be True or False"):
+        ours.apply_chat_template(CONV, tokenize="yes")

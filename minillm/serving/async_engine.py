@@ -263,8 +263,9 @@ class EngineClient:
     and shutdown."""
 
     def __init__(self, tokenizer, checks: RequestChecks, default_params: SamplingParams, num_blocks: int,
-                 max_waiting: int):
+                 max_waiting: int, chat_max_tokens: int | None = None):
         self.tokenizer, self.checks, self._default_params = tokenizer, checks, default_params
+        self._chat_max_tokens = chat_max_tokens
         self.metrics = Metrics(num_blocks)
         self._cond = threading.Condition()
         self._book = Admission(max_waiting)  # accepted requests and how many wait (under _cond)
@@ -273,7 +274,12 @@ class EngineClient:
         self._thread: threading.Thread | None = None
         self._outbox: list = []  # the engine thread's own: (request, item) pairs to send after this step
 
-    def default_sampling_params(self) -> SamplingParams:
+    def default_sampling_params(self, chat: bool = False) -> SamplingParams:
+        """The LLM's defaults (LLM.get_default_sampling_params); for a chat request max_tokens is the
+        model's generation_config max_new_tokens, else None: a reply runs until EOS or max_model_len, as
+        vLLM's chat endpoint does (a 64-token default would cut answers short)."""
+        if chat:
+            return dataclasses.replace(self._default_params, max_tokens=self._chat_max_tokens)
         return dataclasses.replace(self._default_params)
 
     @property
@@ -396,7 +402,7 @@ class AsyncLLM(EngineClient):
     def __init__(self, llm, max_waiting: int = 256, static_batching: bool = False, stream_interval: int = 1):
         check_positive(max_waiting=max_waiting, stream_interval=stream_interval)
         super().__init__(llm.tokenizer, llm.engine.checks, llm.get_default_sampling_params(),
-                         len(llm.engine.scheduler.block_manager.blocks), max_waiting)
+                         len(llm.engine.scheduler.block_manager.blocks), max_waiting, llm.model_max_tokens)
         self.stream_interval = stream_interval
         self.llm, self.engine = llm, llm.engine
         self.static_batching = bool(static_batching)

@@ -110,7 +110,7 @@ def run_engine_core(requests, outputs, model: str, llm_args: dict, core_args: di
         outputs.send(("failed", bad_input, str(e) if bad_input else f"{type(e).__name__}: {e}"))
         return
     outputs.send(("ready", llm.engine.checks, llm.get_default_sampling_params(),
-                  len(llm.engine.scheduler.block_manager.blocks), llm.tokenizer))
+                  len(llm.engine.scheduler.block_manager.blocks), llm.tokenizer, llm.model_max_tokens))
     core = _EngineCore(llm, outputs, **core_args)
     try:
         while True:
@@ -160,8 +160,8 @@ class EngineCoreClient(EngineClient):
         if hello[0] == "failed":
             self._proc.join()
             raise (ValueError if hello[1] else RuntimeError)(hello[2])
-        _, checks, default_params, num_blocks, tokenizer = hello
-        super().__init__(tokenizer, checks, default_params, num_blocks, max_waiting)
+        _, checks, default_params, num_blocks, tokenizer, chat_max_tokens = hello
+        super().__init__(tokenizer, checks, default_params, num_blocks, max_waiting, chat_max_tokens)
         self._thread = threading.Thread(target=self._read, name="minillm-engine-reader", daemon=True)
         self._thread.start()
         atexit.register(self.shutdown)  # before multiprocessing joins its children at exit

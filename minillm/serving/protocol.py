@@ -12,7 +12,7 @@ import re
 
 from minillm.outputs import CompletionOutput
 from minillm.sampling_params import SamplingParams, describe
-from minillm.tokenizer import text_content
+from minillm.tokenizer import chat_template_options, text_content
 
 MAX_BODY_BYTES = 1 << 20  # a larger request body is a 413
 
@@ -22,7 +22,9 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "p
                    "include_stop_str_in_output")
 COMMON_FIELDS = {"model", "stream", "stream_options", "logit_bias", "user", *SAMPLING_FIELDS}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs"}
-CHAT_FIELDS = COMMON_FIELDS | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"}
+# vLLM's chat template options, as LLM.chat takes them (minillm.tokenizer.chat_template_options)
+TEMPLATE_FIELDS = ("chat_template_kwargs", "add_generation_prompt", "continue_final_message")
+CHAT_FIELDS = COMMON_FIELDS | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", *TEMPLATE_FIELDS}
 
 
 def _off(*values):
@@ -34,12 +36,16 @@ def _off(*values):
 # unused, which SDKs and existing clients send (echo=false, best_of=n, response_format text, ...): accepted
 # holding one of those, as vLLM accepts them; any other value is a 400 naming the field. A field in neither
 # table is a 400 too (a typo must not be dropped silently).
+# vLLM's detokenizer option: minillm's text always leaves special tokens out (vLLM's default)
+SKIP_SPECIAL_TOKENS = (_off(None, True), "true")
 COMPLETION_UNUSED = {
+    "skip_special_tokens": SKIP_SPECIAL_TOKENS,
     "echo": (_off(None, False), "false"),
     "suffix": (_off(None, ""), "null"),
     "best_of": (lambda v, body: v is None or (type(v) is int and v == (body.get("n") or 1)), "null, or equal to n"),
 }
 CHAT_UNUSED = {
+    "skip_special_tokens": SKIP_SPECIAL_TOKENS,
     "response_format": (_off(None, {"type": "text"}), '{"type": "text"}'),
     "tools": (_off(None, []), "null or []"),
     "functions": (_off(None, []), "null or []"),
@@ -143,6 +149,17 @@ def sampling_params(body: dict, defaults: SamplingParams, chat: bool) -> Samplin
         raise bad_request(str(e), param=param_of(e, renamed)) from None
 
 
+def template_options(body: dict) -> dict:
+    """A chat request's template options (TEMPLATE_FIELDS; null or left out: LLM.chat's defaults) ->
+    keyword arguments for Tokenizer.apply_chat_template."""
+    given = {name: body[name] for name in TEMPLATE_FIELDS if body.get(name) is not None}
+    try:
+        return chat_template_options(**given)
+    except ValueError as e:
+        name = next((n for n in TEMPLATE_FIELDS if str(e).startswith(n)), None)
+        raise bad_request(str(e), param=name or "chat_template_kwargs") from None
+
+
 def param_of(error: ValueError, renamed: dict | None = None, default: str | None = None) -> str | None:
     """The request field a ValueError of SamplingParams names ("SamplingParams.top_p must ..."): its own
     name, or the request's for a renamed one (max_completion_tokens for max_tokens); else `default`."""
@@ -206,6 +223,12 @@ def _top(position: dict, k: int) -> list:
     return sorted(ranked, key=lambda x: x[1].rank)
 
 
+def _top_with_chosen(position: dict, chosen: int, k: int) -> list:
+    """The sampled token's (token id, Logprob), then the k most likely others: the legacy completions'
+    top_logprobs ("the logprobs most likely tokens, as well the chosen tokens"), as vLLM fills it."""
+    return [(chosen, position[chosen])] + [(t, lp) for t, lp in _top(position, k) if t != chosen]
+
+
 def completion_logprobs(c: CompletionOutput, k: int, offset: int = 0) -> dict | None:
     """OpenAI's legacy logprobs object: tokens, token_logprobs, top_logprobs, text_offset."""
     if c.logprobs is None:
@@ -215,7 +238,8 @@ def completion_logprobs(c: CompletionOutput, k: int, offset: int = 0) -> dict | 
         chosen = position[t]
         tokens.append(chosen.decoded_token or "")
         lps.append(chosen.logprob)
-        tops.append({lp.decoded_token or "": lp.logprob for _, lp in _top(position, k)})
+        tops.append({lp.decoded_token or "": lp.logprob for _, lp in sorted(
+            _top_with_chosen(position, t, k), key=lambda x: x[1].rank or 0)})
         offsets.append(offset)
         offset += len(tokens[-1])
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}

@@ -34,7 +34,7 @@ from minillm.serving.async_engine import AsyncStream, EngineClient, EngineError,
 from minillm.serving.protocol import (CHAT_FIELDS, CHAT_UNUSED, COMPLETION_FIELDS, COMPLETION_UNUSED, MAX_BODY_BYTES,
                                       APIError, bad_request, chat_logprobs, chat_messages, check_fields,
                                       completion_logprobs, completion_prompts, merge, param_of, sampling_params,
-                                      stream_flags, usage)
+                                      stream_flags, template_options, usage)
 from minillm.serving.sse import sse_event
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
@@ -300,12 +300,13 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
     async def chat_completions(request: Request):
         body = await parse(request, CHAT_FIELDS, CHAT_UNUSED)
         stream_mode, include_usage = stream_flags(body)
-        params = sampling_params(body, async_llm.default_sampling_params(), chat=True)
+        params = sampling_params(body, async_llm.default_sampling_params(chat=True), chat=True)
         messages = chat_messages(body)
+        options = template_options(body)
         if async_llm.tokenizer is None:
             raise bad_request("this model has no tokenizer, so it cannot chat: use /v1/completions with token ids")
         try:
-            prompt = async_llm.tokenizer.encode_chat(messages)
+            prompt = async_llm.tokenizer.encode_chat(messages, **options)
         except ValueError as e:
             raise bad_request(str(e), param="messages") from None
         return await run(request, submit([prompt], params, body, chat=True), params, True, stream_mode,
