@@ -1,6 +1,6 @@
-"""Chapter 1 exercise stubs. GENERATED from minillm/ by `python -m minillm.course.exercises`:
-do not edit by hand; students: fill in the bodies here, then grade one exercise with
+"""Chapter 1 exercises: YOUR file. Fill in the bodies below, then grade one exercise with
     make grade EX=1.1            (or: pytest tests/exercises -m ex1_1)
+(Generated from minillm/ by `make exercises`, which refuses to overwrite a file holding your code.)
 
 Exercise 1.1: bpe_encode  (notebooks/01_vocab_weights_runtime.ipynb, section '3. Byte-level BPE, step by step')
 Exercise 1.2: parse_safetensors_header, read_tensor  (notebooks/01_vocab_weights_runtime.ipynb, section '5. The weights: a safetensors file')

@@ -1,6 +1,6 @@
-"""Chapter 2 exercise stubs. GENERATED from minillm/ by `python -m minillm.course.exercises`:
-do not edit by hand; students: fill in the bodies here, then grade one exercise with
+"""Chapter 2 exercises: YOUR file. Fill in the bodies below, then grade one exercise with
     make grade EX=2.1            (or: pytest tests/exercises -m ex2_1)
+(Generated from minillm/ by `make exercises`, which refuses to overwrite a file holding your code.)
 
 Exercise 2.1: rms_norm  (notebooks/02_decoder_layer.ipynb, section '2. RMSNorm')
 Exercise 2.2: add_rms_norm  (notebooks/02_decoder_layer.ipynb, section '3. The residual stream and fused add+RMSNorm')

@@ -1,6 +1,6 @@
-"""Chapter 3 exercise stubs. GENERATED from minillm/ by `python -m minillm.course.exercises`:
-do not edit by hand; students: fill in the bodies here, then grade one exercise with
+"""Chapter 3 exercises: YOUR file. Fill in the bodies below, then grade one exercise with
     make grade EX=3.1            (or: pytest tests/exercises -m ex3_1)
+(Generated from minillm/ by `make exercises`, which refuses to overwrite a file holding your code.)
 
 Exercise 3.1: slot_mapping_for  (notebooks/03_paged_kv_cache.ipynb, section '2. Block tables and slot mapping')
 Exercise 3.2: compute_block_hash, match_prefix  (notebooks/03_paged_kv_cache.ipynb, section '3. Prefix caching: hashing full blocks')

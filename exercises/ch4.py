@@ -1,6 +1,6 @@
-"""Chapter 4 exercise stubs. GENERATED from minillm/ by `python -m minillm.course.exercises`:
-do not edit by hand; students: fill in the bodies here, then grade one exercise with
+"""Chapter 4 exercises: YOUR file. Fill in the bodies below, then grade one exercise with
     make grade EX=4.1            (or: pytest tests/exercises -m ex4_1)
+(Generated from minillm/ by `make exercises`, which refuses to overwrite a file holding your code.)
 
 Exercise 4.1: shard_weight, shard_packed  (notebooks/04_tensor_parallel.ipynb, section '3. Sharding the checkpoint')
 Exercise 4.2: row_parallel_linear  (notebooks/04_tensor_parallel.ipynb, section '4. The MLP: column then row, one all-reduce')

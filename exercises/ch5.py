@@ -1,6 +1,6 @@
-"""Chapter 5 exercise stubs. GENERATED from minillm/ by `python -m minillm.course.exercises`:
-do not edit by hand; students: fill in the bodies here, then grade one exercise with
+"""Chapter 5 exercises: YOUR file. Fill in the bodies below, then grade one exercise with
     make grade EX=5.1            (or: pytest tests/exercises -m ex5_1)
+(Generated from minillm/ by `make exercises`, which refuses to overwrite a file holding your code.)
 
 Exercise 5.1: graph_batch_sizes, graph_size_for, pad_graph_inputs  (notebooks/05_engine_performance.ipynb, section '3. CUDA graphs')
 Exercise 5.2: append_placeholders, fill_placeholders  (notebooks/05_engine_performance.ipynb, section '4. Async scheduling: the CPU works while the GPU runs')

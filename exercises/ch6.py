@@ -1,6 +1,6 @@
-"""Chapter 6 exercise stubs. GENERATED from minillm/ by `python -m minillm.course.exercises`:
-do not edit by hand; students: fill in the bodies here, then grade one exercise with
+"""Chapter 6 exercises: YOUR file. Fill in the bodies below, then grade one exercise with
     make grade EX=6.1            (or: pytest tests/exercises -m ex6_1)
+(Generated from minillm/ by `make exercises`, which refuses to overwrite a file holding your code.)
 
 Exercise 6.1: sse_event, sse_data  (notebooks/06_serving.ipynb, section '1. A request's life: server-sent events')
 Exercise 6.2: detokenize_incrementally  (notebooks/06_serving.ipynb, section '2. Streaming text: incremental detokenization')

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from minillm.course.exercises import REPO_DIR, find_exercises
+from minillm.course.exercises import REPO_DIR, find_exercises, students_work
 from minillm.course.grade import gradescope_json, grade
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # the subprocesses run tiny models
@@ -104,6 +104,23 @@ def test_the_solved_exercise_alone_runs_in_the_engine(repo_copy):
     r = run_in(repo_copy, "-m", "pytest", "tests/exercises/test_ch3.py", "-k", "engine", "-m", "ex3_1", "-q",
                "-p", "no:cacheprovider")
     assert r.returncode == 0 and "passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def test_regenerating_the_stubs_never_overwrites_a_students_code(tmp_path):
+    """`make exercises` (a maintainer's command a student may run by mistake) refuses while exercises/ holds
+    written functions, names them, and changes nothing; --force regenerates; the stubs themselves regenerate."""
+    root = _copy_repo(tmp_path)
+    mine = _function_source(os.path.join(root, "solutions", "ch3.py"), "slot_mapping_for")
+    _write_function(root, 3, "slot_mapping_for", mine)
+    before = open(os.path.join(root, "exercises", "ch3.py")).read()
+    p = run_in(root, "-m", "minillm.course.exercises", timeout=300)
+    assert p.returncode == 2 and "exercises/ch3.py: slot_mapping_for" in p.stderr and "--force" in p.stderr, p.stderr
+    assert open(os.path.join(root, "exercises", "ch3.py")).read() == before
+    p = run_in(root, "-m", "minillm.course.exercises", "--force", timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert students_work(open(os.path.join(root, "exercises", "ch3.py")).read()) == []
+    p = run_in(root, "-m", "minillm.course.exercises", timeout=300)  # only stubs now: nothing to refuse
+    assert p.returncode == 0 and "wrote 0 file(s)" in p.stdout, p.stdout + p.stderr
 
 
 def test_a_crash_or_an_endless_loop_names_the_students_line_and_the_notebook_section(tmp_path):

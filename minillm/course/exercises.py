@@ -187,12 +187,14 @@ def _resolve_relative(module: str, node: ast.ImportFrom) -> str:
 def render_chapter(chapter: int, exs: list[Exercise], stubs: bool) -> str:
     kind = "exercise stubs" if stubs else "solutions"
     defined = {n for e in exs for n in e.functions}
-    head = [
-        f'"""Chapter {chapter} {kind}. GENERATED from minillm/ by `python -m minillm.course.exercises`:',
-        "do not edit by hand" + ("; students: fill in the bodies here, then grade one exercise with" if stubs else "."),
-    ]
+    if stubs:  # the students' file: theirs to fill in; only the generator's own edits are maintainers'
+        head = [f'"""Chapter {chapter} exercises: YOUR file. Fill in the bodies below, then grade one exercise with']
+    else:
+        head = [f'"""Chapter {chapter} {kind}. GENERATED from minillm/ by `python -m minillm.course.exercises`:',
+                "do not edit by hand."]
     if stubs:
         head.append(f"    make grade EX={exs[0].id}            (or: pytest tests/exercises -m {exs[0].marker})")
+        head.append("(Generated from minillm/ by `make exercises`, which refuses to overwrite a file holding your code.)")
     head.append("")
     for e in exs:
         head.append(f"Exercise {e.id}: {', '.join(e.stubbed)}  ({e.where()})")
@@ -219,10 +221,31 @@ def generated_files() -> dict[str, str]:
     return files
 
 
-def write(check: bool = False) -> list[str]:
-    """Write (or, with check, compare) the generated files. -> the paths that differ(ed)."""
+def students_work(source: str) -> list[str]:
+    """The exercise functions an exercises/chN.py source defines with a body of its own (not the stub's
+    raise NotImplementedError); a file Python cannot parse is someone's work in progress: ['(all)']."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ["(all: the file does not parse)"]
+    stubbed = {f for e in find_exercises() for f in e.stubbed}
+    return [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in stubbed
+            and not _is_stub_body(n)]
+
+
+def write(check: bool = False, force: bool = False) -> list[str]:
+    """Write (or, with check, compare) the generated files. -> the paths that differ(ed). An exercises/
+    file holding a student's code is not overwritten unless force: ValueError naming the functions."""
     differ = []
     want = generated_files()
+    mine = {rel: students_work(open(os.path.join(REPO_DIR, rel)).read()) for rel in want
+            if rel.startswith("exercises/") and os.path.exists(os.path.join(REPO_DIR, rel))}
+    kept = {rel: names for rel, names in mine.items() if names and open(os.path.join(REPO_DIR, rel)).read() != want[rel]}
+    if kept and not check and not force:
+        listed = "; ".join(f"{rel}: {', '.join(names)}" for rel, names in kept.items())
+        raise ValueError(f"exercises/ holds your code ({listed}): regenerating the stubs would overwrite it. "
+                         f"Copy it somewhere first (cp -r exercises my_exercises), or regenerate anyway with "
+                         f"`python -m minillm.course.exercises --force`")
     for rel, content in want.items():
         path = os.path.join(REPO_DIR, rel)
         current = open(path).read() if os.path.exists(path) else None
@@ -491,8 +514,13 @@ def exercise(exercise_id: str) -> Exercise:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minillm.course.exercises", description=__doc__.split("\n")[0])
     p.add_argument("--check", action="store_true", help="exit 1 if exercises/ or solutions/ are stale")
+    p.add_argument("--force", action="store_true", help="overwrite exercises/ even where it holds a student's code")
     args = p.parse_args(argv)
-    differ = write(check=args.check)
+    try:
+        differ = write(check=args.check, force=args.force)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     if args.check and differ:
         print("stale generated files (run `python -m minillm.course.exercises`): " + ", ".join(differ))
         sys.exit(1)
