@@ -51,3 +51,22 @@ def test_a_function_that_reads_back_is_timed_without_a_graph_and_leaves_the_gene
         assert time_fn(lambda t: t * 2, (x,), graph=True, rep=5) > 0
         assert time_fn(lambda: cache.index_copy_(0, slots, src), graph=True, rep=5) > 0
     assert torch.equal(cache[slots], src)
+
+
+def test_a_cpu_roofline_says_why_a_cached_working_set_beats_the_memory_floor(monkeypatch):
+    """On a CPU a model whose weights fit the last-level cache is read from it between repeated runs and
+    can beat the memory floor (notebook 01's toy model did, 112-121%): the table says so, and only then."""
+    from minillm import timing
+    monkeypatch.setattr(timing, "last_level_cache_bytes", lambda: 100 << 20)
+    cpu = timing.Ceilings("cpu (2 threads, torch)", copy_gbps=20.0, matmul_tflops=1.0)
+    roof = timing.Roofline(cpu)
+    roof.add("fits, beats the floor", ms=1.0, bytes=40e6)  # floor 2 ms
+    assert "40 MB fit in this CPU's 105 MB last-level cache" in roof.table()
+    for name, ms, nbytes in (("fits, under the floor", 2.5, 40e6), ("too big for the cache", 1.0, 400e6),
+                             ("within the noise", 1.95, 40e6)):
+        other = timing.Roofline(cpu)
+        other.add(name, ms=ms, bytes=nbytes)
+        assert "last-level cache" not in other.table(), name
+    gpu = timing.Roofline(timing.Ceilings("NVIDIA H200 (cuda)", copy_gbps=4000.0, matmul_tflops=700.0))
+    gpu.add("a GPU point", ms=0.001, bytes=40e6)
+    assert "last-level cache" not in gpu.table()
