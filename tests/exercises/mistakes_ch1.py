@@ -19,6 +19,9 @@ from minillm.loader import parse_safetensors_header as right_parse_header
 from mistakes import Mistake
 
 NO_LENGTH_CHECK = 1 << 62  # a file_size no header length N can exceed
+# 1.1's slip that raises instead of answering (test_ch1's _bpe_encode tells it with this hint)
+BYTES_NOT_INTS = ("indexing or iterating bytes gives ints (b'ab'[0] == 97, list(b'ab') == [97, 98]), and ranks' keys "
+                  "are bytes: start from one-byte bytes objects, parts = [piece[i:i + 1] for i in range(len(piece))]")
 
 
 # ---- 1.1 byte-level BPE --------------------------------------------------------------------------
@@ -30,6 +33,18 @@ def bpe_first_pair(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
         if not mergeable:
             return [ranks[p] for p in parts]
         i = mergeable[0]
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+
+def bpe_parts_are_ints(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
+    """Starts from list(piece): ints, not one-byte bytes, so no pair is found and the lookup fails."""
+    parts = list(piece)
+    while True:
+        candidates = [(ranks[parts[i] + parts[i + 1]], i) for i in range(len(parts) - 1)
+                      if parts[i] + parts[i + 1] in ranks]
+        if not candidates:
+            return [ranks[p] for p in parts]
+        _, i = min(candidates)
         parts[i:i + 2] = [parts[i] + parts[i + 1]]
 
 
@@ -477,6 +492,7 @@ MISTAKES: list[Mistake] = [
             "merges the leftmost mergeable pair instead of the pair of LOWEST rank: at every step scan all "
             "adjacent pairs, keep the one whose concatenation has the smallest id in ranks (ties: the "
             "leftmost), merge it, and rescan", BPE),
+    Mistake("ch1_bpe_parts_are_ints", "1.1", {"bpe_encode": bpe_parts_are_ints}, BYTES_NOT_INTS, BPE),
     Mistake("ch1_bpe_highest_rank", "1.1", {"bpe_encode": bpe_highest_rank},
             "merges the pair of HIGHEST rank first: a lower rank means the merge was learned earlier and must "
             "happen first, so pick the minimum rank, not the maximum", BPE),

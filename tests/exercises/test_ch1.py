@@ -30,6 +30,7 @@ from minillm.models.qwen3 import Qwen3ForCausalLM
 
 from mistakes import call_pure, suspects, suspects_of, then, wrong_versions
 from properties import outcome
+from mistakes_ch1 import BYTES_NOT_INTS
 
 CH1 = ref_path("ch1")
 
@@ -51,6 +52,19 @@ def _bpe_ref() -> dict:
 SPECIAL = {t: 151643 + i for i, t in enumerate(QWEN_SPECIAL)}
 
 
+def _bpe_encode(impl, data: bytes, ranks: dict[bytes, int]) -> list[int]:
+    """impl.bpe_encode(data, ranks); a lookup of an int key is the classic slip, told as such."""
+    try:
+        return impl.bpe_encode(data, ranks)
+    except KeyError as e:
+        if not (e.args and isinstance(e.args[0], int)):
+            raise
+        raise AssertionError(
+            f"Exercise 1.1 (bpe_encode): bpe_encode({bytes(data)!r}) looked up ranks[{e.args[0]!r}], an int: "
+            f"{BYTES_NOT_INTS}") from e
+
+
+
 @pytest.mark.ex1_1
 def test_bpe_encode_pieces_match_tiktoken(impl):
     """Every stored piece, against tiktoken. A known wrong version is named only when it gives the
@@ -58,7 +72,7 @@ def test_bpe_encode_pieces_match_tiktoken(impl):
     merging the highest rank both turn " aaaa" into [83465, 64])."""
     ranks = _ranks()
     pieces = [(piece, piece.encode("utf-8"), want) for piece, want in _bpe_ref()["pieces"]]
-    got = [impl.bpe_encode(data, ranks) for _, data, _ in pieces]
+    got = [_bpe_encode(impl, data, ranks) for _, data, _ in pieces]
 
     def everywhere_like_yours(fn, data):
         """fn's ids for data, if fn gives your ids on every piece (else it is not your bug)."""
