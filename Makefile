@@ -72,7 +72,7 @@ browser: setup
 	fi
 
 lab: setup  ## JupyterLab on the notebooks, with .venv's Python as the kernel; open the URL it prints
-	@echo "JupyterLab from $(VENV) (kernel: $(PY)). Open the http://localhost:..../lab?token=... URL printed"
+	@echo "JupyterLab from $(VENV) (kernel: $(PY)). Open the http://localhost:PORT/lab/tree/notebooks?token=... URL printed"
 	@echo "below in a browser; Ctrl+C twice stops it. Start with notebooks/00_tour.ipynb."
 	$(PY) -m jupyterlab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
