@@ -322,6 +322,9 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     seed: int = 0
+    # vLLM's switch for a checkpoint's own Python code; minillm runs none (it builds Qwen3, Llama and Qwen2 from
+    # config.json), so True allows nothing more: accepted, checked, and without effect
+    trust_remote_code: bool = False
 
     def validate(self, mc: ModelConfig) -> None:
         """Raise ValueError naming the bad argument and the fix; fill in the derived defaults."""
@@ -335,7 +338,8 @@ class EngineConfig:
                  f"{name} must be a positive integer (at most 2**31 - 1), got {describe(v)}")
         need(self.tokenizer is None or isinstance(self.tokenizer, str),
              f"tokenizer must be None (the model's own) or a folder path or model name, got {describe(self.tokenizer)}")
-        for name in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill", "async_scheduling"):
+        for name in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill", "async_scheduling",
+                     "trust_remote_code"):
             v = getattr(self, name)
             need(isinstance(v, bool), f"{name} must be True or False, got {describe(v)}")
         for name, choices in (("attention_backend", ATTENTION_BACKENDS), ("device", ("auto", "cpu", "cuda")),

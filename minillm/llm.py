@@ -24,6 +24,12 @@ from minillm.tokenizer import IncrementalDetokenizer, Tokenizer, chat_template_o
 PROMPT_KEYS = ("prompt", "prompt_token_ids")  # a prompt dict: vLLM's TextPrompt or TokensPrompt
 
 
+def _no_lora(lora_request) -> None:
+    if lora_request is not None:
+        raise ValueError(f"minillm serves no LoRA adapters: lora_request must be None, got {describe(lora_request)}; "
+                         f"merge the adapter into the weights (peft's merge_and_unload) and load that folder")
+
+
 class LLM:
     """An engine over one model.
 
@@ -161,12 +167,14 @@ class LLM:
         return list(messages)
 
     # ---- generation --------------------------------------------------------------------------
-    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True, lora_request=None) -> list[RequestOutput]:
         """prompts: a string, a list of token ids, a prompt dict ({"prompt": text} or {"prompt_token_ids":
         ids}, vLLM's TextPrompt / TokensPrompt), or a list of those; sampling_params: one or one per prompt.
         -> one RequestOutput per prompt, in input order (a list, also for one prompt, as vLLM's):
         out.outputs[i] is sample i (SamplingParams.n) with .text, .token_ids, .finish_reason ("stop",
-        "length", or "abort" when an error elsewhere ended it early), .logprobs (minillm.outputs)."""
+        "length", or "abort" when an error elsewhere ended it early), .logprobs (minillm.outputs).
+        lora_request: vLLM's; minillm has no LoRA adapters, so only None (what vLLM code passes without one)."""
+        _no_lora(lora_request)
         return self._generate(self._prompt_list(prompts), sampling_params, use_tqdm)
 
     def _generate(self, prompts: list, sampling_params, use_tqdm: bool,
@@ -205,7 +213,7 @@ class LLM:
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = False, chat_template: str | None = None,
              chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, tools: list[dict] | None = None):
+             continue_final_message: bool = False, tools: list[dict] | None = None, lora_request=None):
         """messages: one conversation [{"role", "content"}, ...] or a list of them -> one RequestOutput
         per conversation (a list, also for one, as vLLM's), its prompt the rendered template's text.
         A content is a string or OpenAI's list of text parts [{"type": "text", "text": ...}] (joined).
@@ -213,6 +221,7 @@ class LLM:
         model's; chat_template_kwargs go to the template (Qwen3: {"enable_thinking": False});
         continue_final_message continues the last message instead of opening a new assistant turn
         (then add_generation_prompt=False); tools: JSON-schema tool definitions for the template."""
+        _no_lora(lora_request)
         convs = self._conversations(messages)
         self._need_tokenizer()
         options = chat_template_options(chat_template, chat_template_kwargs, add_generation_prompt,

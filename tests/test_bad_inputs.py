@@ -299,6 +299,7 @@ BAD_ENGINE_ARGS = [
     (dict(enforce_eager="yes"), "enforce_eager must be True or False"),
     (dict(enable_prefix_caching=1), "enable_prefix_caching must be True or False"),
     (dict(async_scheduling=None), "async_scheduling must be True or False"),
+    (dict(trust_remote_code="yes"), "trust_remote_code must be True or False"),
     (dict(seed=-1), "seed must be"),
     (dict(seed=2**64), "seed must be"),
     (dict(seed="0"), "seed must be"),
@@ -310,6 +311,21 @@ BAD_ENGINE_ARGS = [
 def test_bad_engine_argument_fails_before_anything_is_built(tiny, no_runner, kwargs, phrase):
     with pytest.raises(ValueError, match=phrase):
         LLM(TINY, **small_engine_args(**kwargs))
+    assert_whole(tiny)
+
+
+def test_vllm_arguments_minillm_has_nothing_for_are_accepted_at_their_unused_values(tiny):
+    """trust_remote_code (minillm runs no checkpoint code) and lora_request=None, which vLLM scripts pass:
+    accepted, the same tokens; a LoRA adapter is a ValueError that says how to use one anyway."""
+    trusting = LLM(TINY, **ARGS, trust_remote_code=True)
+    try:
+        assert greedy_tokens(trusting, PROBE_IDS) == tiny.want
+        assert [o.outputs[0].token_ids for o in trusting.generate(PROBE_IDS, GREEDY, use_tqdm=False,
+                                                                  lora_request=None)] == tiny.want
+    finally:
+        trusting.shutdown()
+    with pytest.raises(ValueError, match="lora_request must be None, got .*merge_and_unload"):
+        tiny.generate(PROBE_IDS, GREEDY, use_tqdm=False, lora_request=("adapter", 1, "/path"))
     assert_whole(tiny)
 
 
