@@ -859,15 +859,16 @@ def test_serve_takes_vllm_serves_command_line():
     """`serve MODEL` (the model as `vllm serve MODEL` takes it) and vLLM's engine flags reach LLM(...)."""
     from minillm.cli import _llm_args, _parser, _pick_model
     args = _parser().parse_args(["serve", "qwen3-tiny", "--gpu-memory-utilization", "0.5", "--no-enable-prefix-caching",
-                                 "--generation-config", "vllm"])
+                                 "--generation-config", "vllm", "--trust-remote-code"])
     _pick_model(args)
     assert args.model == "qwen3-tiny"
     given = _llm_args(args)
-    assert {k: given[k] for k in ("gpu_memory_utilization", "enable_prefix_caching", "generation_config")} == {
-        "gpu_memory_utilization": 0.5, "enable_prefix_caching": False, "generation_config": "vllm"}
+    names = ("gpu_memory_utilization", "enable_prefix_caching", "generation_config", "trust_remote_code")
+    assert {k: given[k] for k in names} == {"gpu_memory_utilization": 0.5, "enable_prefix_caching": False,
+                                           "generation_config": "vllm", "trust_remote_code": True}
     args = _parser().parse_args(["serve"])
     _pick_model(args)
-    assert args.model == "smollm2-135m" and "enable_prefix_caching" not in _llm_args(args)  # the engine's default
+    assert args.model == "smollm2-135m" and not set(names) & set(_llm_args(args))  # the engine's defaults
     p = _serve("qwen3-tiny", "--model", "smollm2-135m")
     assert p.returncode == 2 and "two models given" in p.stderr and p.stderr.count("\n") == 1, p.stderr
     log_lines = []
