@@ -291,7 +291,7 @@ def available_memory(device: str) -> int | None:
     return free
 
 
-def _readable_bytes(n: float) -> str:
+def readable_bytes(n: float) -> str:
     """Bytes, readable: "3.2 GB", "640 KB"."""
     for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= size:
@@ -403,9 +403,9 @@ class EngineConfig:
         weights = mc.num_parameters(tp) * self.torch_dtype.itemsize * ranks_here
         if weights > free:
             raise ValueError(
-                f"config.json describes about {_readable_bytes(weights)} of {self.dtype} weights (num_hidden_layers="
+                f"config.json describes about {readable_bytes(weights)} of {self.dtype} weights (num_hidden_layers="
                 f"{mc.num_hidden_layers}, hidden_size={mc.hidden_size}, intermediate_size={mc.intermediate_size}, "
-                f"vocab_size={mc.vocab_size}) but only {_readable_bytes(free)} of memory is available on "
+                f"vocab_size={mc.vocab_size}) but only {readable_bytes(free)} of memory is available on "
                 f"{self.device}; check config.json, or use a smaller dtype or more tensor-parallel GPUs"
                 f"{_OTHER_ENGINE_HINT if self.device == 'cuda' else ''}")
         block_bytes = mc.kv_bytes_per_token(tp, self.torch_dtype) * self.kvcache_block_size
@@ -416,8 +416,8 @@ class EngineConfig:
         else:
             return  # sized by the runner from what is left
         if weights + kv * ranks_here > free:
-            raise ValueError(f"{what} asks for {_readable_bytes(kv * ranks_here)} of KV cache on top of "
-                             f"{_readable_bytes(weights)} of weights, but only {_readable_bytes(free)} of memory is "
+            raise ValueError(f"{what} asks for {readable_bytes(kv * ranks_here)} of KV cache on top of "
+                             f"{readable_bytes(weights)} of weights, but only {readable_bytes(free)} of memory is "
                              f"available on {self.device}; lower it"
                              f"{_OTHER_ENGINE_HINT if self.device == 'cuda' else ''}")
 

@@ -19,6 +19,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from minillm.config import readable_bytes
+
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -226,9 +228,10 @@ class Roofline:
         llc = last_level_cache_bytes() if self.ceilings.device.startswith("cpu") else None
         beaten = [p for p in self.points if p.ms < self.floor_ms(p) / BEATEN_FLOOR and p.bytes <= (llc or 0)]
         if beaten:
-            mb = max(p.bytes for p in beaten) / 1e6
-            rows.append(f"(above 100%: {mb:,.0f} MB fit in this CPU's {llc / 1e6:,.0f} MB last-level cache, so each "
-                        f"repeated run reads them from the cache, faster than memory; the floor assumes memory)")
+            names = ", ".join(p.name for p in beaten)
+            rows.append(f"(above 100%: {names}: their bytes (at most {readable_bytes(max(p.bytes for p in beaten))}) fit "
+                        f"in this CPU's {readable_bytes(llc)} last-level cache, so each repeated run reads them from the "
+                        f"cache, faster than memory; the floor assumes memory)")
         return "\n".join(rows)
 
     def plot(self, ax=None, title: str | None = None):

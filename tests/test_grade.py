@@ -319,10 +319,28 @@ def test_a_negative_timeout_is_a_one_line_error(capsys):
 
 
 def test_the_notebook_switch_says_which_code_runs_and_how_to_check_it(repo_copy):
-    r = run_in(repo_copy, "-c", "from minillm.course.exercises import use_my_code; use_my_code(3, True)")
+    """The switch's message; then a notebook check that fails says it ran the student's code for the
+    exercises it names (and is silent when it passed, or when none of them is the student's); and
+    swap.reference gives minillm's own function for the notebook to compare with."""
+    script = """
+from minillm.course.exercises import find_exercises, use_my_code
+import importlib
+mod = importlib.import_module(next(e.module for e in find_exercises() if e.id == "3.1"))
+minillms = mod.slot_mapping_for
+swap = use_my_code(3, True)
+print("reference is minillm's:", swap.reference("slot_mapping_for") is minillms is not mod.slot_mapping_for)
+print("--- passed"); swap.suspect(True, "3.1")
+print("--- not yours"); swap.suspect(False, "3.2")
+print("--- failed"); swap.suspect(False, "3.2", "3.1")
+"""
+    r = run_in(repo_copy, "-c", script)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "running your exercises/ for: 3.1 slot_mapping_for" in r.stdout, r.stdout
+    assert "running your code (exercises/) for: 3.1 slot_mapping_for" in r.stdout, r.stdout
     assert "check yours first: make grade EX=3.1" in r.stdout, r.stdout
+    assert "reference is minillm's: True" in r.stdout, r.stdout
+    tail = r.stdout.split("--- passed\n", 1)[1]
+    assert tail.startswith("--- not yours\n--- failed\n-> this check failed, and it ran your code for 3.1 "
+                           "slot_mapping_for (USE_MY_CODE = True): make grade EX=3.1 names what is wrong"), r.stdout
 
 
 def _exercise_tests() -> None:

@@ -61,7 +61,8 @@ def test_a_cpu_roofline_says_why_a_cached_working_set_beats_the_memory_floor(mon
     cpu = timing.Ceilings("cpu (2 threads, torch)", copy_gbps=20.0, matmul_tflops=1.0)
     roof = timing.Roofline(cpu)
     roof.add("fits, beats the floor", ms=1.0, bytes=40e6)  # floor 2 ms
-    assert "40 MB fit in this CPU's 105 MB last-level cache" in roof.table()
+    assert ("(above 100%: fits, beats the floor: their bytes (at most 40.0 MB) fit in this CPU's 104.9 MB "
+            "last-level cache") in roof.table()
     for name, ms, nbytes in (("fits, under the floor", 2.5, 40e6), ("too big for the cache", 1.0, 400e6),
                              ("within the noise", 1.95, 40e6)):
         other = timing.Roofline(cpu)

@@ -420,6 +420,25 @@ class Swap:
                         setattr(mod, name, ref)
         self.patched.clear()
 
+    def reference(self, name: str):
+        """minillm's own function `name` (an exercise function), whether or not yours replaced it."""
+        for _, patched_name, ref, _ in self.patched:
+            if patched_name == name:
+                return ref
+        owner = next(e for e in find_exercises() if name in e.functions)
+        return getattr(importlib.import_module(owner.module), name)
+
+    def suspect(self, ok: bool, *exercise_ids: str) -> None:
+        """A notebook's check just ran; when it failed and any of these exercises runs your code, say so
+        and how to grade them (a wrong result there is most likely yours, not the kernel's or the
+        engine's under test). Prints nothing when the check passed or none of them is yours."""
+        mine = [i for i in exercise_ids if i in self.swapped]
+        if ok or self.impl != "exercises" or not mine:
+            return
+        names = ", ".join(f"{i} {'/'.join(self.written[i])}" for i in mine)
+        print(f"-> this check failed, and it ran your code for {names} (USE_MY_CODE = True): "
+              f"make grade EX={mine[0]} names what is wrong")
+
     def describe(self) -> str:
         """Which code runs: per exercise, the functions swapped in; a partly written exercise also
         names the functions of it that still run minillm's reference."""
@@ -427,7 +446,7 @@ class Swap:
             mine = self.written.get(i, exercise(i).stubbed)
             rest = [f for f in exercise(i).stubbed if f not in mine]
             return f"{i} {'/'.join(mine)}" + (f" ({'/'.join(rest)} not written yet: minillm's runs)" if rest else "")
-        src = {"ref": "minillm itself", "solutions": "solutions/", "exercises": "your exercises/"}[self.impl]
+        src = {"ref": "minillm itself", "solutions": "solutions/", "exercises": "your code (exercises/)"}[self.impl]
         fallback = ", ".join(f"{i} {'/'.join(exercise(i).stubbed)}" for i in self.fallback) or "none"
         text = (f"running {src} for: {', '.join(swapped(i) for i in self.swapped) or 'none'}\n"
                 f"running minillm's reference for (not started): {fallback}")
@@ -487,10 +506,11 @@ def use_impl(impl: str, chapters: set[int] | None = None, exercises: set[str] | 
 _NOTEBOOK_SWAP: Swap | None = None
 
 
-def use_my_code(chapter: int, enabled: bool, impl: str = DEFAULT_IMPL) -> Swap | None:
+def use_my_code(chapter: int, enabled: bool, impl: str = DEFAULT_IMPL) -> Swap:
     """A notebook's switch (`USE_MY_CODE = True`): from now on the engine runs the chapter's exercises
     that are written in exercises/chN.py, and minillm's reference for the others; False restores
-    the reference. Safe to re-run. Prints which code runs."""
+    the reference (and returns a Swap of nothing, whose suspect() never speaks). Safe to re-run.
+    Prints which code runs."""
     global _NOTEBOOK_SWAP
     if _NOTEBOOK_SWAP is not None:
         _NOTEBOOK_SWAP.restore()
@@ -498,7 +518,7 @@ def use_my_code(chapter: int, enabled: bool, impl: str = DEFAULT_IMPL) -> Swap |
     if not enabled:
         print(f"USE_MY_CODE = False: chapter {chapter} runs minillm's reference code "
               f"(set it to True to run your exercises/ch{chapter}.py in the engine)")
-        return None
+        return Swap("ref", [], [])
     _NOTEBOOK_SWAP = swap_in(impl, chapters={chapter})
     print(f"USE_MY_CODE = True: chapter {chapter}, " + _NOTEBOOK_SWAP.describe())
     return _NOTEBOOK_SWAP
