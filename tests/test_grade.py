@@ -410,3 +410,40 @@ def test_the_scoreboard_stops_before_a_property_tests_failing_example():
     assert "has shape (0,), expected (1,)" in board and "-- see the notebook" in board
     assert "Failing test case" not in board
     assert "make grade EX=6.4 VERBOSE=1" in board
+
+
+def test_a_class_assignment_grades_the_chapters_or_exercises_it_names(tmp_path):
+    """make grade EX=2,3 (or 2.1,3.4): those exercises alone, in the scoreboard and in Gradescope's
+    results.json (its max_score their count); a name that is neither an exercise nor a chapter is an error."""
+    from minillm.course.grade import main, select
+    ids = [e.id for e in select("2.1,3")]
+    assert ids == ["2.1"] + [e.id for e in find_exercises() if e.chapter == 3]
+    assert [e.id for e in select("2")] == [e.id for e in find_exercises() if e.chapter == 2]
+    assert select(None) == find_exercises()
+    with pytest.raises(ValueError, match="no exercise or chapter '9'"):
+        select("2,9")
+    results = grade("exercises", "2.1,3")  # the untouched stubs: every one not started, none run
+    assert [r.id for r in results] == ids and {r.status for r in results} == {"not started"}
+    out = tmp_path / "results.json"
+    with pytest.raises(SystemExit):
+        main(["--exercise", "2.1,3", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert report["max_score"] == len(ids) and [t["number"] for t in report["tests"]] == ids
+
+
+def test_a_crash_in_an_old_triton_interpreter_is_the_machines_not_the_students(monkeypatch):
+    """The GPU image's triton 3.6 interpreter cannot run a loop over a runtime bound (3.7 can): a crash
+    raised inside it with that error is told as the machine's, and only on a triton before 3.7."""
+    import triton
+    from minillm.course import grade as grade_mod
+    code = compile(f"raise TypeError({grade_mod.OLD_INTERPRETER_ERROR!r})",
+                   os.path.join("site-packages", "triton", "runtime", "interpreter.py"), "exec")
+    try:
+        exec(code, {})
+    except TypeError as e:
+        crash = e
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    assert "triton 3.6.0 interpreter cannot run a loop over a runtime bound" in grade_mod.machine_limit(crash)
+    assert grade_mod.machine_limit(TypeError(grade_mod.OLD_INTERPRETER_ERROR)) is None  # not raised in triton
+    monkeypatch.setattr(triton, "__version__", "3.7.1")
+    assert grade_mod.machine_limit(crash) is None

@@ -1,7 +1,7 @@
 """`make grade` / `python -m minillm.course.grade`: grade your exercises and print a scoreboard.
 
     make grade                 # every exercise: passed / failed / not started, and the first failure
-    make grade EX=2.3          # one exercise
+    make grade EX=2.3          # one exercise (EX=2: chapter 2; EX=2,3 or EX=2.1,3.4: a list)
     python -m minillm.course.grade --json results.json     # + a Gradescope-style report for instructors
 
 It runs the graded tests in tests/exercises against your `exercises/` (or `--impl solutions|ref`).
@@ -107,6 +107,9 @@ class _Recorder:
             at = raised_at(crash, self.files) if crash is not None else None
             if at:
                 report.user_properties.extend([("raised_at", at), ("checked", True)])
+            limit = machine_limit(crash) if crash is not None else None
+            if limit:
+                report.user_properties.append(("machine", limit))
         elif not call.excinfo.errisinstance(NotImplementedError):
             at = raised_at(call.excinfo.value, self.files)
             if at:
@@ -114,6 +117,9 @@ class _Recorder:
             out_of_bounds = next((e for e in _chain(call.excinfo.value) if isinstance(e, KernelOutOfBounds)), None)
             if out_of_bounds is not None:  # the interpreter's InterpreterError wraps it: say it in full
                 report.user_properties.append(("message", f"{type(out_of_bounds).__name__}: {out_of_bounds}"))
+            limit = machine_limit(call.excinfo.value)
+            if limit:
+                report.user_properties.append(("machine", limit))
             if str(call.excinfo.value).startswith("Timeout"):  # pytest-timeout's failure
                 report.user_properties.append(("timed_out", self.timeout_s))
                 self.timed_out.update(self._ids_of(item.keywords))
@@ -152,6 +158,26 @@ def _graded_line(path: str, lineno: int, name: str, files: list[str]) -> str | N
     return f"{rel}:{lineno} in {name}: {linecache.getline(path, lineno).strip()}" if rel in files else None
 
 
+# triton 3.6's interpreter (the GPU image's) fails a kernel's loop over a runtime bound with this; 3.7 runs it
+OLD_INTERPRETER_ERROR = "only 0-dimensional arrays can be converted to Python scalars"
+FIXED_IN_TRITON = (3, 7)
+
+
+def machine_limit(exc: BaseException) -> str | None:
+    """A crash that is this machine's software, not the graded code: what to say instead of blaming it."""
+    import triton
+    version = tuple(int(p) for p in re.findall(r"\d+", triton.__version__)[:2])
+    if version >= FIXED_IN_TRITON:
+        return None
+    for e in _chain(exc):
+        in_interpreter = any(f.filename.replace(os.sep, "/").endswith("triton/runtime/interpreter.py")
+                             for f in traceback.extract_tb(e.__traceback__))
+        if in_interpreter and OLD_INTERPRETER_ERROR in str(e):
+            return (f"this machine's triton {triton.__version__} interpreter cannot run a loop over a runtime bound "
+                    f"(triton 3.7 can): grade with make setup's triton 3.7.1; this error says nothing about your code")
+    return None
+
+
 def raised_at(exc: BaseException, files: list[str]) -> str | None:
     """The innermost frame in one of `files` (see _graded_line) of the exception or of the exceptions it
     was raised from (Triton's interpreter raises its own error from the one the kernel's line raised)."""
@@ -182,17 +208,34 @@ def _failure_text(report, where: str = "") -> str:
     elif at:  # a crash, not a failed check: where in the graded code, and where the notebook explains it
         first = props["message"] if "message" in props else (text.splitlines()[0] if text else "")[:MAX_CRASH_CHARS]
         text = f"{first}\n  {label} {at}" + (f"\n  -- see {where}" if where else "")
+    if "machine" in props:
+        text += f"\n  ({props['machine']})"
     return f"{report.nodeid.split('::')[-1]}: {text}"
+
+
+def select(only: str | None) -> list:
+    """The exercises `only` names: None for all; else comma-separated exercise ids and chapter numbers
+    ("2.3", "2,3", "2.1,3.4": a class's assignment). ValueError for a name that is neither."""
+    every = find_exercises()
+    if only is None:
+        return every
+    chosen = set()
+    for token in (t.strip() for t in str(only).split(",")):
+        hits = {e.id for e in every if e.id == token or str(e.chapter) == token}
+        if not hits:
+            raise ValueError(f"no exercise or chapter {token!r}; exercises are {', '.join(e.id for e in every)} "
+                             f"(a chapter number takes all of its exercises)")
+        chosen |= hits
+    return [e for e in every if e.id in chosen]
 
 
 def grade(impl: str = DEFAULT_IMPL, only: str | None = None, verbose: bool = False,
           timeout_s: float = TEST_TIMEOUT_S) -> list[Result]:
-    """Run the graded tests of every written exercise (or of `only`). -> one Result per exercise.
+    """Run the graded tests of every written exercise (or of those `only` selects: see select). -> one
+    Result per exercise.
     A graded test running past timeout_s fails (where pytest-timeout and SIGALRM exist: not on
     Windows), and the rest of its exercise's tests are skipped."""
-    exercises = [e for e in find_exercises() if only is None or e.id == only]
-    if not exercises:
-        raise ValueError(f"no exercise {only!r}; exercises are {', '.join(e.id for e in find_exercises())}")
+    exercises = select(only)
     todo, unreadable = {}, {}
     for ch in sorted({e.chapter for e in exercises}):  # a syntax error fails its own chapter, not the rest
         try:
@@ -358,7 +401,8 @@ def gradescope_json(results: list[Result]) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minillm.course.grade", description=__doc__.split("\n")[0])
-    p.add_argument("--exercise", "-e", default=None, help="grade one exercise, e.g. 2.3")
+    p.add_argument("--exercise", "-e", default=None,
+                   help="grade these: an exercise (2.3), a chapter (2), or a comma-separated list (2,3 or 2.1,3.4)")
     p.add_argument("--impl", default=os.environ.get("MINILLM_IMPL", DEFAULT_IMPL), choices=IMPLS)
     p.add_argument("--json", default=None, metavar="PATH", help="also write a Gradescope-style results.json")
     p.add_argument("--verbose", "-v", action="store_true", help="show pytest's own output")
