@@ -447,3 +447,18 @@ def test_a_crash_in_an_old_triton_interpreter_is_the_machines_not_the_students(m
     assert grade_mod.machine_limit(TypeError(grade_mod.OLD_INTERPRETER_ERROR)) is None  # not raised in triton
     monkeypatch.setattr(triton, "__version__", "3.7.1")
     assert grade_mod.machine_limit(crash) is None
+
+
+def test_a_partly_written_exercise_shows_the_bug_in_what_is_written_first(tmp_path):
+    """5.1 with only graph_size_for written, wrongly: the first failure shown is its bug, not 'implement
+    graph_batch_sizes' (the stub's test ran first; a failure of written code says more)."""
+    root = _copy_repo(tmp_path)
+    right = _function_source(os.path.join(root, "solutions", "ch5.py"), "graph_size_for")
+    wrong = right.replace("return next((s for s in sizes if s >= batch_size), None)",
+                          "return max((s for s in sizes if s <= batch_size), default=None)")
+    assert wrong != right
+    _write_function(root, 5, "graph_size_for", wrong)
+    r = run_in(root, "-m", "minillm.course.grade", "--exercise", "5.1")
+    first = r.stdout.split("first failure", 1)[1]
+    assert "looks like a known bug: the batch gets the largest captured size <= B" in first, r.stdout + r.stderr
+    assert "implement graph_batch_sizes" not in first.splitlines()[1], r.stdout

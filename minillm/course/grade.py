@@ -110,7 +110,9 @@ class _Recorder:
             limit = machine_limit(crash) if crash is not None else None
             if limit:
                 report.user_properties.append(("machine", limit))
-        elif not call.excinfo.errisinstance(NotImplementedError):
+        elif call.excinfo.errisinstance(NotImplementedError):  # a function of a partly written exercise
+            report.user_properties.append(("stub", True))
+        else:
             at = raised_at(call.excinfo.value, self.files)
             if at:
                 report.user_properties.append(("raised_at", at))
@@ -132,7 +134,7 @@ class _Recorder:
         ids = self._ids_of(report.keywords)
         self._write(test=report.nodeid, ids=ids, passed=report.passed,
                     messages={} if report.passed else {i: _failure_text(report, exercise(i).where()) for i in ids},
-                    timed_out="timed_out" in dict(report.user_properties))
+                    timed_out="timed_out" in dict(report.user_properties), stub="stub" in dict(report.user_properties))
 
 
 def _chain(exc: BaseException | None):
@@ -253,14 +255,17 @@ def grade(impl: str = DEFAULT_IMPL, only: str | None = None, verbose: bool = Fal
         else:
             to_run.append(e)
     if to_run:
+        stub_first = set()  # exercises whose first failure so far is a function not yet written
         for record in run_graded_tests(impl, to_run, verbose, timeout_s):
             for i in record["ids"]:
                 r = results[i]
                 r.total += 1
                 if record["passed"]:
                     r.passed += 1
-                elif not r.message:
+                elif not r.message or (i in stub_first and not record.get("stub")):
+                    # a partly written exercise: a failure of what is written says more than "implement the rest"
                     r.message = record["messages"][i]
+                    (stub_first.add if record.get("stub") else stub_first.discard)(i)
     for e in to_run:
         r = results[e.id]
         r.status = "passed" if r.total and r.passed == r.total else "failed"
