@@ -50,6 +50,7 @@ class SamplingParams:
 
     Logits processors (vLLM's meaning; minillm.layers.logits_processors), applied to the logits in
     this order before temperature: logit_bias {token id: bias} added (clamped to [-100, 100]);
+    allowed_token_ids (a non-empty list): every other token's logit set to -inf;
     min_tokens; repetition_penalty (> 1 discourages every token already in the prompt or the output:
     a positive logit is divided by it, a negative one multiplied); frequency_penalty (subtracted once
     per time a token was generated) and presence_penalty (subtracted once if it was), both in
@@ -82,6 +83,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
     n: int = 1
     logprobs: int | None = None
     prompt_logprobs: int | None = None
@@ -129,6 +131,11 @@ class SamplingParams:
         need(bias is None or (isinstance(bias, dict) and all(
             is_integer(k) and 0 <= k <= INT64_MAX and is_real(v) and math.isfinite(v) for k, v in bias.items())),
              "logit_bias", "None or a dict {token id: finite number}", bias)
+        allowed = self.allowed_token_ids
+        need(allowed is None or (isinstance(allowed, (list, tuple)) and len(allowed) > 0 and all(
+            is_integer(i) and 0 <= i <= INT64_MAX for i in allowed)), "allowed_token_ids",
+             "None or a non-empty list of token ids (integers in [0, 2**63 - 1])", allowed)
+        self.allowed_token_ids = None if allowed is None else [int(i) for i in allowed]
         need(is_integer(self.n) and 1 <= self.n <= MAX_N, "n", f"an integer in [1, {MAX_N}]", self.n)
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
@@ -148,8 +155,8 @@ class SamplingParams:
     @property
     def processes_logits(self) -> bool:
         """True when a logits processor before the temperature is on (see the class docstring)."""
-        return bool(self.logit_bias or self.min_tokens or self.presence_penalty or self.frequency_penalty
-                    or self.repetition_penalty != 1.0)
+        return bool(self.logit_bias or self.allowed_token_ids or self.min_tokens or self.presence_penalty
+                    or self.frequency_penalty or self.repetition_penalty != 1.0)
 
     def _stops(self, text: str, start: int) -> list[tuple[int, int, str]]:
         """(index, -length, stop string) of the first match of each stop string that ends past text[:start]."""

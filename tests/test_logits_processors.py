@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 from transformers.generation.logits_process import (MinNewTokensLengthLogitsProcessor, MinPLogitsWarper,
+                                                    PrefixConstrainedLogitsProcessor,
                                                     RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor,
                                                     TemperatureLogitsWarper)
 
@@ -118,6 +119,23 @@ def test_a_placeholder_token_is_taken_from_the_device():
     assert with_placeholder[0, 30] == logits[0, 30] / 2 - 1
 
 
+def test_allowed_token_ids_equal_transformers_prefix_constraint():
+    """vLLM's allowed_token_ids: every other token at -inf, as transformers' PrefixConstrainedLogitsProcessor
+    does with the same list; a row without the field keeps every token; with a bias, the bias applies too."""
+    allowed = [[3, 17, 40], [5], None, [0, 63, 9, 9]]
+    params = [SamplingParams(allowed_token_ids=a, logit_bias={17: 2.5} if i == 0 else None)
+              for i, a in enumerate(allowed)]
+    logits = torch.randn(B, V, generator=torch.Generator().manual_seed(8))
+    got = run(logits, seqs_with(params, [([1, 2], [])] * B))
+    for row, a in enumerate(allowed):
+        biased = logits[row:row + 1].clone()
+        if row == 0:
+            biased[0, 17] += 2.5
+        want = biased if a is None else PrefixConstrainedLogitsProcessor(lambda b, ids, a=a: a, 1)(
+            torch.tensor([[1, 2]]), biased)
+        torch.testing.assert_close(got[row:row + 1], want, **EXACT)
+
+
 @pytest.fixture(scope="module")
 def hf_model():
     return AutoModelForCausalLM.from_pretrained(ref_path("tiny-qwen3"), dtype=torch.float32).eval()
@@ -172,6 +190,24 @@ def test_engine_min_tokens_and_logit_bias_equal_transformers_generate(hf_model):
     llm.shutdown()
 
 
+def test_engine_allowed_token_ids_equal_transformers_generate(hf_model):
+    """Greedy within a list of tokens, as transformers' generate with prefix_allowed_tokens_fn; in a batch
+    beside an unconstrained request, which keeps its own tokens."""
+    allowed = [7, 99, 123, 300, 411]
+    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
+    free = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    held = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, allowed_token_ids=allowed)
+    out = llm.generate(PROMPTS, [held, free, held], use_tqdm=False)
+    for prompt, o, constrained in zip(PROMPTS, out, (True, False, True)):
+        want = hf_generate(hf_model, prompt, eos_token_id=None,
+                           **({"prefix_allowed_tokens_fn": lambda b, ids: allowed} if constrained else {}))
+        assert o.outputs[0].token_ids == want
+    assert set(out[0].outputs[0].token_ids) <= set(allowed) and not set(out[1].outputs[0].token_ids) <= set(allowed)
+    with pytest.raises(ValueError, match=r"allowed_token_ids names token ids \[512\] outside the vocabulary"):
+        llm.generate([PROMPTS[0]], SamplingParams(allowed_token_ids=[3, 512]), use_tqdm=False)
+    llm.shutdown()
+
+
 def test_include_stop_str_in_output():
     llm = LLM("qwen3-tiny", **small_engine_args(max_model_len=128))
     plain = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))[0].outputs[0].text
@@ -189,7 +225,9 @@ def test_include_stop_str_in_output():
     ("repetition_penalty", 0.0, "a finite number > 0"), ("presence_penalty", 2.5, r"in \[-2, 2\]"),
     ("frequency_penalty", float("nan"), r"in \[-2, 2\]"), ("min_p", 1.5, r"in \[0, 1\]"),
     ("min_tokens", 100, r"in \[0, max_tokens=64\]"), ("logit_bias", {"a": 1.0}, "token id"),
-    ("logit_bias", {3: float("inf")}, "finite"), ("include_stop_str_in_output", 1, "True or False")])
+    ("logit_bias", {3: float("inf")}, "finite"), ("include_stop_str_in_output", 1, "True or False"),
+    ("allowed_token_ids", [], "non-empty list"), ("allowed_token_ids", [-1], "non-empty list"),
+    ("allowed_token_ids", 5, "non-empty list")])
 def test_bad_values_name_the_field(field, value, phrase):
     with pytest.raises(ValueError, match=rf"SamplingParams\.{field} must be .*{phrase}"):
         SamplingParams(**{field: value})
@@ -215,5 +253,10 @@ def test_gpu_graph_steps_with_penalties_equal_transformers(hf_model):
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=4, logit_bias={eos: 30.0})
     got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     assert got == [hf_generate(hf_model, p, min_new_tokens=4, sequence_bias={(eos,): 30.0}, eos_token_id=eos)
+                   for p in PROMPTS]
+    allowed = [7, 99, 123, 300, 411]
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, allowed_token_ids=allowed)
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    assert got == [hf_generate(hf_model, p, eos_token_id=None, prefix_allowed_tokens_fn=lambda b, ids: allowed)
                    for p in PROMPTS]
     llm.shutdown()

@@ -182,6 +182,19 @@ def test_completion_logprobs_hold_the_sampled_token_beside_the_top_k(server, off
         assert outside > 0  # the case that needs the extra entry happened (a random tiny model, temperature 1)
 
 
+def test_allowed_token_ids_as_vllm_takes_them(server, offline):
+    """vLLM's allowed_token_ids in a request body: the tokens offline generate gives with the same list."""
+    allowed = offline.tokenizer.encode(" one two three four")
+    body = dict(prompt=PROMPTS[5], max_tokens=8, temperature=0.0, ignore_eos=True, allowed_token_ids=allowed)
+    r = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=TIMEOUT)
+    want = offline.generate(PROMPTS[5], params_for(offline, max_tokens=8, temperature=0.0, ignore_eos=True,
+                                                   allowed_token_ids=allowed), use_tqdm=False)[0].outputs[0]
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == want.text, r.text
+    assert set(want.token_ids) <= set(allowed)
+    r = httpx.post(f"{server.base_url}/v1/completions", json={**body, "allowed_token_ids": []}, timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "allowed_token_ids", r.text
+
+
 def test_chat_template_options_as_vllm_takes_them(server, offline):
     """chat_template_kwargs, add_generation_prompt and continue_final_message render the prompt as
     LLM.chat renders it with the same options (the prompt's length and the greedy reply agree)."""

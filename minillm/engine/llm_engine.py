@@ -143,10 +143,11 @@ class RequestChecks:
             raise ValueError("stop strings need a tokenizer; this model folder has no tokenizer.json "
                              "(use stop_token_ids)")
         vocab = self.vocab_size
-        outside = [t for t in params.logit_bias or {} if t >= vocab]
-        if outside:
-            raise ValueError(f"SamplingParams.logit_bias names token ids {outside[:5]} outside the vocabulary "
-                             f"[0, {vocab}); bias only this model's token ids")
+        for name, ids in (("logit_bias", params.logit_bias or {}), ("allowed_token_ids", params.allowed_token_ids or ())):
+            outside = [t for t in ids if t >= vocab]
+            if outside:
+                raise ValueError(f"SamplingParams.{name} names token ids {outside[:5]} outside the vocabulary "
+                                 f"[0, {vocab}); name only this model's token ids")
         return params
 
 

@@ -489,10 +489,11 @@ def logits_inputs(seqs: list[Sequence], vocab_size: int) -> dict:
     each row's bias triples, the tokens min_tokens still holds back, and for its penalties its
     generated tokens (output_ids) and its prompt and generated tokens (seen_ids), padded with
     vocab_size; a placeholder stays negative (the device fills it in)."""
-    bias, banned, outputs, seen = [], [], [], []
+    bias, banned, allowed, outputs, seen = [], [], [], [], []
     for row, s in enumerate(seqs):
         p = s.params
         bias += [(row, t, b) for t, b in (p.logit_bias or {}).items()]
+        allowed += [(row, t) for t in p.allowed_token_ids or ()]
         if s.num_completion_tokens < p.min_tokens:  # placeholders count: they are tokens already sampled
             banned += [(row, t) for t in s.min_tokens_blocked]
         outputs.append(s.completion_token_ids if p.presence_penalty or p.frequency_penalty else [])
@@ -504,9 +505,11 @@ def logits_inputs(seqs: list[Sequence], vocab_size: int) -> dict:
             out[i, :len(ids)] = ids
         return out
     b, x = np.asarray(bias, dtype=np.float64).reshape(-1, 3), np.asarray(banned, dtype=np.int64).reshape(-1, 2)
+    a = np.asarray(allowed, dtype=np.int64).reshape(-1, 2)
     f32 = lambda name: np.asarray([getattr(s.params, name) for s in seqs], dtype=np.float32)  # noqa: E731
     return dict(bias_rows=b[:, 0].astype(np.int64), bias_cols=b[:, 1].astype(np.int64),
                 bias_values=b[:, 2].astype(np.float32), banned_rows=x[:, 0].copy(), banned_cols=x[:, 1].copy(),
+                allowed_rows=a[:, 0].copy(), allowed_cols=a[:, 1].copy(),
                 output_ids=padded(outputs), seen_ids=padded(seen), presence=f32("presence_penalty"),
                 frequency=f32("frequency_penalty"), repetition=f32("repetition_penalty"))
 

@@ -2,6 +2,7 @@
 meaning of each field), applied to a step's [B, V] logits in a few scatters and elementwise ops:
 
     logit_bias          logits[t] += bias[t]
+    allowed_token_ids   logits[t] = -inf for every t not in the list
     repetition_penalty  t in the prompt or the output: logits[t] / r if logits[t] > 0 else logits[t] * r
     frequency_penalty   logits[t] -= frequency * (times t was generated)
     presence_penalty    logits[t] -= presence * (t was generated at all)
@@ -19,12 +20,14 @@ import torch
 
 def apply_logits_processors(logits: torch.Tensor, bias_rows=None, bias_cols=None, bias_values=None,
                             output_ids=None, seen_ids=None, presence=None, frequency=None, repetition=None,
-                            banned_rows=None, banned_cols=None, last_ids=None) -> torch.Tensor:
+                            banned_rows=None, banned_cols=None, allowed_rows=None, allowed_cols=None,
+                            last_ids=None) -> torch.Tensor:
     """logits: [B, V] fp32 -> a new [B, V] tensor with the processors applied.
     bias_*: [n] (row, token, bias) triples; output_ids: [B, Lo] each row's generated tokens and
     seen_ids: [B, Ls] its prompt and generated tokens (V pads, a negative id is last_ids[row]);
     presence, frequency, repetition: [B] fp32 (0, 0, 1 for a row without penalties);
-    banned_*: [m] (row, token) pairs set to -inf (min_tokens); last_ids: [B] or None."""
+    banned_*: [m] (row, token) pairs set to -inf (min_tokens); allowed_*: [k] (row, token) pairs, the only
+    tokens a row that has any keeps (allowed_token_ids); last_ids: [B] or None."""
     B, V = logits.shape
     logits = logits.clone()  # the graph's logits live in its pool: never edit them in place
     if bias_rows is not None and len(bias_rows):
@@ -41,6 +44,11 @@ def apply_logits_processors(logits: torch.Tensor, bias_rows=None, bias_cols=None
         logits = logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
     if banned_rows is not None and len(banned_rows):
         logits[banned_rows.long(), banned_cols.long()] = float("-inf")
+    if allowed_rows is not None and len(allowed_rows):
+        keep = torch.zeros(B, V, dtype=torch.bool, device=logits.device)
+        keep[allowed_rows.long(), allowed_cols.long()] = True
+        restricted = keep.any(dim=1, keepdim=True)  # a row without allowed_token_ids keeps every token
+        logits = logits.masked_fill(restricted & ~keep, float("-inf"))
     return logits
 
 
