@@ -116,6 +116,9 @@ def test_regenerating_the_stubs_never_overwrites_a_students_code(tmp_path):
     p = run_in(root, "-m", "minillm.course.exercises", timeout=300)
     assert p.returncode == 2 and "exercises/ch3.py: slot_mapping_for" in p.stderr and "--force" in p.stderr, p.stderr
     assert open(os.path.join(root, "exercises", "ch3.py")).read() == before
+    p = run_in(root, "-m", "minillm.course.exercises", "--check", timeout=300)  # make test's first step
+    assert p.returncode == 1 and "exercises/ch3.py: slot_mapping_for" in p.stdout and "make grade" in p.stdout, p.stdout
+    assert "stale generated files" not in p.stdout, p.stdout
     p = run_in(root, "-m", "minillm.course.exercises", "--force", timeout=300)
     assert p.returncode == 0, p.stderr
     assert students_work(open(os.path.join(root, "exercises", "ch3.py")).read()) == []

@@ -542,7 +542,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     if args.check and differ:
-        print("stale generated files (run `python -m minillm.course.exercises`): " + ", ".join(differ))
+        yours = {rel: students_work(open(os.path.join(REPO_DIR, rel)).read()) for rel in differ
+                 if rel.startswith("exercises/") and os.path.exists(os.path.join(REPO_DIR, rel))}
+        yours = {rel: names for rel, names in yours.items() if names}
+        if yours:  # a student's checkout: make test is CI's command, for the repository's own stubs
+            print("exercises/ holds your code (" + "; ".join(f"{rel}: {', '.join(n)}" for rel, n in yours.items())
+                  + "): make test checks the repository's untouched stubs, as CI does, and stops here. "
+                  "Grade your code with make grade (make grade EX=N.M for one exercise)")
+        rest = [rel for rel in differ if rel not in yours]
+        if rest:
+            print("stale generated files (run `python -m minillm.course.exercises`): " + ", ".join(rest))
         sys.exit(1)
     print(("up to date" if args.check else f"wrote {len(differ)} file(s)") +
           f"; {len(find_exercises())} exercises")
