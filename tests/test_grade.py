@@ -465,3 +465,26 @@ def test_a_partly_written_exercise_shows_the_bug_in_what_is_written_first(tmp_pa
     first = r.stdout.split("first failure", 1)[1]
     assert "looks like a known bug: the batch gets the largest captured size <= B" in first, r.stdout + r.stderr
     assert "implement graph_batch_sizes" not in first.splitlines()[1], r.stdout
+
+
+def test_the_gradescope_entry_point_grades_a_submission(tmp_path):
+    """notebooks/lecturer/gradescope/run_autograder, with Gradescope's paths pointed at a repository copy:
+    the submission's chN.py replaces that chapter's stub, EX picks the assignment, results.json scores it."""
+    root = _copy_repo(tmp_path / "repo")
+    submission = tmp_path / "submission" / "exercises"
+    submission.mkdir(parents=True)
+    stub = open(os.path.join(root, "exercises", "ch3.py")).read()
+    solved = stub.replace(_function_source(os.path.join(root, "exercises", "ch3.py"), "slot_mapping_for"),
+                          _function_source(os.path.join(root, "solutions", "ch3.py"), "slot_mapping_for"))
+    (submission / "ch3.py").write_text(solved)
+    results = tmp_path / "results" / "results.json"
+    env = {**os.environ, **ONE_THREAD, "MINILLM_REPO": root, "AUTOGRADER_SUBMISSION": str(tmp_path / "submission"),
+           "AUTOGRADER_RESULTS": str(results), "PY": sys.executable, "EX": "3.1,3.2",
+           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    env.pop("MINILLM_IMPL", None)
+    p = subprocess.run(["bash", os.path.join(REPO_DIR, "notebooks", "lecturer", "gradescope", "run_autograder")],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "1 exercise file(s)" in p.stdout, p.stdout + p.stderr
+    report = json.loads(results.read_text())
+    assert [(t["number"], t["score"]) for t in report["tests"]] == [("3.1", 1.0), ("3.2", 0.0)], report
+    assert report["max_score"] == 2.0
