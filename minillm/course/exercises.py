@@ -221,6 +221,12 @@ def generated_files() -> dict[str, str]:
     return files
 
 
+def open_or_none(rel: str) -> str | None:
+    """A repository file's text, or None when it does not exist."""
+    path = os.path.join(REPO_DIR, rel)
+    return open(path).read() if os.path.exists(path) else None
+
+
 def students_work(source: str) -> list[str]:
     """The exercise functions an exercises/chN.py source defines with a body of its own (not the stub's
     raise NotImplementedError); a file Python cannot parse is someone's work in progress: ['(all)']."""
@@ -233,23 +239,36 @@ def students_work(source: str) -> list[str]:
             and not _is_stub_body(n)]
 
 
+def students_files(rels) -> dict[str, list[str]]:
+    """Of these repository paths, the exercises/ files that hold a student's code -> its functions."""
+    found = {}
+    for rel in rels:
+        path = os.path.join(REPO_DIR, rel)
+        if rel.startswith("exercises/") and os.path.exists(path):
+            names = students_work(open(path).read())
+            if names:
+                found[rel] = names
+    return found
+
+
+def listed(files: dict[str, list[str]]) -> str:
+    """students_files' result, readable: 'exercises/ch3.py: slot_mapping_for; ...'."""
+    return "; ".join(f"{rel}: {', '.join(names)}" for rel, names in files.items())
+
+
 def write(check: bool = False, force: bool = False) -> list[str]:
     """Write (or, with check, compare) the generated files. -> the paths that differ(ed). An exercises/
     file holding a student's code is not overwritten unless force: ValueError naming the functions."""
     differ = []
     want = generated_files()
-    mine = {rel: students_work(open(os.path.join(REPO_DIR, rel)).read()) for rel in want
-            if rel.startswith("exercises/") and os.path.exists(os.path.join(REPO_DIR, rel))}
-    kept = {rel: names for rel, names in mine.items() if names and open(os.path.join(REPO_DIR, rel)).read() != want[rel]}
+    kept = students_files(rel for rel in want if open_or_none(rel) != want[rel])
     if kept and not check and not force:
-        listed = "; ".join(f"{rel}: {', '.join(names)}" for rel, names in kept.items())
-        raise ValueError(f"exercises/ holds your code ({listed}): regenerating the stubs would overwrite it. "
+        raise ValueError(f"exercises/ holds your code ({listed(kept)}): regenerating the stubs would overwrite it. "
                          f"Copy it somewhere first (cp -r exercises my_exercises), or regenerate anyway with "
                          f"`python -m minillm.course.exercises --force`")
     for rel, content in want.items():
         path = os.path.join(REPO_DIR, rel)
-        current = open(path).read() if os.path.exists(path) else None
-        if current != content:
+        if open_or_none(rel) != content:
             differ.append(rel)
             if not check:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -542,13 +561,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     if args.check and differ:
-        yours = {rel: students_work(open(os.path.join(REPO_DIR, rel)).read()) for rel in differ
-                 if rel.startswith("exercises/") and os.path.exists(os.path.join(REPO_DIR, rel))}
-        yours = {rel: names for rel, names in yours.items() if names}
+        yours = students_files(differ)
         if yours:  # a student's checkout: make test is CI's command, for the repository's own stubs
-            print("exercises/ holds your code (" + "; ".join(f"{rel}: {', '.join(n)}" for rel, n in yours.items())
-                  + "): make test checks the repository's untouched stubs, as CI does, and stops here. "
-                  "Grade your code with make grade (make grade EX=N.M for one exercise)")
+            print(f"exercises/ holds your code ({listed(yours)}): make test checks the repository's untouched "
+                  f"stubs, as CI does, and stops here. Grade your code with make grade (make grade EX=N.M for "
+                  f"one exercise)")
         rest = [rel for rel in differ if rel not in yours]
         if rest:
             print("stale generated files (run `python -m minillm.course.exercises`): " + ", ".join(rest))

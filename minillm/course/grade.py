@@ -107,9 +107,6 @@ class _Recorder:
             at = raised_at(crash, self.files) if crash is not None else None
             if at:
                 report.user_properties.extend([("raised_at", at), ("checked", True)])
-            limit = machine_limit(crash) if crash is not None else None
-            if limit:
-                report.user_properties.append(("machine", limit))
         elif call.excinfo.errisinstance(NotImplementedError):  # a function of a partly written exercise
             report.user_properties.append(("stub", True))
         else:
@@ -119,12 +116,12 @@ class _Recorder:
             out_of_bounds = next((e for e in _chain(call.excinfo.value) if isinstance(e, KernelOutOfBounds)), None)
             if out_of_bounds is not None:  # the interpreter's InterpreterError wraps it: say it in full
                 report.user_properties.append(("message", f"{type(out_of_bounds).__name__}: {out_of_bounds}"))
-            limit = machine_limit(call.excinfo.value)
-            if limit:
-                report.user_properties.append(("machine", limit))
             if str(call.excinfo.value).startswith("Timeout"):  # pytest-timeout's failure
                 report.user_properties.append(("timed_out", self.timeout_s))
                 self.timed_out.update(self._ids_of(item.keywords))
+        limit = machine_limit(call.excinfo.value)  # in the crash itself, or behind a failed check of it
+        if limit:
+            report.user_properties.append(("machine", limit))
         return report
 
     def pytest_runtest_logreport(self, report):

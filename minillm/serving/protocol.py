@@ -217,16 +217,11 @@ def merge(into: dict[int, CompletionOutput], deltas: list[CompletionOutput]) -> 
         c.stop_reason = c.stop_reason if d.stop_reason is None else d.stop_reason  # token id 0 is a stop reason
 
 
-def _top(position: dict, k: int) -> list:
-    """The k most likely (token id, Logprob) of one position, most likely first."""
-    ranked = [(t, lp) for t, lp in position.items() if lp.rank is not None and lp.rank <= k]
-    return sorted(ranked, key=lambda x: x[1].rank)
-
-
-def _top_with_chosen(position: dict, chosen: int, k: int) -> list:
-    """The sampled token's (token id, Logprob), then the k most likely others: the legacy completions'
-    top_logprobs ("the logprobs most likely tokens, as well the chosen tokens"), as vLLM fills it."""
-    return [(chosen, position[chosen])] + [(t, lp) for t, lp in _top(position, k) if t != chosen]
+def _top(position: dict, k: int, chosen: int | None = None) -> list:
+    """The k most likely (token id, Logprob) of one position, and the chosen token where given, most
+    likely first."""
+    ranked = [(t, lp) for t, lp in position.items() if t == chosen or (lp.rank is not None and lp.rank <= k)]
+    return sorted(ranked, key=lambda x: x[1].rank or 0)
 
 
 def completion_logprobs(c: CompletionOutput, k: int, offset: int = 0) -> dict | None:
@@ -238,8 +233,8 @@ def completion_logprobs(c: CompletionOutput, k: int, offset: int = 0) -> dict | 
         chosen = position[t]
         tokens.append(chosen.decoded_token or "")
         lps.append(chosen.logprob)
-        tops.append({lp.decoded_token or "": lp.logprob for _, lp in sorted(
-            _top_with_chosen(position, t, k), key=lambda x: x[1].rank or 0)})
+        # the legacy API's top_logprobs: "the logprobs most likely tokens, as well the chosen tokens" (vLLM's too)
+        tops.append({lp.decoded_token or "": lp.logprob for _, lp in _top(position, k, chosen=t)})
         offsets.append(offset)
         offset += len(tokens[-1])
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}

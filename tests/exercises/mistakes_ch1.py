@@ -36,18 +36,6 @@ def bpe_first_pair(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
         parts[i:i + 2] = [parts[i] + parts[i + 1]]
 
 
-def bpe_parts_are_ints(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
-    """Starts from list(piece): ints, not one-byte bytes, so no pair is found and the lookup fails."""
-    parts = list(piece)
-    while True:
-        candidates = [(ranks[parts[i] + parts[i + 1]], i) for i in range(len(parts) - 1)
-                      if parts[i] + parts[i + 1] in ranks]
-        if not candidates:
-            return [ranks[p] for p in parts]
-        _, i = min(candidates)
-        parts[i:i + 2] = [parts[i] + parts[i + 1]]
-
-
 def bpe_highest_rank(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
     """Merges the pair of HIGHEST rank first (max instead of min)."""
     parts = [piece[i:i + 1] for i in range(len(piece))]
@@ -61,9 +49,9 @@ def bpe_highest_rank(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
 
 
 def _bpe_scan(piece: bytes, ranks: dict[bytes, int], *, ties_right: bool = False, pairs_missed: int = 0,
-              first_pair: int = 0, parts_left: int = 1) -> list[int]:
+              first_pair: int = 0, parts_left: int = 1, int_parts: bool = False) -> list[int]:
     """The right scan for the lowest-ranked pair, with one detail changed."""
-    parts = [piece[i:i + 1] for i in range(len(piece))]
+    parts = list(piece) if int_parts else [piece[i:i + 1] for i in range(len(piece))]
     while len(parts) > parts_left:
         best, best_rank = -1, None
         for i in range(first_pair, len(parts) - 1 - pairs_missed):
@@ -74,6 +62,11 @@ def _bpe_scan(piece: bytes, ranks: dict[bytes, int], *, ties_right: bool = False
             break
         parts[best:best + 2] = [parts[best] + parts[best + 1]]
     return [ranks[p] for p in parts]
+
+
+def bpe_parts_are_ints(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
+    """Starts from list(piece): ints, not one-byte bytes, so no pair is found and the lookup fails."""
+    return _bpe_scan(piece, ranks, int_parts=True)
 
 
 def bpe_rightmost_tie(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
