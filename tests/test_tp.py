@@ -520,3 +520,38 @@ def test_nccl_all_reduce_benchmark_runs():
     from minillm.course.ranks import all_reduce_benchmark
     ms = run_on_ranks(all_reduce_benchmark, 2, [4, 1 << 20], "cuda", torch.bfloat16, device="cuda")
     assert all(0 < m < 1000 for rank in ms for m in rank)
+
+
+@pytest.mark.parametrize("layer", ["column", "qkv_packed", "qkv_q", "row", "embedding"])
+def test_a_wrong_slice_is_blamed_on_the_slicing_and_a_wrong_checkpoint_on_the_checkpoint(layer, monkeypatch):
+    """Rank 1 of 2 loading a full checkpoint tensor: a right tensor cut to the wrong shape by a slip in
+    shard_weight (exercise 4.1: rows for columns) names the slicing and 4.1, not the file; a tensor of the
+    wrong shape names the checkpoint."""
+    import torch
+
+    from minillm import distributed
+    from minillm.layers import embed_head, linear
+
+    monkeypatch.setattr(distributed, "_STATE", distributed.TPState(None, 1, 2))
+    hidden, out = 8, 12
+    build = {"column": lambda: (linear.ColumnParallelLinear(hidden, out), None, (out, hidden)),
+             "qkv_packed": lambda: (linear.QKVParallelLinear(hidden, 2, 4, 2), None, (16, hidden)),
+             "qkv_q": lambda: (linear.QKVParallelLinear(hidden, 2, 4, 2), "q", (8, hidden)),
+             "row": lambda: (linear.RowParallelLinear(out, hidden), None, (hidden, out)),
+             "embedding": lambda: (embed_head.VocabParallelEmbedding(out, hidden), None, (out, hidden))}
+    module, shard, full = build[layer]()
+    param = module.weight
+    with pytest.raises(ValueError, match=r"checkpoint tensor has shape \(3, 5\).*is the checkpoint for this config"):
+        param.weight_loader(param, torch.zeros(3, 5), shard, name="w")
+    right = torch.arange(full[0] * full[1], dtype=torch.float32).reshape(full)
+    param.weight_loader(param, right, shard, name="w")  # the reference slicing loads it
+
+    def cut_the_other_dim(weight, dim, rank, world_size):  # a plausible slip: the other dimension
+        other = 1 - dim
+        part = weight.shape[other] // world_size
+        return weight.narrow(other, rank * part, part)
+    monkeypatch.setattr(linear, "shard_weight", cut_the_other_dim)
+    monkeypatch.setattr(embed_head, "shard_weight", cut_the_other_dim)
+    with pytest.raises(ValueError, match=r"w: the checkpoint's .* is right, but shard_(weight|packed) gave rank 1 "
+                                         r"of 2 a slice of shape .*exercise 4.1: make grade EX=4.1"):
+        param.weight_loader(param, right, shard, name="w")

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minillm.distributed import tp_group, tp_rank, tp_size
-from minillm.layers.linear import shard_weight
+from minillm.layers.linear import copy_checked, copy_slice, shard_weight
 
 
 # >>> exercise 4.3 | notebooks/04_tensor_parallel.ipynb | 5. Vocabulary-parallel embedding
@@ -76,12 +76,11 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None, name: str = "") -> None:
-        if loaded.shape[0] != self.num_embeddings or loaded.shape[1:] != param.shape[1:]:
-            raise ValueError(f"{name}: checkpoint has shape {tuple(loaded.shape)}, expected "
-                             f"({self.num_embeddings}, {param.shape[1]})")
-        if self.tp_size > 1:
-            loaded = shard_weight(loaded, 0, self.tp_rank, self.tp_size)
-        param.data.copy_(loaded)
+        if self.tp_size == 1:
+            return copy_checked(param, loaded, name)
+        copy_slice(param, loaded, (self.num_embeddings, *param.shape[1:]),
+                    lambda: shard_weight(loaded, 0, self.tp_rank, self.tp_size), "shard_weight", name, self.tp_rank,
+                    self.tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:

@@ -12,6 +12,8 @@ nn.Linear, nothing is sharded and no collective runs.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -98,11 +100,29 @@ def column_major_weights(model: nn.Module) -> None:
             p.data = p.data.t().contiguous().t()
 
 
-def _copy_checked(param: torch.Tensor, loaded: torch.Tensor, what: str) -> None:
+def copy_checked(param: torch.Tensor, loaded: torch.Tensor, what: str) -> None:
     if param.shape != loaded.shape:
-        raise ValueError(f"{what}: checkpoint shard has shape {tuple(loaded.shape)}, parameter expects "
+        raise ValueError(f"{what}: checkpoint tensor has shape {tuple(loaded.shape)}, parameter expects "
                          f"{tuple(param.shape)}; is the checkpoint for this config.json?")
     param.data.copy_(loaded)
+
+
+def copy_slice(param: torch.Tensor, full: torch.Tensor, full_shape: tuple, cut: Callable[[], torch.Tensor],
+                slicer: str, what: str, rank: int, size: int) -> None:
+    """Copy rank `rank`'s slice of the checkpoint tensor `full` into param; cut() makes the slice with
+    `slicer` (shard_weight or shard_packed: a student's, once swapped in). A wrong full shape is the
+    checkpoint's; a right one cut to the wrong shape is the slicer's (exercise 4.1), and the error
+    says which, so a student's slicing bug is not read as a bad file."""
+    if tuple(full.shape) != tuple(full_shape):
+        raise ValueError(f"{what}: checkpoint tensor has shape {tuple(full.shape)}, the model expects "
+                         f"{tuple(full_shape)} before it is split over {size} ranks; is the checkpoint for "
+                         f"this config.json?")
+    part = cut()
+    if part.shape != param.shape:
+        raise ValueError(f"{what}: the checkpoint's {tuple(full.shape)} is right, but {slicer} gave rank {rank} "
+                         f"of {size} a slice of shape {tuple(part.shape)} where its parameter holds "
+                         f"{tuple(param.shape)}: the slicing is off (exercise 4.1: make grade EX=4.1)")
+    param.data.copy_(part)
 
 
 class LinearBase(nn.Module):
@@ -121,9 +141,12 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None, name: str = "") -> None:
-        if self.tp_dim is not None and self.tp_size > 1:
-            loaded = shard_weight(loaded, self.tp_dim, self.tp_rank, self.tp_size)
-        _copy_checked(param, loaded, name)
+        if self.tp_dim is None or self.tp_size == 1:
+            return copy_checked(param, loaded, name)
+        full = list(param.shape)
+        full[self.tp_dim] *= self.tp_size
+        copy_slice(param, loaded, tuple(full), lambda: shard_weight(loaded, self.tp_dim, self.tp_rank, self.tp_size),
+                    "shard_weight", name, self.tp_rank, self.tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x, self.weight, self.bias)
@@ -152,16 +175,20 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         super().__init__(input_size, sum(output_sizes), bias)
 
     def weight_loader(self, param, loaded, shard_id=None, name: str = ""):
-        if shard_id is None:  # a checkpoint that already stores the packed tensor
-            if self.tp_size > 1:
-                loaded = shard_packed(loaded, self.output_sizes, self.tp_rank, self.tp_size)
-            return _copy_checked(param, loaded, name)
+        if self.tp_size == 1 and shard_id is None:  # a checkpoint that already stores the packed tensor
+            return copy_checked(param, loaded, name)
+        if shard_id is None:
+            return copy_slice(param, loaded, (sum(self.output_sizes), *param.shape[1:]),
+                               lambda: shard_packed(loaded, self.output_sizes, self.tp_rank, self.tp_size),
+                               "shard_packed", name, self.tp_rank, self.tp_size)
         i = self.shard_ids.get(shard_id, shard_id)
         size = self.output_sizes[i] // self.tp_size
-        offset = sum(self.output_sizes[:i]) // self.tp_size
-        if self.tp_size > 1:
-            loaded = shard_weight(loaded, 0, self.tp_rank, self.tp_size)
-        _copy_checked(param.data.narrow(0, offset, size), loaded, name)
+        part = param.data.narrow(0, sum(self.output_sizes[:i]) // self.tp_size, size)
+        if self.tp_size == 1:
+            return copy_checked(part, loaded, name)
+        copy_slice(part, loaded, (self.output_sizes[i], *param.shape[1:]),
+                    lambda: shard_weight(loaded, 0, self.tp_rank, self.tp_size), "shard_weight", name, self.tp_rank,
+                    self.tp_size)
 
 
 class QKVParallelLinear(MergedColumnParallelLinear):
@@ -184,7 +211,7 @@ class RowParallelLinear(LinearBase):
 
     def weight_loader(self, param, loaded, shard_id=None, name: str = ""):
         if param.ndim == 1:  # the bias is added once, after the all-reduce: not sharded
-            return _copy_checked(param, loaded, name)
+            return copy_checked(param, loaded, name)
         super().weight_loader(param, loaded, name=name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
