@@ -32,6 +32,10 @@ PENALTY_LIMIT = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's
 LOGIT_BIAS_LIMIT = 100.0  # a logit bias is clamped to [-100, 100], as OpenAI's API does
 MAX_N = 128  # completions per prompt: each is a running sequence
 MAX_LOGPROBS = 20  # top tokens per position (OpenAI's API allows 20)
+# a request's bad words as token sequences, and their tokens together: vLLM's defaults of
+# VLLM_MAX_NUM_BAD_WORDS and VLLM_MAX_BAD_WORDS_TOTAL_TOKENS (each step's inputs grow with them)
+MAX_BAD_WORDS = 128
+MAX_BAD_WORDS_TOKENS = 1024
 
 
 @dataclass
@@ -55,8 +59,18 @@ class SamplingParams:
     a positive logit is divided by it, a negative one multiplied); frequency_penalty (subtracted once
     per time a token was generated) and presence_penalty (subtracted once if it was), both in
     [-2, 2], over the output only. min_p, after temperature, drops tokens less likely than min_p x
-    the most likely one. Any of them makes the step sample outside the CUDA graph's fused sampler
-    (the slower path: the logits go back through torch).
+    the most likely one. bad_words (vLLM's): a word's token sequence may not be completed: its last
+    token is set to -inf whenever the tokens generated just before it are the rest of the sequence
+    (a one-token word is never generated). Each word is tokenized as vLLM's update_from_tokenizer does
+    (bad_words_token_ids): as given, leading spaces stripped, and after one space (the word inside a
+    text) when that is another sequence of as many tokens. Only generated tokens count, as in vLLM: a
+    prompt that ends in a word's first tokens does not ban its last (transformers' bad_words_ids do).
+    Any of them makes the step sample outside the CUDA graph's fused sampler (the slower path: the
+    logits go back through torch).
+    truncate_prompt_tokens=k keeps only the prompt's last k tokens (left truncation) before the
+    request is queued; RequestOutput.prompt_token_ids are the kept ones. -1 keeps what the context
+    leaves beside max_tokens (max_model_len - max_tokens; max_tokens None: max_model_len - 1), and k
+    may not be more than that (vLLM's TokenizeParams; the engine checks it, knowing max_model_len).
     n samples that many completions of the prompt: its prompt is computed once and its KV blocks
     are shared (forked) until a sample writes into a shared block (copy on write); with a seed,
     sample i uses seed + i. logprobs=k returns, per generated token, the log-probabilities of the k
@@ -87,13 +101,15 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self):
         self.validate()
 
     def validate(self) -> None:
         """Raise ValueError for the first bad field. Then normalize: numbers become Python ints and
-        floats, `stop` given as one string (or a tuple) a list."""
+        floats, `stop` given as one string (or a tuple) a list, bad_words a list without repeats."""
         def need(ok: bool, name: str, accepts: str, value) -> None:
             if not ok:
                 raise ValueError(f"SamplingParams.{name} must be {accepts}, got {describe(value)}")
@@ -142,6 +158,16 @@ class SamplingParams:
             need(v is None or (is_integer(v) and 0 <= v <= MAX_LOGPROBS), name,
                  f"None or an integer in [0, {MAX_LOGPROBS}] (how many top tokens to return)", v)
             setattr(self, name, None if v is None else int(v))
+        words = self.bad_words
+        need(words is None or (isinstance(words, (list, tuple)) and all(
+            isinstance(w, str) and w.strip() and _utf8(w) for w in words)), "bad_words",
+             "None or a list of strings, each with a non-space character", words)
+        self.bad_words = None if words is None else list(dict.fromkeys(words))  # vLLM drops repeats
+        cut = self.truncate_prompt_tokens
+        need(cut is None or (is_integer(cut) and (cut == -1 or 1 <= cut <= INT64_MAX)), "truncate_prompt_tokens",
+             "None, -1 (what max_model_len leaves beside max_tokens) or an integer >= 1 (keep the prompt's last k "
+             "tokens)", cut)
+        self.truncate_prompt_tokens = None if cut is None else int(cut)
         self.n = int(self.n)
         self.temperature, self.top_p, self.top_k = float(t), float(p), int(k)
         self.max_tokens = None if self.max_tokens is None else int(self.max_tokens)
@@ -156,7 +182,32 @@ class SamplingParams:
     def processes_logits(self) -> bool:
         """True when a logits processor before the temperature is on (see the class docstring)."""
         return bool(self.logit_bias or self.allowed_token_ids or self.min_tokens or self.presence_penalty
-                    or self.frequency_penalty or self.repetition_penalty != 1.0)
+                    or self.frequency_penalty or self.repetition_penalty != 1.0 or self.bad_words)
+
+    def bad_words_token_ids(self, tokenizer) -> list[list[int]]:
+        """bad_words as token sequences, by vLLM's rule (SamplingParams.update_from_tokenizer): each word,
+        its leading spaces stripped, encoded without special tokens; then " " + that word (the word
+        inside a text), kept only when it gives as many tokens and another first token (Qwen's "Hello
+        world" [9707, 1879] and " Hello world" [21927, 1879]: both are banned).
+        tokenizer: has encode(text, add_special_tokens=False) -> ids. Raises ValueError past
+        MAX_BAD_WORDS sequences or MAX_BAD_WORDS_TOKENS tokens. -> one list of token ids per sequence."""
+        out: list[list[int]] = []
+        total = 0
+        for i, word in enumerate(self.bad_words or ()):
+            word = word.lstrip()
+            ids = tokenizer.encode(word, add_special_tokens=False)
+            if not ids:
+                raise ValueError(f"SamplingParams.bad_words must be words that tokenize to at least one token; "
+                                 f"{word!r} gives none")
+            spaced = tokenizer.encode(" " + word, add_special_tokens=False)
+            kept = [ids, spaced] if len(spaced) == len(ids) and spaced[0] != ids[0] else [ids]
+            out += kept
+            total += len(ids) * len(kept)
+            if len(out) > MAX_BAD_WORDS or total > MAX_BAD_WORDS_TOKENS:  # (a long list is not tokenized to its end)
+                raise ValueError(f"SamplingParams.bad_words must give at most {MAX_BAD_WORDS} token sequences of "
+                                 f"{MAX_BAD_WORDS_TOKENS} tokens in all once tokenized (vLLM's limits); the first "
+                                 f"{i + 1} words give {len(out)} sequences of {total} tokens")
+        return out
 
     def _stops(self, text: str, start: int) -> list[tuple[int, int, str]]:
         """(index, -length, stop string) of the first match of each stop string that ends past text[:start]."""
@@ -181,6 +232,15 @@ class SamplingParams:
             return None
         i, minus_len, _ = min(found)
         return text[:i - minus_len] if self.include_stop_str_in_output else text[:i]
+
+
+def _utf8(text: str) -> bool:
+    """Whether UTF-8 can encode text (a lone surrogate cannot: the tokenizer would refuse it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _checked_init(init):

@@ -216,6 +216,11 @@ BAD_PARAMS = [
     ("stop_token_ids", 5), ("stop_token_ids", "5"), ("stop_token_ids", [-1]), ("stop_token_ids", [1.5]),
     ("stop_token_ids", ["a"]), ("stop_token_ids", [2**64]), ("stop_token_ids", [True]),
     ("stop", 5), ("stop", [""]), ("stop", ""), ("stop", [5]), ("stop", [None]), ("stop", [b"x"]), ("stop", {"a"}),
+    ("bad_words", "hello"), ("bad_words", 5), ("bad_words", [""]), ("bad_words", [" \n "]), ("bad_words", [5]),
+    ("bad_words", [None]), ("bad_words", [b"x"]), ("bad_words", ["\ud800"]), ("bad_words", {"a"}),
+    ("truncate_prompt_tokens", 0), ("truncate_prompt_tokens", -2), ("truncate_prompt_tokens", 1.5),
+    ("truncate_prompt_tokens", 5.0), ("truncate_prompt_tokens", "5"), ("truncate_prompt_tokens", True),
+    ("truncate_prompt_tokens", 2**63), ("truncate_prompt_tokens", math.inf),
 ]
 
 
@@ -227,7 +232,8 @@ def test_bad_sampling_value_names_the_field(tiny, name, value):
 
 
 CHANGED_AFTER = [("temperature", math.nan), ("seed", 2**64), ("top_k", 10**30), ("max_tokens", 0),
-                 ("stop", 5), ("stop_token_ids", 5), ("top_p", 2.0), ("ignore_eos", "no")]
+                 ("stop", 5), ("stop_token_ids", 5), ("top_p", 2.0), ("ignore_eos", "no"), ("bad_words", [""]),
+                 ("truncate_prompt_tokens", 0)]
 
 
 @pytest.mark.parametrize("name, value", CHANGED_AFTER, ids=[f"{n}={v!r}" for n, v in CHANGED_AFTER])
@@ -236,6 +242,39 @@ def test_a_field_changed_after_construction_is_caught_before_queueing(tiny, name
     setattr(bad, name, value)  # a dataclass: nothing stops this
     with pytest.raises(ValueError, match=f"prompt 1: SamplingParams.{name} must be"):
         tiny.generate([[1, 2], [3, 4]], [GREEDY, bad], use_tqdm=False)
+    assert_whole(tiny)
+
+
+# values only the engine can refuse: they need its max_model_len (64 here) or its tokenizer
+BAD_FOR_THE_ENGINE = [
+    ("tiny", [1, 2], dict(truncate_prompt_tokens=64), "truncate_prompt_tokens must be at most max_model_len - "
+     r"max_tokens = 64 - 6 = 58 \(-1 keeps that many\), got 64"),
+    ("tiny", [1, 2], dict(truncate_prompt_tokens=-1, max_tokens=64), r"= 64 - 64 = 0 .*got -1; lower max_tokens"),
+    ("tiny", [1, 2, 10**6], dict(truncate_prompt_tokens=2), "outside the vocabulary"),  # what is kept is checked
+    ("tiny", [1, 2], dict(bad_words=["x"]), "bad_words need a tokenizer"),
+    ("qwen", "Hi", dict(bad_words=[f"w{i}" for i in range(129)]), "at most 128 token sequences"),
+    ("qwen", "Hi", dict(bad_words=["7" * 1100]), "of 1024 tokens in all"),  # (Qwen: a token per digit)
+]
+
+
+@pytest.mark.parametrize("engine, prompt, fields, phrase", BAD_FOR_THE_ENGINE,
+                         ids=[f"{e}-{list(f)[0]}-{i}" for i, (e, _, f, _) in enumerate(BAD_FOR_THE_ENGINE)])
+def test_sampling_values_the_engine_refuses_queue_nothing(request, engine, prompt, fields, phrase):
+    llm = request.getfixturevalue(engine)
+    good = [4, 5] if engine == "tiny" else "fine"
+    bad = SamplingParams(**{"temperature": 0.0, "max_tokens": 6, **fields})
+    with pytest.raises(ValueError, match="prompt 1: .*" + phrase):
+        llm.generate([good, prompt], [GREEDY, bad], use_tqdm=False)
+    assert_whole(llm, PROBE_IDS if engine == "tiny" else PROBE_TEXT)
+
+
+def test_bad_words_outside_the_vocabulary_are_refused(tiny):
+    """A tokenizer larger than the model's vocabulary (vLLM checks the ids a bad word gives, too)."""
+    with LLM(TINY, tokenizer="qwen3-tiny", **ARGS) as llm:
+        with pytest.raises(ValueError, match=r"prompt 1: SamplingParams.bad_words tokenize to token ids "
+                                             r"\[14990, 23811\] outside the vocabulary \[0, 512\)"):
+            llm.generate([[1, 2], [3]], [GREEDY, SamplingParams(bad_words=["hello"])], use_tqdm=False)
+        assert not llm.engine.requests and not llm.engine.scheduler.waiting
     assert_whole(tiny)
 
 

@@ -1,14 +1,15 @@
 """The logits processors of SamplingParams (repetition, presence and frequency penalties, min_p,
-min_tokens, logit_bias, include_stop_str_in_output) against references nobody here wrote:
-transformers' own logits processors on the same logits, and transformers' `generate` on the same
-checkpoint. Presence and frequency penalties have no transformers processor: their reference is
-OpenAI's published formula, written out below."""
+min_tokens, logit_bias, allowed_token_ids, bad_words, include_stop_str_in_output) against references
+nobody here wrote: transformers' own logits processors on the same logits, and transformers'
+`generate` on the same checkpoint. Presence and frequency penalties have no transformers processor:
+their reference is OpenAI's published formula, written out below. Also truncate_prompt_tokens, which
+cuts the prompt before the request is queued: against generating from the cut ids."""
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.generation.logits_process import (MinNewTokensLengthLogitsProcessor, MinPLogitsWarper,
-                                                    PrefixConstrainedLogitsProcessor,
+                                                    NoBadWordsLogitsProcessor, PrefixConstrainedLogitsProcessor,
                                                     RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor,
                                                     TemperatureLogitsWarper)
 
@@ -17,6 +18,7 @@ from minillm import LLM, SamplingParams
 from minillm.engine.model_runner import logits_inputs
 from minillm.engine.sequence import PLACEHOLDER_TOKEN, Sequence
 from minillm.layers.logits_processors import apply_logits_processors, apply_min_p
+from minillm.model_zoo import resolve_model
 
 V, B = 64, 4
 EXACT = dict(atol=0.0, rtol=0.0)
@@ -25,11 +27,12 @@ PROMPTS = [[1, 2, 3, 4], [7, 8, 9, 10, 11, 12], [20, 21]]  # token ids of tiny-q
 NEW_TOKENS = 12
 
 
-def seqs_with(params: list[SamplingParams], histories: list[tuple[list[int], list[int]]], blocked=()) -> list:
-    """Sequences with these (prompt, output) token histories."""
+def seqs_with(params: list[SamplingParams], histories: list[tuple[list[int], list[int]]], blocked=(),
+              bad_words_ids=()) -> list:
+    """Sequences with these (prompt, output) token histories (and these bad words' token sequences)."""
     out = []
     for p, (prompt, generated) in zip(params, histories):
-        s = Sequence(prompt, p, 16, tuple(blocked))
+        s = Sequence(prompt, p, 16, tuple(blocked), bad_words_ids=tuple(map(tuple, bad_words_ids)))
         s.token_ids += generated
         out.append(s)
     return out
@@ -136,6 +139,71 @@ def test_allowed_token_ids_equal_transformers_prefix_constraint():
         torch.testing.assert_close(got[row:row + 1], want, **EXACT)
 
 
+BAD_WORDS = [[5], [10, 20], [30, 31, 32], [40, 41], [50, 51, 52, 53]]
+
+
+def test_bad_words_equal_transformers_processor():
+    """Where each bad word's prefix fits in the output, vLLM's rule (only generated tokens count) and
+    transformers' NoBadWordsLogitsProcessor (over the prompt and the output) agree: a one-token word is
+    always banned, a longer word's last token right after the rest of it."""
+    hist = [([1, 2], [9, 9, 10]),            # ends in [10]: bans 20 (and 5, as every row)
+            ([3], [8, 30, 31]),              # ends in [30, 31]: bans 32
+            ([30, 4], [29, 40, 31]),         # 40 and 31, not at the end: only 5
+            ([6, 7], [50, 51, 52]),          # ends in [50, 51, 52]: bans 53
+            ([8], [40, 41, 40])]             # ends in [40]: bans 41
+    params = [SamplingParams(bad_words=["x"])] * len(hist)  # (the sequences' token ids are given directly)
+    logits = torch.randn(len(hist), V, generator=torch.Generator().manual_seed(11))
+    got = run(logits, seqs_with(params, hist, bad_words_ids=BAD_WORDS))
+    proc = NoBadWordsLogitsProcessor(BAD_WORDS)
+    for row, (prompt, gen) in enumerate(hist):
+        want = proc(torch.tensor([prompt + gen]), logits[row:row + 1].clone())
+        torch.testing.assert_close(got[row:row + 1], want, **EXACT)
+    assert torch.isinf(got).sum(dim=1).tolist() == [2, 2, 1, 2, 2]
+
+
+def test_bad_words_count_only_generated_tokens_as_vllm_does():
+    """vLLM matches a bad word's prefix against the generated tokens only (its sampler passes
+    output_token_ids; a prefix longer than the output bans nothing). transformers' processor reads the
+    prompt too: these prompts end in a prefix, which bans the last token there and not here."""
+    hist = [([1, 10], []), ([2, 30], [31]), ([30, 31], [])]
+    logits = torch.randn(len(hist), V, generator=torch.Generator().manual_seed(12))
+    got = run(logits, seqs_with([SamplingParams(bad_words=["x"])] * 3, hist, bad_words_ids=BAD_WORDS))
+    assert torch.isinf(got).sum(dim=1).tolist() == [1, 1, 1]  # token 5 only
+    proc = NoBadWordsLogitsProcessor(BAD_WORDS)
+    hf = [proc(torch.tensor([p + g]), logits[r:r + 1].clone()) for r, (p, g) in enumerate(hist)]
+    assert [int(torch.isinf(h).sum()) for h in hf] == [2, 2, 2]
+
+
+def test_a_bad_word_ending_in_a_placeholder_is_matched_on_the_device():
+    """Async scheduling: the newest output token is still on the device (PLACEHOLDER_TOKEN). A word's
+    prefix is matched on the host up to it and on the device on it: the bans of the known tokens. Row 0:
+    two words end in 20, after 10 and after 11; only the first matches."""
+    words = [[10, 20], [11, 20], [3, 4, 5], [9, 4, 6], [7]]
+    p = SamplingParams(bad_words=["x"])
+    logits = torch.randn(4, V, generator=torch.Generator().manual_seed(13))
+    pending = [([1], [3, PLACEHOLDER_TOKEN])] * 3 + [([2], [3, 4])]
+    with_placeholder = run(logits, seqs_with([p] * 4, pending, bad_words_ids=words),
+                           last_ids=torch.tensor([10, 11, 4, V]))
+    known = run(logits, seqs_with([p] * 4, [([1], [3, 10]), ([1], [3, 11]), ([1], [3, 4]), ([2], [3, 4])],
+                                  bad_words_ids=words))
+    torch.testing.assert_close(with_placeholder, known, **EXACT)
+    assert [torch.isinf(r).nonzero().flatten().tolist() for r in known] == [[7, 20], [7, 20], [5, 7], [5, 7]]
+
+
+def test_bad_words_tokenize_as_vllm_does():
+    """vLLM's SamplingParams.update_from_tokenizer, on Qwen's tokenizer (transformers' own): each word
+    with its leading spaces stripped, then after one space, kept when that gives as many tokens and
+    another first token; a repeated word once."""
+    tok = AutoTokenizer.from_pretrained(resolve_model("qwen3-tiny"))
+    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    assert len(enc("freak")) == 2 and len(enc(" freak")) == 1  # the spaced form of another length: left out
+    assert enc("Hello world")[1:] == enc(" Hello world")[1:] and enc("Hello world")[0] != enc(" Hello world")[0]
+    for words, want in [(["Hello world"], [enc("Hello world"), enc(" Hello world")]),
+                        (["  hello", "hello", "hello"], [enc("hello"), enc(" hello")] * 2),
+                        ([" freak"], [enc("freak")])]:
+        assert SamplingParams(bad_words=words).bad_words_token_ids(tok) == want, words
+
+
 @pytest.fixture(scope="module")
 def hf_model():
     return AutoModelForCausalLM.from_pretrained(ref_path("tiny-qwen3"), dtype=torch.float32).eval()
@@ -208,6 +276,94 @@ def test_engine_allowed_token_ids_equal_transformers_generate(hf_model):
     llm.shutdown()
 
 
+@pytest.fixture(scope="module")
+def qwen_hf():
+    """qwen3-tiny (a random Qwen3 with Qwen's vocabulary, for text) in transformers, fp32, and its tokenizer."""
+    path = resolve_model("qwen3-tiny")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def contains(tokens: list[int], seq: list[int]) -> bool:
+    return any(tokens[i:i + len(seq)] == seq for i in range(len(tokens)))
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_engine_bad_words_equal_transformers_generate(qwen_hf, async_scheduling):
+    """Greedy with bad words, batched beside a request without them, equals transformers' generate with
+    bad_words_ids = the same token sequences: a two-token word the unconstrained output holds (its last
+    token banned right after its first: with async scheduling that first token is still on the device)
+    and a one-token word. No sequence starts with a prompt token, so transformers (which reads the
+    prompt too) and vLLM (the output only) agree by construction."""
+    model, tok = qwen_hf
+    llm = LLM("qwen3-tiny", **small_engine_args(async_scheduling=async_scheduling))
+    prompts = [tok.encode(p) for p in ("The capital of France is", "Once upon a time")]
+    greedy = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    free = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+    in_prompts = {t for p in prompts for t in p}
+
+    def word_for(tokens: list[int]) -> str | None:
+        """The text of tokens, when vLLM's rule tokenizes it back to them and to no sequence that starts
+        with a prompt token."""
+        word = tok.decode(tokens)
+        seqs = SamplingParams(bad_words=[word]).bad_words_token_ids(tok)
+        return word if tokens in seqs and not in_prompts & {s[0] for s in seqs} else None
+
+    two = next(w for i in range(NEW_TOKENS - 1) if (w := word_for(free[0][i:i + 2])))
+    one = next(w for t in free[1] if (w := word_for([t])))
+    bad = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, bad_words=[two, one])
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts + prompts[:1], [bad, bad, greedy], use_tqdm=False)]
+    ids = bad.bad_words_token_ids(tok)
+    assert got[:2] == [hf_generate(model, p, bad_words_ids=ids, eos_token_id=None) for p in prompts]
+    assert got[0] != free[0] and got[1] != free[1] and got[2] == free[0]
+    assert not any(contains(g, s) for g in got[:2] for s in ids)
+    llm.shutdown()
+
+
+def test_engine_bad_words_ignore_the_prompt_as_vllm_does(qwen_hf):
+    """Where vLLM and transformers differ, minillm follows vLLM: a bad word's prefix is matched against
+    the generated tokens only (vLLM's sampler passes output_token_ids; its V2 kernel returns when the
+    prefix is longer than the output), while transformers' bad_words_ids read the prompt too. A word
+    made of the prompt's last token and the first token greedy generates: minillm still generates that
+    token, transformers bans it."""
+    model, tok = qwen_hf
+    prompt = tok.encode("The capital of France is")
+    llm = LLM("qwen3-tiny", **small_engine_args())
+    greedy = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    free = llm.generate([prompt], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    bad = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True,
+                         bad_words=[tok.decode([prompt[-1], free[0]])])
+    ids = bad.bad_words_token_ids(tok)
+    assert [prompt[-1], free[0]] in ids and not any(contains(free, s) for s in ids)
+    assert llm.generate([prompt], bad, use_tqdm=False)[0].outputs[0].token_ids == free
+    assert hf_generate(model, prompt, bad_words_ids=ids, eos_token_id=None)[0] != free[0]
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_truncate_prompt_tokens_equals_generating_from_the_kept_ids(async_scheduling):
+    """vLLM's left truncation, before the request is queued: the same tokens as a request for the
+    prompt's last k ids, and RequestOutput.prompt_token_ids are those (the engine's prompt, as vLLM
+    returns it). -1 keeps max_model_len - max_tokens, so a prompt longer than the context runs; n
+    samples share the cut prompt."""
+    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args(async_scheduling=async_scheduling))
+    limit = llm.config.max_model_len
+    long = [1 + i % 500 for i in range(limit + 40)]
+    greedy = dict(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    sampled = dict(temperature=1.0, seed=3, n=2, max_tokens=NEW_TOKENS, ignore_eos=True)
+    cases = [(PROMPTS[1], 3, greedy), (PROMPTS[0], 10, greedy), (long, -1, greedy), (PROMPTS[1], 4, sampled)]
+    kept = [PROMPTS[1][-3:], PROMPTS[0], long[-(limit - NEW_TOKENS):], PROMPTS[1][-4:]]
+    got = llm.generate([p for p, _, _ in cases], [SamplingParams(truncate_prompt_tokens=k, **kw) for _, k, kw in cases],
+                       use_tqdm=False)
+    want = llm.generate(kept, [SamplingParams(**kw) for _, _, kw in cases], use_tqdm=False)
+    assert [o.prompt_token_ids for o in got] == kept
+    assert [[c.token_ids for c in o.outputs] for o in got] == [[c.token_ids for c in o.outputs] for o in want]
+    with pytest.raises(ValueError, match=rf"truncate_prompt_tokens must be at most max_model_len - max_tokens = "
+                                         rf"{limit} - {NEW_TOKENS} = {limit - NEW_TOKENS} \(-1 keeps that many\), "
+                                         rf"got {limit}"):
+        llm.generate([long], SamplingParams(truncate_prompt_tokens=limit, **greedy), use_tqdm=False)
+    llm.shutdown()
+
+
 def test_include_stop_str_in_output():
     llm = LLM("qwen3-tiny", **small_engine_args(max_model_len=128))
     plain = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))[0].outputs[0].text
@@ -227,7 +383,9 @@ def test_include_stop_str_in_output():
     ("min_tokens", 100, r"in \[0, max_tokens=64\]"), ("logit_bias", {"a": 1.0}, "token id"),
     ("logit_bias", {3: float("inf")}, "finite"), ("include_stop_str_in_output", 1, "True or False"),
     ("allowed_token_ids", [], "non-empty list"), ("allowed_token_ids", [-1], "non-empty list"),
-    ("allowed_token_ids", 5, "non-empty list")])
+    ("allowed_token_ids", 5, "non-empty list"), ("bad_words", [""], "non-space character"),
+    ("bad_words", "hello", "a list of"), ("truncate_prompt_tokens", 0, "an integer >= 1"),
+    ("truncate_prompt_tokens", -2, "None, -1")])
 def test_bad_values_name_the_field(field, value, phrase):
     with pytest.raises(ValueError, match=rf"SamplingParams\.{field} must be .*{phrase}"):
         SamplingParams(**{field: value})

@@ -195,6 +195,32 @@ def test_allowed_token_ids_as_vllm_takes_them(server, offline):
     assert r.status_code == 400 and r.json()["error"]["param"] == "allowed_token_ids", r.text
 
 
+def test_bad_words_and_truncate_prompt_tokens_as_vllm_takes_them(server, client, offline):
+    """vLLM's bad_words and truncate_prompt_tokens through the openai client's extra_body, completions and
+    chat: offline generate's text with the same fields; usage counts the kept prompt tokens, and -1 lets
+    a prompt longer than the context run."""
+    greedy = dict(max_tokens=8, temperature=0.0)
+    free = offline.generate(PROMPTS[2], params_for(offline, **greedy, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    word = offline.tokenizer.decode(free.token_ids[2:4])  # two tokens the unconstrained answer holds
+    for extra in ({"bad_words": [word]}, {"bad_words": [word], "truncate_prompt_tokens": 5}):
+        want = offline.generate(PROMPTS[2], params_for(offline, **greedy, ignore_eos=True, **extra),
+                                use_tqdm=False)[0]
+        r = client.completions.create(model=MODEL, prompt=PROMPTS[2], **greedy, extra_body={"ignore_eos": True,
+                                                                                               **extra})
+        assert r.choices[0].text == want.outputs[0].text != free.text
+        assert r.usage.prompt_tokens == len(want.prompt_token_ids) == extra.get("truncate_prompt_tokens",
+                                                                                len(offline.tokenizer.encode(PROMPTS[2])))
+    messages = [{"role": "user", "content": "Name three colors."}]
+    extra = {"bad_words": [word], "truncate_prompt_tokens": 6}
+    want = offline.chat(messages, params_for(offline, **greedy, ignore_eos=True, **extra))[0]
+    r = client.chat.completions.create(model=MODEL, messages=messages, **greedy,
+                                       extra_body={"ignore_eos": True, **extra})
+    assert r.choices[0].message.content == want.outputs[0].text and r.usage.prompt_tokens == 6
+    r = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": OVER, "truncate_prompt_tokens": -1, **greedy},
+                   timeout=TIMEOUT)
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == ARGS["max_model_len"] - 8, r.text
+
+
 def test_chat_template_options_as_vllm_takes_them(server, offline):
     """chat_template_kwargs, add_generation_prompt and continue_final_message render the prompt as
     LLM.chat renders it with the same options (the prompt's length and the greedy reply agree)."""
@@ -687,6 +713,16 @@ BAD = [
     ("completions", {"prompt": "Hi", "presence_penalty": 3}, 400, "SamplingParams.presence_penalty",
      "presence_penalty"),
     ("completions", {"prompt": "Hi", "logit_bias": {"x": 1}}, 400, "logit_bias", "logit_bias"),
+    ("completions", {"prompt": "Hi", "bad_words": [""]}, 400, "SamplingParams.bad_words", "bad_words"),
+    ("completions", {"prompt": "Hi", "bad_words": "Hi"}, 400, "SamplingParams.bad_words", "bad_words"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "bad_words": ["7" * 1100]}, 400,
+     "of 1024 tokens in all", "bad_words"),
+    ("completions", {"prompt": "Hi", "truncate_prompt_tokens": 0}, 400, "SamplingParams.truncate_prompt_tokens",
+     "truncate_prompt_tokens"),
+    ("completions", {"prompt": "Hi", "truncate_prompt_tokens": 500}, 400,
+     "truncate_prompt_tokens must be at most max_model_len - max_tokens = 512 - 64 = 448", "truncate_prompt_tokens"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "truncate_prompt_tokens": 512}, 400,
+     "= 512 - 1 = 511", "truncate_prompt_tokens"),
     ("completions", {"prompt": "Hi", "foo": 1}, 400, "unknown field 'foo'", "foo"),
     ("completions", {"prompt": "Hi", "logit_bias": {"999999999": 5}}, 400, "outside the vocabulary", "logit_bias"),
     ("completions", {"prompt": "Hi", "echo": True}, 400, "echo=true is not supported", "echo"),

@@ -106,9 +106,10 @@ class RequestChecks:
     max_model_len: int
     has_tokenizer: bool
 
-    def check_prompt(self, token_ids) -> list[int]:
+    def check_prompt(self, token_ids, params: SamplingParams | None = None) -> list[int]:
         """Raise ValueError for a prompt the engine cannot run.
-        token_ids: a list or tuple of ints (numpy integers too), or a 1-D integer array or tensor.
+        token_ids: a list or tuple of ints (numpy integers too), or a 1-D integer array or tensor;
+        params: checked params (check_params), whose truncate_prompt_tokens cuts the prompt first.
         -> the ids as a list of Python ints."""
         if hasattr(token_ids, "tolist") and not isinstance(token_ids, (list, tuple, str)):
             token_ids = token_ids.tolist()  # a numpy array or a torch tensor
@@ -122,6 +123,8 @@ class RequestChecks:
                 raise ValueError(f"a token-id prompt must hold integers; position {bad} holds "
                                  f"{describe(token_ids[bad])}")
             token_ids = [int(t) for t in token_ids]
+        if params is not None:  # vLLM truncates, then checks what is kept
+            token_ids = self.truncate_prompt(token_ids, params)
         vocab = self.vocab_size
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
@@ -133,6 +136,39 @@ class RequestChecks:
                                      f"max_model_len")
         return list(token_ids)
 
+    def prompt_tokens_kept(self, params: SamplingParams) -> int | None:
+        """How many prompt tokens params.truncate_prompt_tokens keeps (None: all), as vLLM's TokenizeParams
+        resolves it: -1 is max_model_len - max_tokens, and k may not be more than that (max_tokens None:
+        1, the room any prompt leaves for a generated token). Raises ValueError when it is."""
+        k = params.truncate_prompt_tokens
+        if k is None:
+            return None
+        out = params.max_tokens or 1
+        room = self.max_model_len - out
+        kept = room if k == -1 else k
+        if not 1 <= kept <= room:
+            raise ValueError(f"SamplingParams.truncate_prompt_tokens must be at most max_model_len - max_tokens = "
+                             f"{self.max_model_len} - {out} = {room} (-1 keeps that many), got {k}"
+                             + ("; lower max_tokens" if room < 1 else ""))
+        return kept
+
+    def truncate_prompt(self, token_ids: list[int], params: SamplingParams) -> list[int]:
+        """The prompt's last prompt_tokens_kept(params) token ids (left truncation), or all of them."""
+        k = self.prompt_tokens_kept(params)
+        return token_ids if k is None else token_ids[-k:]
+
+    def bad_words_ids(self, params: SamplingParams, tokenizer) -> tuple[tuple[int, ...], ...]:
+        """params.bad_words as token sequences (SamplingParams.bad_words_token_ids), each id checked
+        against the vocabulary. params: checked (check_params: a tokenizer is there when it has bad_words)."""
+        if not params.bad_words:
+            return ()
+        seqs = params.bad_words_token_ids(tokenizer)
+        outside = sorted({t for ids in seqs for t in ids if t >= self.vocab_size})
+        if outside:
+            raise ValueError(f"SamplingParams.bad_words tokenize to token ids {outside[:5]} outside the vocabulary "
+                             f"[0, {self.vocab_size}) of this model")
+        return tuple(tuple(ids) for ids in seqs)
+
     def check_params(self, params) -> SamplingParams:
         """Raise ValueError for sampling params the engine cannot run. -> a checked copy for the request
         alone (a field changed after the object was made is caught; later changes do not reach the engine)."""
@@ -142,6 +178,10 @@ class RequestChecks:
         if params.stop and not self.has_tokenizer:
             raise ValueError("stop strings need a tokenizer; this model folder has no tokenizer.json "
                              "(use stop_token_ids)")
+        if params.bad_words and not self.has_tokenizer:
+            raise ValueError("bad_words need a tokenizer; this model folder has no tokenizer.json "
+                             "(use logit_bias with -100 for single tokens)")
+        self.prompt_tokens_kept(params)
         vocab = self.vocab_size
         for name, ids in (("logit_bias", params.logit_bias or {}), ("allowed_token_ids", params.allowed_token_ids or ())):
             outside = [t for t in ids if t >= vocab]
@@ -201,11 +241,13 @@ class LLMEngine:
         checked = []
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             try:
-                checked.append((self.checks.check_prompt(prompt), self.checks.check_params(sp)))
+                sp = self.checks.check_params(sp)  # first: truncate_prompt_tokens cuts the prompt before its checks
+                ids = self.checks.check_prompt(prompt, sp)
+                checked.append((ids, sp, self.checks.bad_words_ids(sp, self.tokenizer)))
             except ValueError as e:
                 raise (ValueError(f"prompt {i}: {e}") if len(prompts) > 1 else e) from None
-        seqs = [Sequence(ids, sp, self.config.kvcache_block_size, self._min_tokens_blocked(sp), 0, arrival_time)
-                for ids, sp in checked]
+        seqs = [Sequence(ids, sp, self.config.kvcache_block_size, self._min_tokens_blocked(sp), 0, arrival_time, bad)
+                for ids, sp, bad in checked]
         for seq in seqs:  # n > 1: the other samples wait in sample 0 until its prompt is computed
             p = seq.params
             seq.unforked = [seq.fork(i, dataclasses.replace(p, seed=None if p.seed is None else p.seed + i))

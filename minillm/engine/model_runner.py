@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from minillm.config import EngineConfig, ModelConfig
-from minillm.context import PAD_BLOCK, get_context, reset_context, set_context
+from minillm.context import PAD_BLOCK, reset_context, set_context
 from minillm.distributed import tp_group
 from minillm.engine.cuda_graph import NO_SOURCE_ROW, DecodeGraphs, to_device
 from minillm.engine.sequence import PLACEHOLDER_TOKEN, Sequence
@@ -484,18 +484,43 @@ class Batch:
     prompt_logprobs: list[tuple[int, int, int, np.ndarray, int]] = field(default_factory=list)
 
 
+def bad_words_bans(s: Sequence) -> tuple[list[int], list[tuple[int, int]]]:
+    """The tokens s's bad words ban at its next step, vLLM's rule: a word's last token when the tokens
+    generated last are the rest of it (only generated tokens count: a longer prefix bans nothing).
+    With async scheduling the newest token may be a placeholder, known only on the device.
+    -> (tokens banned now, (token, newest) pairs: banned when the newest token turns out to be `newest`)."""
+    banned, pending = [], []
+    for ids in s.bad_words_ids:
+        n = len(ids) - 1  # the prefix
+        if n > s.num_completion_tokens:
+            continue
+        recent = s.token_ids[s.num_tokens - n:] if n else []
+        if any(t != want for t, want in zip(recent, ids) if t != PLACEHOLDER_TOKEN):
+            continue
+        if recent and recent[-1] == PLACEHOLDER_TOKEN:  # (only the newest token can be one)
+            pending.append((ids[-1], ids[-2]))
+        else:
+            banned.append(ids[-1])
+    return banned, pending
+
+
 def logits_inputs(seqs: list[Sequence], vocab_size: int) -> dict:
     """One step's inputs of apply_logits_processors (minillm.layers.logits_processors), host numpy:
-    each row's bias triples, the tokens min_tokens still holds back, and for its penalties its
-    generated tokens (output_ids) and its prompt and generated tokens (seen_ids), padded with
-    vocab_size; a placeholder stays negative (the device fills it in)."""
-    bias, banned, allowed, outputs, seen = [], [], [], [], []
+    each row's bias triples, the tokens min_tokens and bad words ban, the bad-word bans that wait for
+    the newest token (bad_words_bans), and for its penalties its generated tokens (output_ids) and its
+    prompt and generated tokens (seen_ids), padded with vocab_size; a placeholder stays negative (the
+    device fills it in)."""
+    bias, banned, allowed, outputs, seen, pending = [], [], [], [], [], []
     for row, s in enumerate(seqs):
         p = s.params
         bias += [(row, t, b) for t, b in (p.logit_bias or {}).items()]
         allowed += [(row, t) for t in p.allowed_token_ids or ()]
         if s.num_completion_tokens < p.min_tokens:  # placeholders count: they are tokens already sampled
             banned += [(row, t) for t in s.min_tokens_blocked]
+        if s.bad_words_ids:
+            now, later = bad_words_bans(s)
+            banned += [(row, t) for t in now]
+            pending += [(row, t, newest) for t, newest in later]
         outputs.append(s.completion_token_ids if p.presence_penalty or p.frequency_penalty else [])
         seen.append(s.token_ids if p.repetition_penalty != 1.0 else [])
 
@@ -506,10 +531,12 @@ def logits_inputs(seqs: list[Sequence], vocab_size: int) -> dict:
         return out
     b, x = np.asarray(bias, dtype=np.float64).reshape(-1, 3), np.asarray(banned, dtype=np.int64).reshape(-1, 2)
     a = np.asarray(allowed, dtype=np.int64).reshape(-1, 2)
+    w = np.asarray(pending, dtype=np.int64).reshape(-1, 3)
     f32 = lambda name: np.asarray([getattr(s.params, name) for s in seqs], dtype=np.float32)  # noqa: E731
     return dict(bias_rows=b[:, 0].astype(np.int64), bias_cols=b[:, 1].astype(np.int64),
                 bias_values=b[:, 2].astype(np.float32), banned_rows=x[:, 0].copy(), banned_cols=x[:, 1].copy(),
                 allowed_rows=a[:, 0].copy(), allowed_cols=a[:, 1].copy(),
+                bad_rows=w[:, 0].copy(), bad_cols=w[:, 1].copy(), bad_after=w[:, 2].copy(),
                 output_ids=padded(outputs), seen_ids=padded(seen), presence=f32("presence_penalty"),
                 frequency=f32("frequency_penalty"), repetition=f32("repetition_penalty"))
 

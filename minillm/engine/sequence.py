@@ -22,10 +22,12 @@ class Sequence:
     _ids = count()
 
     def __init__(self, token_ids: list[int], params: SamplingParams, block_size: int,
-                 min_tokens_blocked: tuple[int, ...] = (), index: int = 0, arrival_time: float | None = None):
+                 min_tokens_blocked: tuple[int, ...] = (), index: int = 0, arrival_time: float | None = None,
+                 bad_words_ids: tuple[tuple[int, ...], ...] = ()):
         """min_tokens_blocked: the tokens params.min_tokens holds back (EOS unless ignore_eos, and
         stop_token_ids: the engine knows the model's EOS); index: which of its request's n samples;
-        arrival_time: when the request was accepted (time.time(); None: now)."""
+        arrival_time: when the request was accepted (time.time(); None: now); bad_words_ids:
+        params.bad_words as token sequences (SamplingParams.bad_words_token_ids: the engine has the tokenizer)."""
         self.seq_id = next(Sequence._ids)
         self.index = index
         # n > 1: sample 0 carries the other samples until its prompt is computed, then they fork from
@@ -51,6 +53,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.generator = None  # a seeded request's torch.Generator, made by the model runner on first use
         self.min_tokens_blocked = min_tokens_blocked
+        self.bad_words_ids = bad_words_ids
         # a logits processor or min_p is on: its steps sample outside the fused sampler (params are the
         # engine's own checked copy, which nothing changes afterwards; read once per step and row)
         self.slow_sampling = params.processes_logits or params.min_p > 0 or params.logprobs is not None
@@ -124,4 +127,5 @@ class Sequence:
 
     def fork(self, index: int, params: SamplingParams) -> "Sequence":
         """Another sample of the same prompt (not started: it forks from this one when its prompt is computed)."""
-        return Sequence(self.token_ids, params, self.block_size, self.min_tokens_blocked, index, self.arrival_time)
+        return Sequence(self.token_ids, params, self.block_size, self.min_tokens_blocked, index, self.arrival_time,
+                        self.bad_words_ids)

@@ -19,7 +19,7 @@ MAX_BODY_BYTES = 1 << 20  # a larger request body is a 413
 # OpenAI's sampling fields, then vLLM's extra ones; all are SamplingParams fields of the same name
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
                    "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
-                   "include_stop_str_in_output", "allowed_token_ids")
+                   "include_stop_str_in_output", "allowed_token_ids", "bad_words", "truncate_prompt_tokens")
 COMMON_FIELDS = {"model", "stream", "stream_options", "logit_bias", "user", *SAMPLING_FIELDS}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs"}
 # vLLM's chat template options, as LLM.chat takes them (minillm.tokenizer.chat_template_options)
