@@ -287,15 +287,20 @@ def contains(tokens: list[int], seq: list[int]) -> bool:
     return any(tokens[i:i + len(seq)] == seq for i in range(len(tokens)))
 
 
-@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
-def test_engine_bad_words_equal_transformers_generate(qwen_hf, async_scheduling):
+@pytest.mark.parametrize("engine", [
+    {"async_scheduling": True}, {"async_scheduling": False},
+    pytest.param({"device": "cuda", "attention_backend": "triton"}, marks=pytest.mark.gpu)],
+    ids=["async", "sync", "cuda-graphs"])
+def test_engine_bad_words_equal_transformers_generate(qwen_hf, engine):
     """Greedy with bad words, batched beside a request without them, equals transformers' generate with
     bad_words_ids = the same token sequences: a two-token word the unconstrained output holds (its last
     token banned right after its first: with async scheduling that first token is still on the device)
     and a one-token word. No sequence starts with a prompt token, so transformers (which reads the
-    prompt too) and vLLM (the output only) agree by construction."""
+    prompt too) and vLLM (the output only) agree by construction. On CUDA the decode steps replay
+    graphs and the banned steps sample outside the fused sampler, the newest token from the last replay."""
     model, tok = qwen_hf
-    llm = LLM("qwen3-tiny", **small_engine_args(async_scheduling=async_scheduling))
+    llm = LLM("qwen3-tiny", **small_engine_args(**engine))
+    assert engine.get("device") != "cuda" or llm.engine.model_runner.graphs is not None
     prompts = [tok.encode(p) for p in ("The capital of France is", "Once upon a time")]
     greedy = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     free = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
