@@ -76,7 +76,11 @@ lab: setup  ## JupyterLab on the notebooks, with .venv's Python as the kernel; o
 	@echo "below in a browser; Ctrl+C twice stops it. Start with notebooks/00_tour.ipynb."
 	$(PY) -m jupyterlab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
-grade: setup  ## grade your exercises (make grade EX=2.3: one exercise; TIMEOUT=600: seconds a test may run)
+# A VENV given on the command line (make grade VENV=~/envs/course) is used as it is: setup would install
+# this checkout into it, re-pointing an environment that may serve another checkout
+SETUP_UNLESS_GIVEN := $(if $(filter command line,$(origin VENV)),,setup)
+
+grade: $(SETUP_UNLESS_GIVEN)  ## grade your exercises (make grade EX=2.3: one exercise; TIMEOUT=600: seconds a test may run)
 	$(PY) -m minillm.course.grade $(if $(EX),--exercise $(EX),) $(if $(VERBOSE),--verbose,) $(if $(JSON),--json $(JSON),) $(if $(TIMEOUT),--timeout $(TIMEOUT),)
 
 exercises: setup  ## maintainer: regenerate exercises/ and solutions/ from minillm/

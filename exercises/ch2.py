@@ -343,7 +343,7 @@ def add_rms_norm_kernel(
     """One program normalizes one row (program id = row index), in a single pass over memory.
 
     x_ptr, residual_ptr: [n_rows, n_cols] inputs, rows `stride_x` / `stride_residual` elements apart
-    (columns contiguous); weight_ptr: [n_cols]; out_ptr, residual_out_ptr: [n_rows, n_cols]
+    (columns contiguous); weight_ptr: [n_cols] (x's dtype); out_ptr, residual_out_ptr: [n_rows, n_cols]
     contiguous outputs (row stride n_cols). BLOCK_N: a power of two >= n_cols.
         h = x + residual                      (only when HAS_RESIDUAL; else h = x)
         residual_out = h                      (only when HAS_RESIDUAL: without a residual the launcher
@@ -358,8 +358,9 @@ def add_rms_norm_kernel(
     Hints: cols = tl.arange(0, BLOCK_N) and a mask cols < n_cols on every load and store (rows of
     576 columns leave 448 lanes of a 1024 block idle; the interpreter reads junk there silently).
     Load with other=0.0 so masked lanes add nothing to the sum. Compute in fp32 (.to(tl.float32)
-    after each load). To match torch in bf16, round h to the output dtype before storing it and
-    before the statistics, and round the normalized row before multiplying by the weight.
+    after each load). To match torch in bf16, round twice, each time to the output dtype and back
+    (.to(dtype).to(tl.float32)): h, before storing it and before the statistics; and the normalized
+    row h * rstd, before multiplying it (in fp32) by the weight.
     tl.sum(v, axis=0), tl.rsqrt. Divide by n_cols, not BLOCK_N.
     """
     raise NotImplementedError("Exercise 2.12: implement add_rms_norm_kernel in exercises/ch2.py (see notebooks/02_decoder_layer.ipynb, section '8. A Triton kernel for add+RMSNorm')")

@@ -267,7 +267,9 @@ def schedule_step(waiting: deque[Sequence], running: deque[Sequence], block_mana
        chunk ran in the step before (its num_new_tokens > 0) and `running` is not empty, skip
        admission: set its num_new_tokens to 0 and go to 2. (Its next chunk comes in the step after.)
     1. Prefill. Take sequences from the FRONT of `waiting`, in order, while
-       len(running) + taken < max_num_seqs. `tokens` sums the tokens of the step so far.
+       len(running) + taken < max_num_seqs, with len(running) as it was when the step began (a
+       sequence taken now counts once, in `taken`: the ones that complete join `running` after the
+       loop). `tokens` sums the tokens of the step so far.
        - One without blocks needs block_manager.can_allocate(seq) and, unless it is the first taken,
          tokens + len(seq) <= max_num_batched_tokens (prefix-cache hits are known only after allocate,
          so the check uses the whole len(seq)); then block_manager.allocate(seq).
@@ -280,11 +282,13 @@ def schedule_step(waiting: deque[Sequence], running: deque[Sequence], block_mana
        If any were taken, return them as a prefill step: (taken, True, []).
     2. Otherwise decode every running sequence, in `running` order. Before a sequence can take its
        next token, block_manager.can_append(seq) must hold; while it does not, preempt the sequence
-       admitted LAST: the one at the front of `waiting` if it holds blocks (a prompt half prefilled),
-       else the end of `running`, else the sequence itself. A preempted sequence: status WAITING,
-       block_manager.deallocate(it), at the FRONT of `waiting` (it restarts from scratch, first, when
-       room comes back). A sequence that stays gets block_manager.may_append(seq).
-       At the end `running` holds the scheduled sequences, in order. -> (scheduled, False, preempted).
+       admitted LAST: the one at the front of `waiting` if it holds blocks (a prompt half prefilled:
+       it stays at the front), else the end of `running`, else the sequence itself (then it is not
+       scheduled). A preempted sequence: status WAITING, block_manager.deallocate(it), at the FRONT of
+       `waiting` (it restarts from scratch, first, when room comes back), and in `preempted`, itself
+       included. A sequence that stays gets block_manager.may_append(seq).
+       At the end `running` holds the scheduled sequences, in order. -> (scheduled, False, preempted);
+       with nothing to run, ([], False, []).
 
     Hints: pop sequences off the left of `running` one by one and put the scheduled ones back at the
     end; the victims come off its right. A step of only prompts that fit the budget is the same with

@@ -104,7 +104,8 @@ def admit(book: Admission, req: _Request) -> None:
     """Accept a new request (the caller's add_request), or refuse it.
 
     Raise QueueFullError when book.max_waiting requests already wait (the server answers 503: try
-    later), ValueError when book.requests already holds a request with req.request_id. Else register
+    later; the error's message is the 503's), ValueError when book.requests already holds a request
+    with req.request_id. Else register
     it in book.requests under its id and count it waiting (req.waiting is True for a new request).
 
     Hints: check the queue first, then the id; a request whose id was used by one that has
@@ -120,7 +121,8 @@ def admit(book: Admission, req: _Request) -> None:
 
 def start(book: Admission, req: _Request) -> None:
     """The engine ran req's first step: it waits no more (req.waiting becomes False and it stops
-    counting in book.num_waiting); it is running. Idempotent; a no-op for a request that has ended."""
+    counting in book.num_waiting); it is running. Idempotent; a no-op for a request that has ended
+    (finish() ran for it: it is no longer in book.requests, and finish cleared its req.waiting)."""
     if req.waiting:  # finish clears it too: an ended request is not counted twice
         req.waiting = False
         book.num_waiting -= 1

@@ -366,7 +366,10 @@ def _run_plan(plan_path: str) -> int:
 
 def scoreboard(results: list[Result], impl: str) -> str:
     """The table a student reads."""
-    files = ", ".join(impl_files(impl)) if impl != DEFAULT_IMPL else "exercises/ch*.py (your code)"
+    # the checkout's folder, in full: the one graded is the one minillm was imported from, which need not be
+    # the current directory's (PYTHONPATH, another clone's venv)
+    files = (", ".join(impl_files(impl)) if impl != DEFAULT_IMPL else "exercises/ch*.py (your code)") + \
+        f" in {REPO_DIR}"
     lines = [f"Grading {files}", ""]
     width = max(len(r.title) for r in results)
     lines.append(f"{'exercise':<9} {'functions':<{width}}  {'status':<12} tests")

@@ -32,7 +32,8 @@ def append_placeholders(token_lists: list[list[int]], num_prompt_tokens: list[in
 
     token_lists[i]: sequence i's tokens, prompt then completion (it may already end in the
     placeholder of the step launched before, PLACEHOLDER_TOKEN = -1, not read back yet);
-    num_prompt_tokens[i], max_tokens[i]: its prompt length and its SamplingParams.max_tokens;
+    num_prompt_tokens[i], max_tokens[i]: its prompt length and its SamplingParams.max_tokens (the
+    caller passes max_model_len where that is None);
     max_model_len: no sequence may grow longer than this.
     In place: appends PLACEHOLDER_TOKEN to every list.
     -> (positions, at_limit), one per sequence: positions[i] is the index of its new placeholder;

@@ -1103,6 +1103,14 @@ def kernel_sum_not_rounded(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_ou
 
 
 @triton.jit
+def kernel_rounds_only_at_the_stores(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x,
+                                     stride_residual, eps, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Neither rounding point: the fp32 sum is normalized and h * rstd * w rounded once, at the store."""
+    _rms_kernel_variant(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x, stride_residual,
+                        eps, HAS_RESIDUAL, BLOCK_N, True, True, False, False, False)
+
+
+@triton.jit
 def kernel_out_at_x_stride(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x,
                            stride_residual, eps, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):
     """Stores row r of both outputs at r * stride_x (the input's row stride), not r * n_cols."""
@@ -1611,6 +1619,13 @@ MISTAKES: list[Mistake] = [
             {"add_rms_norm_kernel": kernel_sum_not_rounded, "rms_norm_triton": launcher_of(kernel_sum_not_rounded)},
             "the kernel normalizes the fp32 sum x + residual while it stores (and torch normalizes) that sum rounded "
             "to the output dtype: round h = (x + r).to(dtype) first, store it, and compute the statistics on it",
+            "test_ch2.py::test_triton_rms_norm_fp16_large_activations"),
+    Mistake("ch2_triton_rounds_only_at_the_stores", "2.12",
+            {"add_rms_norm_kernel": kernel_rounds_only_at_the_stores,
+             "rms_norm_triton": launcher_of(kernel_rounds_only_at_the_stores)},
+            "the kernel rounds only at its stores: torch (Qwen3RMSNorm in fp16/bf16) rounds twice on the way. Round "
+            "h = (x + r).to(dtype) before the statistics (it is the stored residual), and the normalized row "
+            "(h * rstd).to(dtype) before it is multiplied, in fp32, by the weight: .to(dtype).to(tl.float32) at both",
             "test_ch2.py::test_triton_rms_norm_fp16_large_activations"),
     Mistake("ch2_triton_out_at_x_stride", "2.12",
             {"add_rms_norm_kernel": kernel_out_at_x_stride, "rms_norm_triton": launcher_of(kernel_out_at_x_stride)},

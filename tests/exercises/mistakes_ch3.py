@@ -386,7 +386,7 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
                    no_decode_first=False, spare_half_prefilled=False, victim_at_the_back=False,
                    budget_for_the_first=False, one_seq_too_many=False, chunk_runs_at_once=False, chunk_in_both=False,
                    decode_first_every_step=False, victim_stays_running=False, preempts_itself=False,
-                   budget_strict=False, never_chunks=False, victims_queued_last=False):
+                   budget_strict=False, never_chunks=False, victims_queued_last=False, joins_running_at_once=False):
     """schedule_step with one bug switched on."""
     scheduled, preempted, num_tokens = [], [], 0
     head = waiting[0] if waiting else None
@@ -420,10 +420,13 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
             break
         seq.status = SequenceStatus.RUNNING  # the bug (chunk_runs_at_once): a chunk too, into `running`
         waiting.remove(seq)
+        if joins_running_at_once:  # the bug: in `running` at once, so len(running) + taken counts it twice
+            running.append(seq)
         if seq.num_computed_tokens < len(seq):
             break
     if scheduled:  # the bug (chunk_in_both): the chunked prompt joins `running` as well
-        running.extend(s for s in scheduled if chunk_in_both or s.status == SequenceStatus.RUNNING)
+        running.extend(s for s in scheduled if (chunk_in_both or s.status == SequenceStatus.RUNNING)
+                       and s not in running)
         return scheduled, True, preempted
 
     while running:
@@ -877,6 +880,11 @@ def schedule_step_one_seq_too_many(waiting, running, block_manager, max_num_seqs
     return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, one_seq_too_many=True)
 
 
+def schedule_step_counts_taken_twice(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens,
+                          joins_running_at_once=True)
+
+
 def schedule_step_budget_strict(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
     return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, budget_strict=True)
 
@@ -1081,6 +1089,11 @@ MISTAKES += [
             "admission takes more sequences than max_num_seqs allows: the running ones count too, and it stops "
             "when they reach it. Take another only while len(running) + taken < max_num_seqs (strictly less)",
             "test_ch3.py::test_schedule_step_admits_in_order_within_budgets"),
+    Mistake("ch3_schedule_counts_taken_twice", "3.6", {"schedule_step": schedule_step_counts_taken_twice},
+            "a sequence admitted in this step is counted twice against max_num_seqs: it joins `running` at once "
+            "and is in `taken` too, so len(running) + taken reaches the limit with half as many admitted. Count "
+            "len(running) as it was when the step began (or add the completed prefills to `running` after the loop)",
+            "test_ch3.py::test_schedule_step_admits_up_to_max_num_seqs"),
     Mistake("ch3_schedule_budget_strict", "3.6", {"schedule_step": schedule_step_budget_strict},
             "a sequence that fills the token budget exactly is refused (tokens + len(seq) >= "
             "max_num_batched_tokens): the budget is the most a step may compute, so admit while tokens + len(seq) "

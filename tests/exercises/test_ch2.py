@@ -478,6 +478,28 @@ def test_your_layer_in_the_engine_gives_the_same_greedy_tokens(impl_name):
     check_equal(got, want, "2.6", "greedy tokens of the engine running your functions")
 
 
+@pytest.mark.ex2_12
+def test_triton_rms_norm_in_the_engine(impl_name, monkeypatch):
+    """Integration: the engine's CUDA layer path (decoder_layer_fused: each add+RMSNorm of a layer through
+    2.12's launcher and kernel), taken here on the CPU with the kernels interpreted (the CPU engine runs
+    chapter 2's torch layer, where 2.12 has no part), with your 2.12 swapped in: the same greedy tokens
+    as minillm's own kernel."""
+    require_written(impl_name, "2.12")
+    import minillm.engine.model_runner as model_runner
+    import minillm.models.qwen3 as qwen3
+    monkeypatch.setattr(model_runner, "layer_forward_for", lambda *args: qwen3.decoder_layer_fused)
+    prompts = greedy_reference()["prompts"][:2]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args(attention_backend="triton"))
+    check_equal(llm.engine.model_runner.model.model.layers[0].layer_forward, qwen3.decoder_layer_fused, "2.12",
+                "the layer path the engine took (the CUDA one, forced for this test)")
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    with use_impl(impl_name, exercises={"2.12"}):
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    check_equal(got, want, "2.12", "greedy tokens of the engine's fused layer path running your kernel")
+    llm.shutdown()
+
+
 # ---- 2.12 the Triton kernel (interpreter on CPU: fp32 and fp16) ----------------------------------
 # the guard test first: a kernel that stores out of bounds is named before the launcher tests run it
 @pytest.mark.ex2_12

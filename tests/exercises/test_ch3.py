@@ -670,6 +670,23 @@ def admit_in_order_script(schedule_step):
                 (A.block_table, B.block_table, C.block_table), ([0, 1], [2, 3, 5], [4]))
 
 
+def admit_up_to_max_num_seqs_script(schedule_step):
+    bm = ScriptBlockManager(num_blocks=20, block_size=4)
+    seqs = _seqs([3] * 8)
+    waiting, running = deque(seqs), deque()
+    out = schedule_step(waiting, running, bm, 8, 100)
+    yield _step("(step output, waiting, running) of 8 short prompts with max_num_seqs=8 and room for all: all 8 "
+                "join in one step", (out, waiting, running), ((seqs, True, []), [], seqs))
+    bm = ScriptBlockManager(num_blocks=20, block_size=4)
+    A, B, C, D, E, F = _seqs([3] * 6)
+    waiting, running = deque([A, B, C, D]), deque()
+    schedule_step(waiting, running, bm, 6, 100)
+    waiting.extend([E, F])  # two requests arrive after A-D were admitted
+    out = schedule_step(waiting, running, bm, 6, 100)
+    yield _step("(step 2 output, waiting, running): 4 running and max_num_seqs=6, so E and F both join",
+                (out, waiting, running), (([E, F], True, []), [], [A, B, C, D, E, F]))
+
+
 def stop_at_the_first_misfit_script(schedule_step):
     # the token budget: B does not fit after A, C would
     bm = ScriptBlockManager(num_blocks=10, block_size=4)
@@ -841,6 +858,11 @@ def test_schedule_step_preempts_a_half_prefilled_prompt_first(impl):
 @pytest.mark.ex3_6
 def test_schedule_step_admits_in_order_within_budgets(impl):
     check_script(impl, admit_in_order_script)
+
+
+@pytest.mark.ex3_6
+def test_schedule_step_admits_up_to_max_num_seqs(impl):
+    check_script(impl, admit_up_to_max_num_seqs_script)
 
 
 @pytest.mark.ex3_6
