@@ -166,7 +166,7 @@ def greedy_generate_cached(runner: ModelRunner, prompt_ids: list[int], max_new_t
     max_new_tokens tokens exist. The cache is the runner's paged cache used contiguously: the
     identity block table [0, 1, ..., runner.num_kvcache_blocks - 1], so slot = position.
     runner: from one_sequence_runner (prompt + new tokens must fit in its max_model_len).
-    -> the max_new_tokens generated ids.
+    -> the max_new_tokens generated ids ([] for max_new_tokens 0, without running the model).
     Hints: prefill_batch(ids, slot_mapping=...); a decode step is a Batch(is_prefill=False, ...)
     with input_ids, positions, slot_mapping of length 1, context_lens [n] (int32) and
     block_tables [1, num_blocks] (int32); see Batch in minillm/engine/model_runner.py.

@@ -120,7 +120,7 @@ def finish(book: Admission, req: _Request) -> bool:
 
 # ---- Exercise 6.4 (notebooks/06_serving.ipynb, section '4. Latency under load: TTFT, TPOT, ITL'), from minillm.bench_serve ----
 def ttfts(traces: list[RequestTrace]) -> np.ndarray:
-    """TTFT of every completed request, seconds: shape (completed,)."""
+    """TTFT of every completed request (t.ok: no error, at least one chunk), seconds: shape (completed,)."""
     raise NotImplementedError("Exercise 6.4: implement ttfts in exercises/ch6.py (see notebooks/06_serving.ipynb, section '4. Latency under load: TTFT, TPOT, ITL')")
 
 
@@ -144,6 +144,6 @@ def itls(traces: list[RequestTrace]) -> np.ndarray:
 
 def latency_percentiles(values_s, percentiles=PERCENTILES) -> dict[str, float]:
     """Summary of latencies given in seconds, in milliseconds: {"mean": ..., "median": ..., "p90": ...,
-    "p99": ...} (one "pN" per percentile; 50 is named "median"), percentiles by numpy's default linear
+    "p99": ...} (one f"p{p:g}" per percentile p: "p90", "p99.9"; 50 is named "median"), by numpy's default linear
     interpolation. Values are shape (n,); n = 0 gives NaN everywhere (nothing was measured)."""
     raise NotImplementedError("Exercise 6.4: implement latency_percentiles in exercises/ch6.py (see notebooks/06_serving.ipynb, section '4. Latency under load: TTFT, TPOT, ITL')")

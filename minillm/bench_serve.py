@@ -88,7 +88,7 @@ class RequestTrace:
 
 # >>> exercise 6.4 | notebooks/06_serving.ipynb | 4. Latency under load: TTFT, TPOT, ITL
 def ttfts(traces: list[RequestTrace]) -> np.ndarray:
-    """TTFT of every completed request, seconds: shape (completed,)."""
+    """TTFT of every completed request (t.ok: no error, at least one chunk), seconds: shape (completed,)."""
     return np.array([t.ttft for t in traces if t.ok], dtype=np.float64)
 
 
@@ -114,7 +114,7 @@ def itls(traces: list[RequestTrace]) -> np.ndarray:
 
 def latency_percentiles(values_s, percentiles=PERCENTILES) -> dict[str, float]:
     """Summary of latencies given in seconds, in milliseconds: {"mean": ..., "median": ..., "p90": ...,
-    "p99": ...} (one "pN" per percentile; 50 is named "median"), percentiles by numpy's default linear
+    "p99": ...} (one f"p{p:g}" per percentile p: "p90", "p99.9"; 50 is named "median"), by numpy's default linear
     interpolation. Values are shape (n,); n = 0 gives NaN everywhere (nothing was measured)."""
     v = np.asarray(values_s, dtype=np.float64) * 1e3
     out = {"mean": float(v.mean()) if v.size else math.nan}

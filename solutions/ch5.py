@@ -144,7 +144,8 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     logits top-k kept: rank those tokens by probability, and keep each token whose strictly
     better-ranked tokens hold less than top_p of the mass (the smallest prefix whose mass reaches
     top_p; the best token always stays). These are transformers' TopKLogitsWarper then
-    TopPLogitsWarper, per row.
+    TopPLogitsWarper, per row, but for ties at the k-th value: keep exactly k tokens (the first k of
+    the sort), where transformers keeps every token tied with the k-th (the grader avoids ties).
 
     Hints: sort each row once (descending), build a boolean drop mask in sorted order, and scatter
     the masked values back through the sort's indices; probs.cumsum(-1) - probs is the mass before.

@@ -162,13 +162,13 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
     Outputs:
       DIRECT (num_splits == 1): out[b, h, :] = acc / l (0 when L == 0), at b*stride_ob + h*stride_oh + d,
         in out's element type;
-      otherwise: part_out[b, h, s, :] = acc / l and part_lse[b, h, s] = m + log2(l) (-inf when the
-        split is empty), contiguous fp32 [B, H, num_splits, HEAD_DIM] and [B, H, num_splits];
+      otherwise: part_out[b, h, s, :] = acc / l (0 when the split is empty) and part_lse[b, h, s] =
+        m + log2(l) (-inf when the split is empty), contiguous fp32 [B, H, num_splits, HEAD_DIM] and [B, H, num_splits];
         H = GROUP * tl.num_programs(1). paged_decode_combine_kernel merges them.
 
     Hints: load q once, before the loop. Scores = tl.dot(q, tl.trans(k), input_precision=PRECISION),
     then -inf where the key is past `end`. If UPCAST, cast q, k and v to fp32 right after tl.load (the
-    interpreter computes half types wrongly); otherwise cast p to v's type for the second tl.dot.
+    interpreter computes bf16 dots wrongly); otherwise cast p to v's type for the second tl.dot.
     Mask every load: masked-off rows must not be read, and nothing but the output row may be written.
     Cast the block id to int64 before multiplying by stride_cb (a big cache overflows int32).
     Faster: tiles start at multiples of BLOCK_N, so when PAGE % BLOCK_N == 0 (a constexpr test) a

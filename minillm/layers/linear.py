@@ -48,7 +48,9 @@ def shard_packed(weight: torch.Tensor, output_sizes: list[int], rank: int, world
 
     weight: [sum(output_sizes), ...] -> [sum(output_sizes) / world_size, ...]: this rank's slice of
     each part, concatenated in the parts' order. (The rank-th slice of the packed tensor would be
-    wrong: with world_size 2 it hands rank 0 all of q and no k or v.)
+    wrong: with world_size 2 it hands rank 0 all of q and no k or v.) Each part must divide by
+    world_size (shard_weight's ValueError otherwise), and weight.shape[0] must be sum(output_sizes)
+    (ValueError otherwise).
 
     Hints: Tensor.split(output_sizes), then shard_weight on each part, then torch.cat.
     """

@@ -227,7 +227,8 @@ def param_name_matches_inside_a_word(ckpt_name: str, packed_modules_mapping: dic
 
 
 def _load(model, path: str, check_names: bool = True, check_shapes: bool = True, check_complete: bool = True,
-          skip_ignored: bool = True, skip_tied_head: bool = True, any_shard_completes: bool = False):
+          skip_ignored: bool = True, skip_tied_head: bool = True, any_shard_completes: bool = False,
+          loader_for_packed_only: bool = False):
     """The right load_model with one of its checks switched off."""
     packed = getattr(model, "packed_modules_mapping", {})
     params = dict(model.named_parameters())
@@ -245,7 +246,7 @@ def _load(model, path: str, check_names: bool = True, check_shapes: bool = True,
         param = params[name]
         loader = getattr(param, "weight_loader", None)
         with torch.no_grad():
-            if loader is None:
+            if loader is None or (loader_for_packed_only and shard is None):  # (the bug: a whole tensor copied)
                 if check_shapes and tuple(param.shape) != tuple(tensor.shape):
                     raise ValueError(f"{ckpt_name}: shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
                 param.data.copy_(tensor)
@@ -262,6 +263,11 @@ def _load(model, path: str, check_names: bool = True, check_shapes: bool = True,
 def load_skipping_unknown_names(model, path: str) -> None:
     """Skips a checkpoint tensor the model has no parameter for, instead of raising."""
     _load(model, path, check_names=False)
+
+
+def load_with_loaders_for_packed_only(model, path: str) -> None:
+    """Calls weight_loader only for a packed shard (shard id not None) and copies every whole tensor itself."""
+    _load(model, path, loader_for_packed_only=True)
 
 
 def load_without_shape_check(model, path: str) -> None:
@@ -575,6 +581,11 @@ MISTAKES: list[Mistake] = [
             "load_model skips a checkpoint tensor the model has no parameter for: raise ValueError naming it "
             "(a wrong checkpoint or config must not load half silently)",
             REJECTS, {"change": "add model.layers.0.surprise.weight", "match": "surprise"}),
+    Mistake("ch1_load_loaders_for_packed_only", "1.3", {"load_model": load_with_loaders_for_packed_only},
+            "load_model calls a parameter's weight_loader only for packed shards and copies whole tensors itself: "
+            "every parameter that has a weight_loader must load through it, since under tensor parallelism it cuts "
+            "this rank's slice (o_proj's columns, the vocabulary's rows); copy only where there is none",
+            "test_ch1.py::test_load_model_gives_a_tensor_parallel_rank_its_slices"),
     Mistake("ch1_load_without_shape_check", "1.3", {"load_model": load_without_shape_check},
             "load_model copies a tensor without a weight_loader before comparing shapes: check "
             "param.shape == tensor.shape first and raise ValueError naming the checkpoint tensor",

@@ -185,6 +185,13 @@ def apply_rotary_positions_from_the_first(x, positions, cos_sin):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
+def apply_rotary_in_the_input_dtype(x, positions, cos_sin):
+    """The rotation computed in x's dtype (bf16 here): the table rounded to it, every product rounded."""
+    cos, sin = cos_sin[positions].to(x.dtype).unsqueeze(1).chunk(2, dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
 def apply_rotary_ignoring_positions(x, positions, cos_sin):
     """Takes row i of the cache for the i-th token of the packed batch, not the token's position."""
     cos, sin = cos_sin[:x.shape[0]].unsqueeze(1).chunk(2, dim=-1)
@@ -1253,6 +1260,10 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_rope_second_half_sign", "2.3", {"apply_rotary": apply_rotary_second_half_sign},
             "the second half of apply_rotary has the wrong sign: it is x2 * cos + x1 * sin (the first half is "
             "x1 * cos - x2 * sin)", ROTARY, {"offsets": (0, 0, 0, 0)}),
+    Mistake("ch2_rope_in_the_input_dtype", "2.3", {"apply_rotary": apply_rotary_in_the_input_dtype},
+            "apply_rotary computes in x's dtype (bf16): the table and each product are rounded on the way, so "
+            "some outputs land a bf16 step off. Compute in fp32 (x.float(), the fp32 table) and round once at the "
+            "end with .to(x.dtype)", "test_ch2.py::test_apply_rotary_keeps_dtype"),
     Mistake("ch2_attention_sees_next_key", "2.4", {"causal_attention": attention_sees_next_key},
             "the causal mask is off by one: each query also sees the key after it; query i (at position "
             "Lk - Lq + i) sees keys 0 .. Lk - Lq + i, so tril(diagonal=Lk - Lq)", PREFILL_ATTN,

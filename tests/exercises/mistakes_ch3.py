@@ -70,6 +70,13 @@ def block_hash_int16_tokens(token_ids, prefix_hash):
     return int.from_bytes(h.digest(), "little", signed=True)
 
 
+def block_hash_digits_joined(token_ids, prefix_hash):
+    h = hashlib.blake2b(digest_size=8)
+    h.update(prefix_hash.to_bytes(8, "little", signed=True))
+    h.update("".join(str(t) for t in token_ids).encode())  # the bug: [1, 23] and [12, 3] give the same text
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
 def _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, *, last_block_counts=False,
                   check_tokens=True, stop_at_miss=False, last_block_unhashed=False):
     """match_prefix with one rule switched off."""
@@ -533,6 +540,11 @@ MISTAKES: list[Mistake] = [
     Mistake("ch3_block_hash_int16_tokens", "3.2", {"compute_block_hash": block_hash_int16_tokens},
             "the token ids are packed as 16-bit integers: ids past 32,767 wrap around (Qwen's vocabulary has "
             "151,936), so different blocks hash alike and prefix hits are lost. Pack them as int64",
+            "test_ch3.py::test_block_hash_is_chained_and_deterministic"),
+    Mistake("ch3_block_hash_digits_joined", "3.2", {"compute_block_hash": block_hash_digits_joined},
+            "the token ids are fed in as their digits joined into one string: [1, 23, ...] and [12, 3, ...] give "
+            "the same text and so the same hash, and the second block's entry overwrites the first's. Feed fixed-"
+            "width bytes (np.asarray(token_ids, dtype=np.int64).tobytes()), or put a separator between the ids",
             "test_ch3.py::test_block_hash_is_chained_and_deterministic"),
     Mistake("ch3_block_hash_unsigned", "3.2", {"compute_block_hash": block_hash_unsigned},
             "the hash is unsigned, in [0, 2**64): half of them do not fit a signed 64-bit integer. Turn the "

@@ -96,6 +96,13 @@ def vocab_embed_without_zeroing(token_ids, weight_shard, vocab_start, group):
     return y
 
 
+def vocab_embed_row_0_not_zeroed(token_ids, weight_shard, vocab_start, group):
+    mask = (token_ids >= vocab_start) & (token_ids < vocab_start + weight_shard.shape[0])
+    y = F.embedding(torch.where(mask, token_ids - vocab_start, 0), weight_shard)  # the bug: others' ids get row 0
+    dist.all_reduce(y, group=group)
+    return y
+
+
 def vocab_embed_without_all_reduce(token_ids, weight_shard, vocab_start, group):
     local = token_ids - vocab_start
     mask = (local >= 0) & (local < weight_shard.shape[0])
@@ -245,6 +252,11 @@ MISTAKES: list[Mistake] = [
             "the rows of ids this rank does not own were not zeroed before the all-reduce, so every embedding gets "
             "another rank's (clamped) row added: mask the ids outside [vocab_start, vocab_start + V/p) and "
             "zero their rows (masked_fill) before all_reduce",
+            "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
+    Mistake("ch4_vocab_embed_row_0_not_zeroed", "4.3", {"vocab_parallel_embed": vocab_embed_row_0_not_zeroed},
+            "the ids this rank does not own are sent to row 0 (a safe index) but their rows are not zeroed, so "
+            "every such embedding gets this shard's row 0 added in the all-reduce: zero them after the lookup, "
+            "y.masked_fill(~mask.unsqueeze(-1), 0), before all_reduce",
             "test_ch4.py::test_vocab_parallel_embed_on_two_thread_ranks"),
     Mistake("ch4_vocab_embed_without_all_reduce", "4.3", {"vocab_parallel_embed": vocab_embed_without_all_reduce},
             "no all-reduce: each rank holds only the rows of the ids it owns (zeros for the others). "

@@ -10,6 +10,7 @@ import copy
 import functools
 import json
 import numbers
+import os
 import random
 import struct
 import types
@@ -240,6 +241,8 @@ def _corrupt_cases() -> dict[str, bytes]:
         "begin after end": with_header(lambda h: h["alpha"].update(data_offsets=[24, 0])),
         "shape not a list": with_header(lambda h: h["alpha"].update(shape="2x3")),
         "negative dimension": with_header(lambda h: h["alpha"].update(shape=[2, -3])),
+        # two negative dimensions: their product is the right element count, so only the shape check catches it
+        "two negative dimensions": with_header(lambda h: h["alpha"].update(shape=[-2, -3])),
         "tensor past the end": with_header(lambda h: h["beta"].update(shape=[8], data_offsets=[24, 40])),
         "offsets longer than the shape": with_header(lambda h: h["alpha"].update(data_offsets=[0, 28])),
         "an empty tensor whose offsets hold bytes": with_header(
@@ -279,6 +282,21 @@ def _corrupt_outcome(impl, data: bytes, case: str | None = None) -> str:
     except Exception as e:  # noqa: BLE001 -- the wrong error is the outcome to grade (and its line to show)
         return Raised(e)
     return "read without a ValueError"
+
+
+@pytest.mark.ex1_2
+def test_header_length_is_checked_against_file_size(impl):
+    """data may be a view longer than the file (an mmap rounded up to a page): file_size says where the
+    file ends, and a header that runs past it is refused even though data holds the bytes."""
+    good = _good_file()
+    (n,) = struct.unpack("<Q", good[:8])
+    try:
+        impl.parse_safetensors_header(good, file_size=8 + n - 1)
+        got = "no error"
+    except ValueError:
+        got = "ValueError"
+    check_equal(got, "ValueError", "1.2", f"parse_safetensors_header(data of {len(good)} bytes, file_size={8 + n - 1}) "
+                f"with a {n}-byte header: the header runs past file_size")
 
 
 @pytest.mark.ex1_2
@@ -353,6 +371,57 @@ def test_load_model_packs_what_transformers_wrote(impl, name):
     model = _engine_model(name)
     impl.load_model(model, ref_path(name))
     check_packed_as_transformers_loads(model, name)
+
+
+@pytest.mark.ex1_3
+def test_load_model_gives_a_tensor_parallel_rank_its_slices(impl, monkeypatch):
+    """Every parameter with a weight_loader loads through it (the docstring's rule): under tensor
+    parallelism the loader cuts the rank's slice. Rank 1 of 2, built here without a process group (a
+    layer reads its rank once, when it is built), gets the second half of each split tensor of
+    transformers' checkpoint: q, k, v, gate, up and the vocabulary rows on dim 0, o_proj and down_proj
+    on dim 1; the norms whole. A loader that copies a whole tensor itself fails the shape check."""
+    from transformers import AutoModelForCausalLM
+
+    from minillm import distributed
+
+    def rank_1_of_2() -> Qwen3ForCausalLM:
+        monkeypatch.setattr(distributed, "_STATE", distributed.TPState(None, 1, 2))
+        model = _engine_model("tiny-qwen3")
+        monkeypatch.setattr(distributed, "_STATE", distributed.TPState())
+        return model
+
+    from safetensors import safe_open
+    with safe_open(os.path.join(ref_path("tiny-qwen3"), "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+
+    def outcome(load_model, model) -> tuple:
+        """("loaded",) or ("ValueError", the checkpoint tensors its message names): compared by that, as two
+        loaders word their errors differently."""
+        try:
+            load_model(model, ref_path("tiny-qwen3"))
+        except ValueError as e:
+            return "ValueError", sorted(n for n in names if n in str(e)), str(e)
+        return ("loaded",)
+    model = rank_1_of_2()
+    got = outcome(impl.load_model, model)
+    check_equal(got[:2], ("loaded",), "1.3", "loading rank 1 of 2's model (its parameters hold half of each split "
+                "tensor)" + (f"; your load_model raised: {got[2]}" if len(got) > 2 else ""),
+                suspects=suspects_of("load_model", lambda fn: outcome(fn, rank_1_of_2())[:2]))
+    sd = AutoModelForCausalLM.from_pretrained(ref_path("tiny-qwen3"), dtype=torch.float32).state_dict()
+    second = lambda t, dim: t.chunk(2, dim=dim)[1]  # noqa: E731 -- rank 1's half
+    for pname, param in model.named_parameters():
+        if ".qkv_proj." in pname:
+            want = torch.cat([second(sd[pname.replace("qkv_proj", p)], 0) for p in ("q_proj", "k_proj", "v_proj")])
+        elif ".gate_up_proj." in pname:
+            want = torch.cat([second(sd[pname.replace("gate_up_proj", p)], 0) for p in ("gate_proj", "up_proj")])
+        elif ".o_proj." in pname or ".down_proj." in pname:
+            want = second(sd[pname], 1)
+        elif "embed_tokens" in pname or "lm_head" in pname:
+            want = second(sd[pname], 0)
+        else:
+            want = sd[pname]
+        check_close(param.detach(), want, "1.3", f"rank 1 of 2's parameter {pname} (its weight_loader cuts the slice)",
+                    atol=0, rtol=0)
 
 
 def check_packed_as_transformers_loads(model: Qwen3ForCausalLM, name: str) -> None:

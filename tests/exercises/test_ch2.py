@@ -266,10 +266,16 @@ def test_apply_rotary_on_a_packed_batch_matches_transformers(impl, offsets):
 
 @pytest.mark.ex2_3
 def test_apply_rotary_keeps_dtype(impl):
+    """bf16 in, bf16 out, the math in fp32 and rounded once: transformers' apply_rotary_pos_emb on the fp32
+    values, rounded to bf16, to the bit (the same math in bf16 differs by a bf16 step at ~15% of them)."""
     cache = rope_cos_sin_ref(16, 64, 10000.0)
     q = randn(5, 2, 16, seed=7, dtype=torch.bfloat16)
     out = call_pure(impl.apply_rotary, "apply_rotary", "2.3", q, torch.arange(5), cache)
     check_equal(out.dtype, torch.bfloat16, "2.3", "apply_rotary's output dtype (must be x.dtype)")
+    cos, sin = (torch.cat([half, half], dim=-1)[None] for half in cache[:5].chunk(2, dim=-1))  # [1, 5, 16] each
+    want = apply_rotary_pos_emb(q.float().transpose(0, 1)[None], q.float().transpose(0, 1)[None], cos, sin)[0]
+    check_close(out, want[0].transpose(0, 1).to(torch.bfloat16), "2.3", "rotated bf16 q (the math in fp32, rounded "
+                "once to bf16 at the end)", **EXACT, suspects=suspects("apply_rotary", q, torch.arange(5), cache))
 
 
 # ---- 2.4 causal attention ------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from properties import for_all, outcome
 
 SENTINEL = 77.0
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=2e-3, rtol=2e-3)}
+TOL_BF16 = dict(atol=1.6e-2, rtol=1.6e-2)  # bf16 keeps 8 bits: ~2 of its steps at 1
 GREEDY_TOKENS = 8
 SHARED_PREFIX = list(range(10, 80))  # 70 tokens: 4 full blocks of 16, shared by every prompt below
 PREFIX_PROMPTS = [SHARED_PREFIX + [100 + i, 200 + i] for i in range(3)]
@@ -183,6 +184,8 @@ def test_block_hash_is_chained_and_deterministic(impl):
                     h(blocks[0], h(blocks[0], h(blocks[0], -1))) != h(blocks[0], -1)), (True, True)),
         ("token ids past 65,535 (Qwen's vocabulary has 151,936): hash([1] + 15 fives) != hash([65537] + 15 fives)",
          lambda h: h([1] + [5] * 15, -1) != h([65537] + [5] * 15, -1), True),
+        ("ids whose digits run together alike: hash([1, 23] + 14 fives) != hash([12, 3] + 14 fives)",
+         lambda h: h([1, 23] + [5] * 14, -1) != h([12, 3] + [5] * 14, -1), True),
     ]
     for what, prop, expected in properties:  # (what a property raises is graded too: outcome)
         check_equal(outcome(lambda: prop(impl.compute_block_hash)), expected, "3.2", what,  # noqa: B023 (called now)
@@ -542,6 +545,19 @@ def test_paged_decode_kernel_matches_sdpa(impl, dtype, case, num_splits):
                 f"{dtype}, num_splits={num_splits})", **TOL[dtype],
                 suspects=suspects_of("paged_decode_attention", output_of))
     check_equal(unchanged(k_buf, before), True, "3.5", "k_cache is unchanged (decode only reads it)")
+
+
+@pytest.mark.ex3_5
+def test_paged_decode_kernel_in_bf16(impl):
+    """bf16 K/V, as the engine's cache on a GPU holds them: on a CPU the interpreter's bf16 dots are wrong
+    (an answer off by ~1e9), so the kernel must do what its UPCAST flag says (cast q, k and v to fp32)."""
+    q, ks, vs, k_cache, v_cache, _, _, tables, lens = paged_case([1, 37, 130], 6, 2, 40, 16, torch.bfloat16, seed=3)
+
+    def output_of(decode):
+        return decode(q, k_cache, v_cache, tables, lens, 40 ** -0.5, num_splits=3)
+    check_close(output_of(impl.paged_decode_attention), sdpa_decode(q, ks, vs, 40 ** -0.5).to(torch.bfloat16), "3.5",
+                "bf16 decode output against SDPA (num_splits=3)", **TOL_BF16,
+                suspects=suspects_of("paged_decode_attention", output_of))
 
 
 @pytest.mark.ex3_5
