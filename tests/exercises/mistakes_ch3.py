@@ -78,7 +78,7 @@ def block_hash_digits_joined(token_ids, prefix_hash):
 
 
 def _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, *, last_block_counts=False,
-                  check_tokens=True, stop_at_miss=False, last_block_unhashed=False):
+                  check_tokens=True, stop_at_miss=False, last_block_unhashed=False, block_0_misses=False):
     """match_prefix with one rule switched off."""
     hashes, num_hits, h = [], 0, -1
     last = len(token_ids) // block_size if last_block_counts else (len(token_ids) - 1) // block_size
@@ -89,6 +89,8 @@ def _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, *, last
         h = right_block_hash(block, h) if hashable else -1
         hashes.append(h)
         block_id = hash_to_block_id.get(h, -1) if h != -1 else -1
+        if block_0_misses and not block_id:  # the bug: `if block_id:` reads block 0 as no block
+            block_id = -1
         same = not check_tokens or (block_id != -1 and block_tokens(block_id) == block)
         if num_hits == i and i < last and block_id != -1 and same:
             num_hits += 1
@@ -99,6 +101,10 @@ def _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, *, last
 
 def match_prefix_last_block_hits(token_ids, block_size, hash_to_block_id, block_tokens):
     return _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, last_block_counts=True)
+
+
+def match_prefix_block_0_misses(token_ids, block_size, hash_to_block_id, block_tokens):
+    return _match_prefix(token_ids, block_size, hash_to_block_id, block_tokens, block_0_misses=True)
 
 
 def match_prefix_last_block_unhashed(token_ids, block_size, hash_to_block_id, block_tokens):
@@ -560,6 +566,11 @@ MISTAKES: list[Mistake] = [
             "sequence, but it still needs its hash, which the block manager registers so the next request with "
             "this prefix reuses it. NO_HASH only for a last block that is not full",
             "test_ch3.py::test_match_prefix_rules"),
+    Mistake("ch3_match_prefix_block_0_misses", "3.2", {"match_prefix": match_prefix_block_0_misses},
+            "block id 0 is read as a miss (a test like `if block_id:` is false for block 0): a prompt whose cached "
+            "prefix starts in block 0 gets no hits, allocates blocks it should share, and the cache runs out. "
+            "Test for a missing entry explicitly: hash_to_block_id.get(h, -1) != -1 (or `h in hash_to_block_id`)",
+            "test_ch3.py::test_block_manager_script"),
     Mistake("ch3_match_prefix_trusts_the_hash", "3.2", {"match_prefix": match_prefix_trusts_the_hash},
             "match_prefix trusts an equal hash without comparing tokens: after a hash collision a sequence would "
             "read another prompt's K/V. A block is a hit only if block_tokens(block_id) == the block's tokens",
