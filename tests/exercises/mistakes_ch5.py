@@ -166,6 +166,10 @@ def top_p_drops_the_crossing_token(logits, top_k, top_p):
     return _mask(logits, top_k, top_p, mass_with_self=True)
 
 
+def top_p_inclusive_mass_strict(logits, top_k, top_p):
+    return _mask(logits, top_k, top_p, mass_with_self=True, strict=True)
+
+
 def top_p_keeps_the_token_at_top_p(logits, top_k, top_p):
     return _mask(logits, top_k, top_p, strict=True)
 
@@ -695,6 +699,11 @@ MISTAKES = [
             "top-p drops the token that crosses top_p (its mass including itself is compared): keep a token "
             "when the mass of the tokens ranked strictly before it is < top_p (probs.cumsum(-1) - probs), so "
             "the kept set's mass reaches top_p and the best token always stays",
+            "test_ch5.py::test_top_k_top_p_masks_match_transformers"),
+    Mistake("ch5_top_p_inclusive_mass", "5.3", {"apply_top_k_top_p": top_p_inclusive_mass_strict},
+            "top-p drops a token once the mass up to and including it passes top_p (probs.cumsum(-1) > top_p): the "
+            "token that crosses top_p goes too, so the kept mass can stay below top_p. Compare the mass of the "
+            "tokens ranked strictly before it, probs.cumsum(-1) - probs, and drop where that is >= top_p",
             "test_ch5.py::test_top_k_top_p_masks_match_transformers"),
     Mistake("ch5_top_k_kth_value", "5.3", {"apply_top_k_top_p": top_k_top_p_kth_value},
             "top-k reads the k-th largest logit at index top_k - 1, past the end of the row when top_k is larger "

@@ -514,6 +514,10 @@ def test_shard_weight_and_packed_match_torch_chunk(impl):
     check_equal(refused(impl.shard_weight), "raised ValueError", "4.1",
                 "shard_weight(shape (10, 4), dim=0, rank=0, world_size=3): 10 rows do not split into 3 equal shards",
                 suspects=suspects_of("shard_weight", refused))
+    message = str(outcome(lambda: impl.shard_weight(uneven.clone(), 0, 0, 3)))
+    check_equal(("10" in message, "3" in message), (True, True), "4.1",
+                f"(the size 10, the world_size 3) named in shard_weight's ValueError, as the docstring asks (a reader "
+                f"of a failed load needs them): {message!r}")
     q, k, v = torch.randn(8, 4), torch.randn(4, 4), torch.randn(4, 4)
     for r in range(2):
         want = torch.cat([q.chunk(2)[r], k.chunk(2)[r], v.chunk(2)[r]])
