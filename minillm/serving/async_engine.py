@@ -294,8 +294,9 @@ class EngineClient:
         return self.add_checked([self.check_request(prompt, params)], None if request_id is None else [request_id])[0]
 
     def check_request(self, prompt, params: SamplingParams) -> tuple[str | None, list[int], SamplingParams]:
-        """Check one request without queueing it (prompt: text or token ids): tokenized, inside the
-        vocabulary, short enough, its sampling params valid. Raises ValueError for bad input.
+        """Check one request without queueing it (prompt: text or token ids): its sampling params valid,
+        tokenized, cut to params.truncate_prompt_tokens, inside the vocabulary, short enough, its bad
+        words inside the vocabulary: the engine's own checks, in its order. Raises ValueError for bad input.
         -> (the prompt's text, or None for token ids; its token ids; a checked copy of params)."""
         if isinstance(prompt, str):
             if not prompt:
@@ -305,8 +306,10 @@ class EngineClient:
             ids = self.tokenizer.encode(check_text(prompt))
         else:
             ids = prompt
-        ids = self.checks.check_prompt(ids)
-        return prompt if isinstance(prompt, str) else None, ids, self.checks.check_params(params)
+        checked = self.checks.check_params(params)
+        ids = self.checks.check_prompt(ids, checked)
+        self.checks.bad_words_ids(checked, self.tokenizer)
+        return prompt if isinstance(prompt, str) else None, ids, checked
 
     def add_checked(self, requests: list[tuple[str | None, list[int], SamplingParams]],
                     request_ids: list[str] | None = None) -> list[AsyncStream]:

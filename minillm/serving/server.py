@@ -189,15 +189,6 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
                            type="not_found_error", param="model", code="model_not_found")
         return body
 
-    def truncated(prompt, params):
-        """A prompt cut to its last truncate_prompt_tokens token ids before check_request checks its length
-        (as the engine cuts it); a prompt without that, or one check_request refuses as text, as it is."""
-        text = isinstance(prompt, str)
-        if params.truncate_prompt_tokens is None or text and (not prompt or async_llm.tokenizer is None):
-            return prompt
-        ids = async_llm.tokenizer.encode(prompt) if text else prompt
-        return async_llm.checks.truncate_prompt(list(ids), params)
-
     def submit(prompts: list, params, body: dict, chat: bool) -> list[AsyncStream]:
         """One request per prompt, all or none: every prompt is checked (tokens, vocabulary, length,
         sampling, the context, bad words) before any is queued, then all are admitted together."""
@@ -215,7 +206,7 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
         for i, prompt in enumerate(prompts):
             where = f"prompt {i}: " if len(prompts) > 1 else ""
             try:
-                checked.append(async_llm.check_request(truncated(prompt, params), params))
+                checked.append(async_llm.check_request(prompt, params))
             except PromptTooLongError as e:
                 raise bad_request(where + str(e), param=param, code="context_length_exceeded") from None
             except ValueError as e:  # the prompt's, or a sampling field's the vocabulary decides (logit_bias)
@@ -226,10 +217,6 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
                                   f"requested {n_prompt + params.max_tokens} tokens ({n_prompt} in the {param}, "
                                   f"{params.max_tokens} in the completion). Please reduce the length of the {param} "
                                   f"or completion.", param=given, code="context_length_exceeded")
-        try:  # the engine tokenizes them again; here a word outside the vocabulary is a 400, not a failed request
-            async_llm.checks.bad_words_ids(params, async_llm.tokenizer)
-        except ValueError as e:
-            raise bad_request(str(e), param="bad_words") from None
         try:
             return async_llm.add_checked(checked)
         except QueueFullError as e:
