@@ -347,7 +347,9 @@ class TextDeltas:
 
     def __init__(self, seq: Sequence, tokenizer: Tokenizer | None):
         self.seq = seq
-        self.detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+        # token ids only without a tokenizer or with detokenize=False; special tokens as the final text has them
+        text = tokenizer is not None and seq.params.detokenize
+        self.detok = IncrementalDetokenizer(tokenizer, seq.params.skip_special_tokens) if text else None
         self.num_read = 0  # completion tokens read (given to the detokenizer)
         self.num_sent = 0  # characters returned
         # a stop string may be starting in the newest characters: hold that many back until it is not
@@ -366,7 +368,7 @@ class TextDeltas:
         if finished:
             text = engine.completion(seq).text  # exactly generate()'s text
             end = len(text)
-        elif self.detok is None:  # no tokenizer: token ids only
+        elif self.detok is None:  # token ids only
             text, end = "", 0
         else:
             if new:

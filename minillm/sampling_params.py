@@ -78,6 +78,10 @@ class SamplingParams:
     log_softmax of the logits after the logits processors, before temperature, top-k, top-p and
     min_p (the distribution the model and the penalties give), and make the step sample outside
     the fused sampler; a prompt_logprobs request skips the prefix cache (every position is computed).
+    skip_special_tokens=False keeps special tokens' text (`<|im_end|>`, `<|endoftext|>`) in the output
+    text, its stream and the stop-string search, as vLLM's detokenizer does; the default leaves it out.
+    detokenize=False returns token ids only (text "", logprobs' decoded tokens None) and skips the
+    detokenizer's cost; stop strings need the text, so they need detokenize=True (vLLM's rule).
     Every field is checked when the object is made and again when a request is submitted (a field
     changed in between is caught): a bad value raises ValueError naming the field and what it accepts.
     """
@@ -103,6 +107,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
+    skip_special_tokens: bool = True
+    detokenize: bool = True
 
     def __post_init__(self):
         self.validate()
@@ -168,6 +174,11 @@ class SamplingParams:
              "None, -1 (what max_model_len leaves beside max_tokens) or an integer >= 1 (keep the prompt's last k "
              "tokens)", cut)
         self.truncate_prompt_tokens = None if cut is None else int(cut)
+        for name in ("skip_special_tokens", "detokenize"):
+            need(isinstance(getattr(self, name), bool), name, "True or False", getattr(self, name))
+        if self.stop and not self.detokenize:
+            raise ValueError(f"SamplingParams.stop needs detokenize=True: stop strings are matched on the text, and "
+                             f"detokenize=False makes none (got stop={self.stop!r:.60}); use stop_token_ids for ids")
         self.n = int(self.n)
         self.temperature, self.top_p, self.top_k = float(t), float(p), int(k)
         self.max_tokens = None if self.max_tokens is None else int(self.max_tokens)

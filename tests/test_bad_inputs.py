@@ -221,6 +221,8 @@ BAD_PARAMS = [
     ("truncate_prompt_tokens", 0), ("truncate_prompt_tokens", -2), ("truncate_prompt_tokens", 1.5),
     ("truncate_prompt_tokens", 5.0), ("truncate_prompt_tokens", "5"), ("truncate_prompt_tokens", True),
     ("truncate_prompt_tokens", 2**63), ("truncate_prompt_tokens", math.inf),
+    ("skip_special_tokens", 0), ("skip_special_tokens", "false"), ("skip_special_tokens", None),
+    ("detokenize", 1), ("detokenize", "true"), ("detokenize", None),
 ]
 
 
@@ -233,7 +235,7 @@ def test_bad_sampling_value_names_the_field(tiny, name, value):
 
 CHANGED_AFTER = [("temperature", math.nan), ("seed", 2**64), ("top_k", 10**30), ("max_tokens", 0),
                  ("stop", 5), ("stop_token_ids", 5), ("top_p", 2.0), ("ignore_eos", "no"), ("bad_words", [""]),
-                 ("truncate_prompt_tokens", 0)]
+                 ("truncate_prompt_tokens", 0), ("detokenize", "no")]
 
 
 @pytest.mark.parametrize("name, value", CHANGED_AFTER, ids=[f"{n}={v!r}" for n, v in CHANGED_AFTER])

@@ -392,3 +392,42 @@ def test_chat_gives_the_rendered_prompt_and_takes_text_parts(qwen):
     assert _streamed(qwen, parts, params) == (want.outputs[0].text, want)
     with pytest.raises(ValueError, match=r"messages\[1\]\['content'\] must be a string or a list of text parts"):
         qwen.chat([messages[0], {"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], params)
+
+
+def test_skip_special_tokens_and_detokenize_as_vllm(qwen):
+    """vLLM's SamplingParams.skip_special_tokens (default True) and detokenize: the text is transformers'
+    decode of the token ids with the same skip_special_tokens, streamed alike; with it False a stop
+    string may be a special token's text; detokenize=False gives the same ids with no text."""
+    from transformers import AutoTokenizer
+    hf = AutoTokenizer.from_pretrained(qwen.model_path)
+    im_end = hf.convert_tokens_to_ids("<|im_end|>")
+    words = hf.encode(" cat dog", add_special_tokens=False)
+    base = dict(temperature=1.0, seed=3, max_tokens=24, ignore_eos=True, allowed_token_ids=[im_end, *words])
+    ids = None
+    for skip in (True, False):
+        params = SamplingParams(**base, skip_special_tokens=skip)
+        out = qwen.generate(STORY, params, use_tqdm=False)[0]
+        c = out.outputs[0]
+        ids = ids or c.token_ids
+        assert c.token_ids == ids  # the option changes the text only
+        assert im_end in ids[:-1] and set(ids) - {im_end}, ids  # special tokens between words: the case to test
+        assert c.text == hf.decode(ids, skip_special_tokens=skip)
+        assert ("<|im_end|>" in c.text) == (not skip)
+        assert _streamed(qwen, STORY, params) == (c.text, out)
+    # a special token's text as a stop string: found only when it is in the text
+    first = ids.index(im_end)
+    stopped = qwen.generate(STORY, SamplingParams(**base, skip_special_tokens=False, stop="<|im_end|>"),
+                            use_tqdm=False)[0].outputs[0]
+    assert (stopped.text, stopped.token_ids, stopped.stop_reason) == (hf.decode(ids[:first]), ids[:first + 1],
+                                                                      "<|im_end|>")
+    assert qwen.generate(STORY, SamplingParams(**base, stop="<|im_end|>"), use_tqdm=False)[0].outputs[0].token_ids == ids
+    params = SamplingParams(**base, detokenize=False, logprobs=1)
+    out = qwen.generate(STORY, params, use_tqdm=False)[0]
+    c = out.outputs[0]
+    assert (c.token_ids, c.text) == (ids, "")
+    assert all(lp.decoded_token is None for step in c.logprobs for lp in step.values())
+    assert _streamed(qwen, STORY, params) == ("", out)
+    with pytest.raises(ValueError, match="SamplingParams.stop needs detokenize=True"):
+        SamplingParams(stop="x", detokenize=False)
+    with pytest.raises(ValueError, match="SamplingParams.skip_special_tokens must be True or False"):
+        SamplingParams(skip_special_tokens="no")

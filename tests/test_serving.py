@@ -221,6 +221,23 @@ def test_bad_words_and_truncate_prompt_tokens_as_vllm_takes_them(server, client,
     assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == ARGS["max_model_len"] - 8, r.text
 
 
+def test_skip_special_tokens_as_vllm_takes_it(server, client, offline):
+    """vLLM's skip_special_tokens in extra_body: false keeps the special tokens' text, in the text and in
+    its stream, as offline generate gives it with the same field; the default leaves it out."""
+    im_end = offline.tokenizer.encode("<|im_end|>", add_special_tokens=False)
+    fields = dict(ignore_eos=True, allowed_token_ids=im_end + offline.tokenizer.encode(" cat dog"))
+    sampled = dict(max_tokens=12, temperature=1.0, seed=3)
+    for skip in (True, False):
+        want = offline.generate(PROMPTS[4], params_for(offline, **sampled, **fields, skip_special_tokens=skip),
+                                use_tqdm=False)[0].outputs[0]
+        assert ("<|im_end|>" in want.text) == (not skip) and want.text.strip()  # both kinds of token came
+        extra = {**fields, "skip_special_tokens": skip}
+        r = client.completions.create(model=MODEL, prompt=PROMPTS[4], **sampled, extra_body=extra)
+        assert r.choices[0].text == want.text
+        stream = client.completions.create(model=MODEL, prompt=PROMPTS[4], **sampled, extra_body=extra, stream=True)
+        assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == want.text
+
+
 def test_chat_template_options_as_vllm_takes_them(server, offline):
     """chat_template_kwargs, add_generation_prompt and continue_final_message render the prompt as
     LLM.chat renders it with the same options (the prompt's length and the greedy reply agree)."""
@@ -757,7 +774,7 @@ BAD = [
     ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "prompt": "x"}, 400,
      "unknown field 'prompt'", "prompt"),
     ("completions", b'{"prompt": "' + b"x" * (1 << 20) + b'"}', 413, "larger than", None),
-    ("completions", {"prompt": "Hi", "skip_special_tokens": False}, 400, "skip_special_tokens=false is not supported",
+    ("completions", {"prompt": "Hi", "skip_special_tokens": "no"}, 400, "skip_special_tokens must be True or False",
      "skip_special_tokens"),
     ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": "x"}, 400,
      "chat_template_kwargs must be a dict", "chat_template_kwargs"),

@@ -258,7 +258,8 @@ class LLMEngine:
             for seq in seqs:
                 for sample in seq.samples:
                     if sample.params.stop:
-                        self.detokenizers[sample.seq_id] = IncrementalDetokenizer(self.tokenizer)
+                        skip = sample.params.skip_special_tokens
+                        self.detokenizers[sample.seq_id] = IncrementalDetokenizer(self.tokenizer, skip)
                     self.requests[sample.seq_id] = sample
                 self.scheduler.add(seq)
         return seqs
@@ -482,7 +483,7 @@ class LLMEngine:
         if not m or self.tokenizer is None:
             return 0
         # a character split across tokens decodes to U+FFFD until its last byte comes: not text yet
-        return len(self.tokenizer.decode(tokens[:m]).rstrip("\ufffd"))
+        return len(self.tokenizer.decode(tokens[:m], params.skip_special_tokens).rstrip("\ufffd"))
 
     def is_stop_token(self, params: SamplingParams, token: int) -> bool:
         """Whether token stops a sequence with these params: EOS (unless ignore_eos) or a stop token id."""
@@ -501,7 +502,8 @@ class LLMEngine:
         # vLLM's detokenizer leaves the stop token's text out (token_ids keep it) unless
         # include_stop_str_in_output: '.\n' stopped by the id of '\n' reads '.'
         text_tokens = tokens[:-1] if by_token and not params.include_stop_str_in_output else tokens
-        text = self.tokenizer.decode(text_tokens) if self.tokenizer else ""
+        text = self.tokenizer.decode(text_tokens, params.skip_special_tokens) if self.tokenizer and params.detokenize \
+            else ""
         start = self.stop_text_start(params, tokens) if params.stop else None
         cut = params.cut_at_stop(text, start) if start is not None else None
         stop_reason = None
@@ -511,7 +513,7 @@ class LLMEngine:
             stop_reason = tokens[-1]
         logprobs = None
         if seq.params.logprobs is not None:
-            logprobs = [self._logprob_objects(d) for d in seq.logprobs[:len(tokens)]]
+            logprobs = [self._logprob_objects(d, params.detokenize) for d in seq.logprobs[:len(tokens)]]
         return CompletionOutput(index=seq.index, text=text, token_ids=tokens,
                                 cumulative_logprob=seq.cumulative_logprob if logprobs is not None else None,
                                 logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=stop_reason)
@@ -526,15 +528,17 @@ class LLMEngine:
                                  finished_time=None if None in ends else max(ends))
         prompt_logprobs = None
         if seq.params.prompt_logprobs is not None:
-            prompt_logprobs = [None if d is None else self._logprob_objects(d) for d in seq.prompt_logprobs]
+            prompt_logprobs = [None if d is None else self._logprob_objects(d, seq.params.detokenize)
+                               for d in seq.prompt_logprobs]
         return RequestOutput(request_id=str(seq.seq_id), prompt=prompt, prompt_token_ids=seq.prompt_token_ids,
                              prompt_logprobs=prompt_logprobs, outputs=[self.completion(s) for s in samples],
                              finished=all(s.is_finished for s in samples), metrics=metrics,
                              num_cached_tokens=seq.num_prefix_cache_hits)
 
-    def _logprob_objects(self, entry: dict[int, tuple[float, int]]) -> dict:
-        decode = (lambda t: self.tokenizer.decode([t])) if self.tokenizer else (lambda t: None)  # noqa: E731
-        return {t: Logprob(lp, rank, decode(t)) for t, (lp, rank) in entry.items()}
+    def _logprob_objects(self, entry: dict[int, tuple[float, int]], detokenize: bool = True) -> dict:
+        """{token: Logprob}, each with its token's own text (vLLM's decoded_token; None without detokenize)."""
+        decode = self.tokenizer.decode if self.tokenizer and detokenize else None
+        return {t: Logprob(lp, rank, decode([t]) if decode else None) for t, (lp, rank) in entry.items()}
 
     def shutdown(self) -> None:
         """Free everything on the device (weights, KV cache, CUDA graphs) and stop tensor-parallel

@@ -19,7 +19,8 @@ MAX_BODY_BYTES = 1 << 20  # a larger request body is a 413
 # OpenAI's sampling fields, then vLLM's extra ones; all are SamplingParams fields of the same name
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
                    "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
-                   "include_stop_str_in_output", "allowed_token_ids", "bad_words", "truncate_prompt_tokens")
+                   "include_stop_str_in_output", "allowed_token_ids", "bad_words", "truncate_prompt_tokens",
+                   "skip_special_tokens")
 COMMON_FIELDS = {"model", "stream", "stream_options", "logit_bias", "user", *SAMPLING_FIELDS}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs"}
 # vLLM's chat template options, as LLM.chat takes them (minillm.tokenizer.chat_template_options)
@@ -36,16 +37,12 @@ def _off(*values):
 # unused, which SDKs and existing clients send (echo=false, best_of=n, response_format text, ...): accepted
 # holding one of those, as vLLM accepts them; any other value is a 400 naming the field. A field in neither
 # table is a 400 too (a typo must not be dropped silently).
-# vLLM's detokenizer option: minillm's text always leaves special tokens out (vLLM's default)
-SKIP_SPECIAL_TOKENS = (_off(None, True), "true")
 COMPLETION_UNUSED = {
-    "skip_special_tokens": SKIP_SPECIAL_TOKENS,
     "echo": (_off(None, False), "false"),
     "suffix": (_off(None, ""), "null"),
     "best_of": (lambda v, body: v is None or (type(v) is int and v == (body.get("n") or 1)), "null, or equal to n"),
 }
 CHAT_UNUSED = {
-    "skip_special_tokens": SKIP_SPECIAL_TOKENS,
     "response_format": (_off(None, {"type": "text"}), '{"type": "text"}'),
     "tools": (_off(None, []), "null or []"),
     "functions": (_off(None, []), "null or []"),
