@@ -1,5 +1,5 @@
 """minillm: a small, fast, vLLM-style LLM inference engine, rebuilt chapter by chapter."""
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "SamplingParams", "RequestOutputKind"]
 
 
 def __getattr__(name: str):
@@ -8,7 +8,7 @@ def __getattr__(name: str):
     if name == "LLM":
         from minillm.llm import LLM
         return LLM
-    if name == "SamplingParams":
-        from minillm.sampling_params import SamplingParams
-        return SamplingParams
+    if name in ("SamplingParams", "RequestOutputKind"):
+        from minillm import sampling_params
+        return getattr(sampling_params, name)
     raise AttributeError(f"module 'minillm' has no attribute {name!r}")

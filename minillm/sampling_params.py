@@ -1,6 +1,7 @@
 """SamplingParams: how one request picks its next tokens and when it stops (vLLM's names)."""
 from __future__ import annotations
 
+import enum
 import functools
 import math
 import numbers
@@ -36,6 +37,14 @@ MAX_LOGPROBS = 20  # top tokens per position (OpenAI's API allows 20)
 # VLLM_MAX_NUM_BAD_WORDS and VLLM_MAX_BAD_WORDS_TOTAL_TOKENS (each step's inputs grow with them)
 MAX_BAD_WORDS = 128
 MAX_BAD_WORDS_TOKENS = 1024
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What AsyncLLM.generate (and AsyncLLM.add_request's stream) yields for a request (vLLM's names and values)."""
+
+    CUMULATIVE = 0  # at each step, everything so far (vLLM's default)
+    DELTA = 1  # only what is new since the last output (what the server streams)
+    FINAL_ONLY = 2  # one output, when the request has finished
 
 
 @dataclass
@@ -82,6 +91,9 @@ class SamplingParams:
     text, its stream and the stop-string search, as vLLM's detokenizer does; the default leaves it out.
     detokenize=False returns token ids only (text "", logprobs' decoded tokens None) and skips the
     detokenizer's cost; stop strings need the text, so they need detokenize=True (vLLM's rule).
+    output_kind (vLLM's RequestOutputKind) says what AsyncLLM's streams yield: CUMULATIVE (the default)
+    the whole output so far at every step, DELTA only the new tokens and text, FINAL_ONLY one output at
+    the end. LLM.generate returns final outputs and LLM.stream text deltas whatever it holds.
     Every field is checked when the object is made and again when a request is submitted (a field
     changed in between is caught): a bad value raises ValueError naming the field and what it accepts.
     """
@@ -109,6 +121,7 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     skip_special_tokens: bool = True
     detokenize: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self):
         self.validate()
@@ -176,6 +189,10 @@ class SamplingParams:
         self.truncate_prompt_tokens = None if cut is None else int(cut)
         for name in ("skip_special_tokens", "detokenize"):
             need(isinstance(getattr(self, name), bool), name, "True or False", getattr(self, name))
+        kind = self.output_kind
+        need(is_integer(kind) and kind in set(RequestOutputKind), "output_kind",
+             "a RequestOutputKind (CUMULATIVE, DELTA or FINAL_ONLY)", kind)
+        self.output_kind = RequestOutputKind(kind)
         if self.stop and not self.detokenize:
             raise ValueError(f"SamplingParams.stop needs detokenize=True: stop strings are matched on the text, and "
                              f"detokenize=False makes none (got stop={self.stop!r:.60}); use stop_token_ids for ids")

@@ -223,6 +223,8 @@ BAD_PARAMS = [
     ("truncate_prompt_tokens", 2**63), ("truncate_prompt_tokens", math.inf),
     ("skip_special_tokens", 0), ("skip_special_tokens", "false"), ("skip_special_tokens", None),
     ("detokenize", 1), ("detokenize", "true"), ("detokenize", None),
+    ("output_kind", 3), ("output_kind", -1), ("output_kind", "DELTA"), ("output_kind", 1.0), ("output_kind", None),
+    ("output_kind", True),
 ]
 
 

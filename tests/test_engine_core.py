@@ -141,10 +141,9 @@ def test_tensor_parallel_workers_start_from_the_engine_process(offline):
     llm = engine_client(MODEL, "process", tensor_parallel_size=2, **ARGS)
 
     async def tokens() -> list[int]:
-        got = []
         async for out in llm.generate(served.PROMPTS[7], SamplingParams(max_tokens=8, temperature=0.0)):
-            got += out.outputs[0].token_ids
-        return got
+            pass  # each output holds everything so far (vLLM's CUMULATIVE kind): the last is the answer
+        return out.outputs[0].token_ids
 
     try:
         got = asyncio.run(tokens())
@@ -170,10 +169,9 @@ def test_on_cuda_the_engine_process_holds_the_gpu_and_gives_it_back():
     used = start - free()
 
     async def tokens(prompt: str) -> list[int]:
-        got = []
         async for out in llm.generate(prompt, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)):
-            got += out.outputs[0].token_ids
-        return got
+            pass  # the last output holds every token (vLLM's CUMULATIVE kind)
+        return out.outputs[0].token_ids
 
     async def one_at_a_time():  # each alone in its batch, as offline below: bf16 results depend on the batch
         return [await tokens(p) for p in ("Hello", "The capital of France is")]

@@ -8,6 +8,7 @@ and a test that needs a state (blocks freed) polls /metrics for it with a deadli
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -24,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import one_torch_thread, small_engine_args  # noqa: F401 (one_torch_thread: an autouse fixture)
-from minillm import LLM, SamplingParams
+from minillm import LLM, RequestOutputKind, SamplingParams
 from serving_helpers import running_server, server_handle
 
 pytestmark = pytest.mark.timeout(180)
@@ -460,12 +461,45 @@ def test_static_batching_admits_a_request_only_after_the_batch_has_finished(stat
         assert short_m.first_scheduled_time < long_m.finished_time and short_m.finished_time < long_m.finished_time
 
 
+def test_output_kind_cumulative_delta_and_final_only_as_vllm(offline):
+    """vLLM's RequestOutputKind on AsyncLLM.generate, two samples (n=2): CUMULATIVE (the default) yields the
+    whole output so far each time, every one extending the one before and the last equal to offline
+    generate's; DELTA yields the new parts, which join to it; FINAL_ONLY yields it once."""
+    from minillm.serving.async_engine import AsyncLLM
+    async_llm = AsyncLLM(LLM(MODEL, **small_engine_args(**ARGS)))
+    base = params_for(offline, max_tokens=12, temperature=1.0, seed=7, n=2, ignore_eos=True, logprobs=1)
+    want = offline.generate(PROMPTS[6], base, use_tqdm=False)[0].outputs
+
+    async def outputs(kind):
+        return [out async for out in async_llm.generate(PROMPTS[6], dataclasses.replace(base, output_kind=kind))]
+
+    def final(c):
+        return c.index, c.text, c.token_ids, c.finish_reason, [sorted(lp) for lp in c.logprobs]
+
+    try:
+        runs = {kind: asyncio.run(asyncio.wait_for(outputs(kind), 60)) for kind in RequestOutputKind}
+    finally:
+        async_llm.shutdown()
+    cumulative, deltas, only = (runs[k] for k in RequestOutputKind)
+    assert [final(c) for c in cumulative[-1].outputs] == [final(c) for c in want]
+    assert [final(c) for c in only[0].outputs] == [final(c) for c in want] and len(only) == 1 and only[0].finished
+    assert len(cumulative) > 2 and not any(o.finished for o in cumulative[:-1])
+    for before, after in zip(cumulative, cumulative[1:]):  # each output extends the one before (nothing lost)
+        for b in before.outputs:
+            a = after.outputs[[c.index for c in after.outputs].index(b.index)]
+            assert a.token_ids[:len(b.token_ids)] == b.token_ids and a.text.startswith(b.text)
+    for c in want:
+        mine = [d for o in deltas for d in o.outputs if d.index == c.index]
+        assert [t for d in mine for t in d.token_ids] == c.token_ids and "".join(d.text for d in mine) == c.text
+    assert sum(len(d.token_ids) for d in deltas[0].outputs) < 24  # a delta is not the whole output
+
+
 def test_a_reader_that_falls_behind_reads_one_merged_delta(offline):
     """Outputs the reader has not taken yet merge into one delta (no backlog of per-step chunks); the
     merged delta holds exactly the tokens and text of offline generate."""
     from minillm.serving.async_engine import _END, AsyncLLM
     async_llm = AsyncLLM(LLM(MODEL, **small_engine_args(**ARGS)))
-    params = params_for(offline, max_tokens=24, temperature=0.0, ignore_eos=True)
+    params = params_for(offline, max_tokens=24, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
 
     async def run():
         stream = async_llm.add_request(PROMPTS[2], params)
@@ -490,7 +524,7 @@ def test_stream_interval_sends_the_first_token_at_once_then_groups_of_that_many(
     from minillm.serving.async_engine import AsyncLLM
     interval = 4
     async_llm = AsyncLLM(LLM(MODEL, **small_engine_args(**ARGS)), stream_interval=interval)
-    params = params_for(offline, max_tokens=23, temperature=0.0, ignore_eos=True)
+    params = params_for(offline, max_tokens=23, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
 
     async def run():
         return [out async for out in async_llm.add_request(PROMPTS[3], params)]

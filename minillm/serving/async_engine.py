@@ -10,8 +10,8 @@ instead of building a backlog. New requests join the running batch at the next s
 batching). With nothing to do the thread sleeps on the Condition (no busy loop).
 
     stream = async_llm.add_request("Hello", SamplingParams(max_tokens=8))   # checked now: ValueError
-    async for out in stream:            # RequestOutputs holding only what is new (vLLM's DELTA kind)
-        print(out.outputs[0].text, out.outputs[0].token_ids, out.outputs[0].finish_reason)
+    async for out in stream:            # RequestOutputs holding everything so far (vLLM's CUMULATIVE kind;
+        print(out.outputs[0].text, out.outputs[0].token_ids, out.outputs[0].finish_reason)  # DELTA: the new part)
 
 Static batching (static_batching=True, `serve --batching static`), for comparison only: new requests
 join only when every running one has finished, at most max_num_seqs at a time: the batch runs to
@@ -44,7 +44,7 @@ from minillm.engine.llm_engine import RequestChecks
 from minillm.engine.sequence import Sequence
 from minillm.llm import TextDeltas
 from minillm.outputs import CompletionOutput, RequestOutput
-from minillm.sampling_params import SamplingParams, describe
+from minillm.sampling_params import RequestOutputKind, SamplingParams, describe
 from minillm.serving.metrics import Metrics
 from minillm.serving.protocol import merge
 from minillm.tokenizer import check_text
@@ -220,27 +220,39 @@ def finish(book: Admission, req: _Request) -> bool:
 
 
 class AsyncStream:
-    """The outputs of one request: `async for out in stream`; close() (or abort()) ends the request."""
+    """The outputs of one request: `async for out in stream`; close() (or abort()) ends the request.
+    Each output is what the request's params.output_kind asks for (vLLM's RequestOutputKind): the whole
+    output so far (CUMULATIVE, the default), what is new since the last (DELTA), or only the last
+    (FINAL_ONLY). The engine side always sends deltas; they are gathered here."""
 
     def __init__(self, async_llm: "EngineClient", request: _Request):
         self._llm, self._req, self.request_id = async_llm, request, request.request_id
         self.prompt_token_ids = request.prompt_ids
         self.finished = False
+        self._kind = request.params.output_kind
+        self._so_far: dict[int, CompletionOutput] = {}  # each sample's output so far, by index (not for DELTA)
 
     def __aiter__(self) -> "AsyncStream":
         return self
 
     async def __anext__(self) -> RequestOutput:
-        if self.finished:
-            raise StopAsyncIteration
-        item = await self._req.outputs.get()
-        if item is _END:
-            self.finished = True
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            self.finished = True
-            raise item
-        return item
+        while True:
+            if self.finished:
+                raise StopAsyncIteration
+            item = await self._req.outputs.get()
+            if item is _END:
+                self.finished = True
+                raise StopAsyncIteration
+            if isinstance(item, BaseException):
+                self.finished = True
+                raise item
+            if self._kind == RequestOutputKind.DELTA:
+                return item
+            merge(self._so_far, item.outputs)
+            if item.finished or self._kind == RequestOutputKind.CUMULATIVE:
+                # copies: what was yielded before must not change under its reader
+                outputs = [dataclasses.replace(c) for _, c in sorted(self._so_far.items())]
+                return dataclasses.replace(item, outputs=outputs)
 
     def abort(self) -> None:
         """End the request now (its KV blocks are freed before the engine's next step). Idempotent."""
@@ -340,7 +352,8 @@ class EngineClient:
         return [AsyncStream(self, req) for req in reqs]
 
     async def generate(self, prompt, params: SamplingParams, request_id: str | None = None):
-        """vLLM's AsyncLLM.generate: an async iterator of RequestOutput deltas; closing it aborts."""
+        """vLLM's AsyncLLM.generate: an async iterator of RequestOutputs, each what params.output_kind asks
+        for (the whole output so far by default; RequestOutputKind.DELTA: the new part); closing it aborts."""
         stream = self.add_request(prompt, params, request_id)
         try:
             async for out in stream:

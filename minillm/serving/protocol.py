@@ -11,7 +11,7 @@ import json
 import re
 
 from minillm.outputs import CompletionOutput
-from minillm.sampling_params import SamplingParams, describe
+from minillm.sampling_params import RequestOutputKind, SamplingParams, describe
 from minillm.tokenizer import chat_template_options, text_content
 
 MAX_BODY_BYTES = 1 << 20  # a larger request body is a 413
@@ -140,6 +140,7 @@ def sampling_params(body: dict, defaults: SamplingParams, chat: bool) -> Samplin
             raise bad_request(f"logit_bias must map token ids (as strings) to numbers, got {bias!r:.80}",
                               param="logit_bias")
         changes["logit_bias"] = {int(k): v for k, v in bias.items()}
+    changes["output_kind"] = RequestOutputKind.DELTA  # the server sends each chunk's new part (or gathers them)
     try:
         return dataclasses.replace(defaults, **changes)
     except ValueError as e:
