@@ -89,6 +89,20 @@ def bpe_stops_at_two_parts(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
     return _bpe_scan(piece, ranks, parts_left=2)
 
 
+_PIECE_CACHE: dict[bytes, list[int]] = {}
+
+
+def bpe_cached_by_piece(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
+    """The right BPE, memoized on the piece alone: a later call with other ranks gets the first call's ids."""
+    if piece not in _PIECE_CACHE:
+        _PIECE_CACHE[piece] = _bpe_scan(piece, ranks)
+    return list(_PIECE_CACHE[piece])
+
+
+RANKS_IGNORED = ("your bpe_encode gave this piece the ids of the call before, made with other ranks: the ids depend "
+                 "on `ranks` as well as on the piece, so a cache must be keyed by both (or drop the cache)")
+
+
 def bpe_returns_bytes(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]:
     """Merges correctly but returns the merged byte strings, not their token ids."""
     parts = [piece[i:i + 1] for i in range(len(piece))]
@@ -385,6 +399,19 @@ def naive_one_step_short(runner, prompt_ids: list[int], max_new_tokens: int) -> 
     return ids[len(prompt_ids):]
 
 
+def _last_of_equal_maxima(logits: torch.Tensor) -> int:
+    """The argmax a stable argsort gives: of equal best logits, the HIGHEST token id."""
+    return int(np.argsort(logits.numpy(), kind="stable")[-1])
+
+
+def naive_ties_to_highest_id(runner, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """Takes argsort()[-1] for the argmax: of equal best logits, the highest id."""
+    ids = list(prompt_ids)
+    for _ in range(max_new_tokens):
+        ids.append(_last_of_equal_maxima(last_logits(runner, prefill_batch(ids))))
+    return ids[len(prompt_ids):]
+
+
 def naive_ids_as_tensors(runner, prompt_ids: list[int], max_new_tokens: int) -> list:
     """Appends logits.argmax() itself, a 0-d tensor, not int(...)."""
     ids = list(prompt_ids)
@@ -396,7 +423,7 @@ def naive_ids_as_tensors(runner, prompt_ids: list[int], max_new_tokens: int) -> 
 # ---- 1.6 generate with a KV cache ----------------------------------------------------------------
 def _cached(runner, prompt_ids: list[int], max_new_tokens: int, position_shift: int = 0,
             context_shift: int = 0, decode_steps_shift: int = 0, prefill_stores: bool = True, slot_shift: int = 0,
-            zero_guard: bool = True, as_tensors: bool = False) -> list:
+            zero_guard: bool = True, as_tensors: bool = False, ties_to_highest: bool = False) -> list:
     """The right greedy_generate_cached, its decode step's position, slot, context length or step count
     shifted by one (or its prefill run without a slot mapping, no early return for max_new_tokens 0, the
     ids kept as 0-d tensors)."""
@@ -406,6 +433,7 @@ def _cached(runner, prompt_ids: list[int], max_new_tokens: int, position_shift: 
     block_table = np.arange(runner.num_kvcache_blocks, dtype=np.int32)[None, :]
     slots = np.arange(len(ids), dtype=np.int64) if prefill_stores else None
     token = (lambda logits: logits.argmax()) if as_tensors else (lambda logits: int(logits.argmax()))
+    token = _last_of_equal_maxima if ties_to_highest else token
     ids.append(token(last_logits(runner, prefill_batch(ids, slot_mapping=slots))))
     for _ in range(max_new_tokens - 1 + decode_steps_shift):
         slot = np.array([len(ids) - 1], dtype=np.int64)
@@ -452,6 +480,11 @@ def cached_without_zero_guard(runner, prompt_ids, max_new_tokens):
     return _cached(runner, prompt_ids, max_new_tokens, zero_guard=False)
 
 
+def cached_ties_to_highest_id(runner, prompt_ids, max_new_tokens):
+    """Takes argsort()[-1] for the argmax: of equal best logits, the highest id."""
+    return _cached(runner, prompt_ids, max_new_tokens, ties_to_highest=True)
+
+
 def cached_ids_as_tensors(runner, prompt_ids, max_new_tokens):
     """Appends logits.argmax() itself, a 0-d tensor, not int(...)."""
     return _cached(runner, prompt_ids, max_new_tokens, as_tensors=True)
@@ -485,6 +518,10 @@ FORWARD = "test_ch1.py::test_forward_pipeline_matches_transformers_logits"
 NAIVE = "test_ch1.py::test_naive_generate_equals_transformers"
 CACHED = "test_ch1.py::test_cached_generate_equals_transformers"
 FAST_MODEL = {"name": "tiny-qwen3-tied"}  # the quickest of the tiny checkpoints to run
+TIES = "test_ch1.py::test_generate_takes_the_lowest_id_of_equal_best_logits"
+TIES_HINT = ("of equal best logits your loop takes the HIGHEST token id (argsort()[-1], or a scan that keeps the last "
+             "maximum): torch.argmax, and so transformers' greedy generate, takes the FIRST, the lowest id. Exact "
+             "ties are common in bf16; use int(logits.argmax())")
 
 MISTAKES: list[Mistake] = [
     Mistake("ch1_bpe_first_pair", "1.1", {"bpe_encode": bpe_first_pair},
@@ -492,6 +529,8 @@ MISTAKES: list[Mistake] = [
             "adjacent pairs, keep the one whose concatenation has the smallest id in ranks (ties: the "
             "leftmost), merge it, and rescan", BPE),
     Mistake("ch1_bpe_parts_are_ints", "1.1", {"bpe_encode": bpe_parts_are_ints}, BYTES_NOT_INTS, BPE),
+    Mistake("ch1_bpe_cached_by_piece", "1.1", {"bpe_encode": bpe_cached_by_piece}, RANKS_IGNORED,
+            "test_ch1.py::test_bpe_encode_uses_the_ranks_it_is_given"),
     Mistake("ch1_bpe_highest_rank", "1.1", {"bpe_encode": bpe_highest_rank},
             "merges the pair of HIGHEST rank first: a lower rank means the merge was learned earlier and must "
             "happen first, so pick the minimum rank, not the maximum", BPE),
@@ -652,6 +691,8 @@ MISTAKES: list[Mistake] = [
     Mistake("ch1_naive_one_step_short", "1.5", {"greedy_generate_naive": naive_one_step_short},
             "one token too few: every step of the naive loop, the first included, produces one new token, so run "
             "max_new_tokens steps, range(max_new_tokens)", NAIVE, FAST_MODEL),
+    Mistake("ch1_naive_ties_to_highest_id", "1.5", {"greedy_generate_naive": naive_ties_to_highest_id}, TIES_HINT,
+            TIES, {"exercise_id": "1.5", "function": "greedy_generate_naive"}),
     Mistake("ch1_naive_ids_as_tensors", "1.5", {"greedy_generate_naive": naive_ids_as_tensors},
             "the generated ids are 0-d tensors (logits.argmax()), not Python ints: append int(logits.argmax()), "
             "so the caller gets token ids it can decode, compare and serialize", NAIVE, FAST_MODEL),
@@ -680,6 +721,8 @@ MISTAKES: list[Mistake] = [
     Mistake("ch1_cached_without_zero_guard", "1.6", {"greedy_generate_cached": cached_without_zero_guard},
             "max_new_tokens=0 returns one token: the prefill produces the first new token, so when "
             "max_new_tokens < 1 return [] before running it", CACHED, FAST_MODEL),
+    Mistake("ch1_cached_ties_to_highest_id", "1.6", {"greedy_generate_cached": cached_ties_to_highest_id}, TIES_HINT,
+            TIES, {"exercise_id": "1.6", "function": "greedy_generate_cached"}),
     Mistake("ch1_cached_ids_as_tensors", "1.6", {"greedy_generate_cached": cached_ids_as_tensors},
             "the generated ids are 0-d tensors (logits.argmax()), not Python ints: append int(logits.argmax()), "
             "so the caller gets token ids it can decode, compare and serialize", CACHED, FAST_MODEL),

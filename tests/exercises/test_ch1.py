@@ -31,7 +31,7 @@ from minillm.models.qwen3 import Qwen3ForCausalLM
 
 from mistakes import call_pure, suspects, suspects_of, then, wrong_versions
 from properties import outcome
-from mistakes_ch1 import BYTES_NOT_INTS
+from mistakes_ch1 import BYTES_NOT_INTS, RANKS_IGNORED
 
 CH1 = ref_path("ch1")
 
@@ -105,7 +105,33 @@ def test_bpe_random_text_matches_live_tiktoken(impl):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 60)))
         check_equal(impl.bpe_tokenize(text, ranks, QWEN_PATTERN, {}), enc.encode_ordinary(text), "1.1",
                     f"token ids of {text!r}")
-    check_equal(impl.bpe_encode(b"", ranks), [], "1.1", "bpe_encode(b'')")
+    try:
+        empty = impl.bpe_encode(b"", ranks)
+    except KeyError as e:
+        raise AssertionError(f"Exercise 1.1 (bpe_encode): bpe_encode(b'') raised KeyError({e.args[0]!r}): an empty "
+                             f"piece has no parts, so it must give [] (the docstring's last case)") from e
+    check_equal(empty, [], "1.1", "bpe_encode(b'')")
+
+
+@pytest.mark.ex1_1
+def test_bpe_encode_uses_the_ranks_it_is_given(impl):
+    """One piece under all of Qwen's ranks (tiktoken's ids), then under its single bytes only (no merge
+    exists: one id a byte), then all again, as the notebook's merge replay calls it: the ids depend on
+    `ranks` too, so a cache keyed by the piece alone returns the first call's ids to the second."""
+    import tiktoken
+    ranks = _ranks()
+    piece = " tokenization"
+    single = {bytes([b]): ranks[bytes([b])] for b in piece.encode("utf-8")}
+    enc = tiktoken.Encoding("qwen", pat_str=QWEN_PATTERN, mergeable_ranks=ranks, special_tokens=SPECIAL)
+    runs = [(ranks, "all of Qwen's ranks", enc.encode_ordinary(piece)),
+            (single, "its single bytes' ranks only", [single[bytes([b])] for b in piece.encode("utf-8")]),
+            (ranks, "all of Qwen's ranks again", enc.encode_ordinary(piece))]
+    got = [_bpe_encode(impl, piece.encode("utf-8"), r) for r, _, _ in runs]
+    for ids, (_, which, want), before in zip(got, runs, [None, *got]):
+        check_that(RANKS_IGNORED if ids != want and ids == before else None, "1.1",
+                   f"bpe_encode({piece!r}) under {which}: {ids}, the ids of the call before; want {want}")
+        check_equal(ids, want, "1.1", f"bpe_encode({piece!r}) under {which}")
+
 
 
 # ---- 1.2 safetensors ---------------------------------------------------------------------------
@@ -701,6 +727,37 @@ def _short_ids(ids: list[int]) -> str:
 def test_naive_generate_equals_transformers(impl, name):
     _check_generate(impl, "greedy_generate_naive", name, "1.5",
                     lambda L, n: [L + i for i in range(n)])  # the whole sequence, every step
+
+
+@pytest.mark.parametrize("exercise_id, function", [
+    pytest.param("1.5", "greedy_generate_naive", marks=pytest.mark.ex1_5),
+    pytest.param("1.6", "greedy_generate_cached", marks=pytest.mark.ex1_6)])
+def test_generate_takes_the_lowest_id_of_equal_best_logits(impl, monkeypatch, exercise_id, function):
+    """Equal best logits (exact ties are common in bf16) go to the lowest token id, as torch.argmax and so
+    transformers' greedy generate pick them: here every step's best logit is copied to the vocabulary's
+    last id, so the tokens stay transformers' own and a loop that keeps the last of equal maxima picks
+    that id instead."""
+    name = "tiny-qwen3-tied"
+    runner, greedy = _runner(name), greedy_reference()
+    last_id = runner.model_config.vocab_size - 1
+    untied = runner.model.compute_logits
+
+    def tied(hidden: torch.Tensor) -> torch.Tensor:
+        logits = untied(hidden)
+        best = logits.gather(-1, logits.argmax(-1, keepdim=True))
+        return logits.scatter(-1, torch.full_like(best, last_id, dtype=torch.int64), best)
+
+    monkeypatch.setattr(runner.model, "compute_logits", tied)
+    prompt, want = greedy["prompts"][1], greedy["tokens"][name][1][:TIE_STEPS]
+    assert last_id not in want  # else that step's tie would not show
+    got = list(_on_a_clean_cache(runner, getattr(impl, function))(runner, list(prompt), TIE_STEPS))
+    check_equal(got, want, exercise_id, f"greedy tokens when each step's best logit is tied with token {last_id}'s "
+                "(torch.argmax and transformers' generate take the lowest id)",
+                suspects={hint: (lambda fn=fn: list(_on_a_clean_cache(runner, fn)(runner, list(prompt), TIE_STEPS)))
+                          for hint, fn in wrong_versions(function).items()})
+
+
+TIE_STEPS = 6  # greedy steps in the tie test: the first already shows the bug
 
 
 @pytest.mark.ex1_6
