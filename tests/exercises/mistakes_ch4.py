@@ -55,6 +55,12 @@ def row_parallel_bias_on_every_rank(x, weight, bias, group):
     return y
 
 
+def row_parallel_reduces_a_transposed_view(x, weight, bias, group):
+    y = (weight @ x.T).T  # the bug: a transposed view, not contiguous, goes to the all-reduce
+    dist.all_reduce(y, group=group)
+    return y if bias is None else y + bias
+
+
 def row_parallel_without_all_reduce(x, weight, bias, group):
     y = F.linear(x, weight)  # the bug: this rank's partial sum is returned as the result
     return y if bias is None else y + bias
@@ -225,6 +231,11 @@ MISTAKES: list[Mistake] = [
             "the bias was added on every rank before the all-reduce, so the sum holds it p times: all-reduce the "
             "partial products x @ weight.T first, then add the bias once",
             "test_ch4.py::test_row_parallel_linear_on_two_thread_ranks"),
+    Mistake("ch4_row_parallel_reduces_a_transposed_view", "4.2",
+            {"row_parallel_linear": row_parallel_reduces_a_transposed_view},
+            "the all-reduce gets a transposed view ((weight @ x.T).T), which is not contiguous: NCCL, the GPU "
+            "backend, refuses it. Compute y = F.linear(x, weight) (x @ weight.T), contiguous as it comes, then "
+            "all-reduce it", "test_ch4.py::test_row_parallel_linear_on_two_thread_ranks"),
     Mistake("ch4_row_parallel_without_all_reduce", "4.2", {"row_parallel_linear": row_parallel_without_all_reduce},
             "each rank returned its own partial product: with the input features split, x_r @ W_r.T is one term "
             "of the sum over ranks. torch.distributed.all_reduce(y, group=group) sums them (before the bias)",

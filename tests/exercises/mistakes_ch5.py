@@ -286,6 +286,11 @@ def model_bytes_kv_of_query_heads(mc, dtype_bytes):
     return weights, 2 * mc.num_hidden_layers * mc.num_attention_heads * mc.head_dim * dtype_bytes, params
 
 
+def model_bytes_kv_without_dtype_bytes(mc, dtype_bytes):
+    weights, kv, params = right_model_bytes(mc, dtype_bytes)
+    return weights, kv // dtype_bytes, params  # the bug: the K/V per token counted in elements, not bytes
+
+
 def model_bytes_keys_only(mc, dtype_bytes):
     weights, kv, params = right_model_bytes(mc, dtype_bytes)
     return weights, kv // 2, params  # the bug: the values are not counted
@@ -802,6 +807,10 @@ MISTAKES = [
     Mistake("ch5_kv_keys_only", "5.4", {"model_bytes": model_bytes_keys_only},
             "the K/V per token counts the keys only: the cache holds a key AND a value per KV head and layer "
             "(2 x layers x kv heads x head_dim x bytes)",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_model_bytes_kv_without_dtype_bytes", "5.4", {"model_bytes": model_bytes_kv_without_dtype_bytes},
+            "the K/V per token is counted in elements, not bytes: times dtype_bytes (2 x layers x kv heads x "
+            "head_dim x bytes); in bf16 this looks like counting the keys only, in fp32 it is a quarter",
             "test_ch5.py::test_model_bytes_match_transformers"),
     Mistake("ch5_floor_decodes_the_first_token", "5.4", {"workload_floor": workload_floor_decodes_the_first_token},
             "the floor decodes every request's first token too: that token comes from the prefill, so the "

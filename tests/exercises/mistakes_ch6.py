@@ -510,11 +510,14 @@ def itls_without_chunks(traces):
     return np.concatenate(gaps) if gaps else np.zeros(0)
 
 
-def _percentiles7(values_s, percentiles, *, fractions=False, empty_nan=True, p50_named_median=True):
+def _percentiles7(values_s, percentiles, *, fractions=False, empty_nan=True, p50_named_median=True,
+                  int_keys=False, median_always=False):
     v = np.asarray(values_s, dtype=np.float64) * 1e3
     out = {"mean": float(v.mean()) if v.size else math.nan}
+    if median_always:  # the bug: a median whether or not 50 is asked for
+        out["median"] = float(np.median(v)) if v.size else math.nan
     for p in percentiles:
-        key = "median" if p == 50 and p50_named_median else f"p{p:g}"
+        key = "median" if p == 50 and p50_named_median else f"p{int(p)}" if int_keys else f"p{p:g}"
         if not v.size and empty_nan:
             out[key] = math.nan
         else:
@@ -532,6 +535,14 @@ def latency_percentiles_empty_raises(values_s, percentiles=PERCENTILES):
 
 def latency_percentiles_p50_key(values_s, percentiles=PERCENTILES):
     return _percentiles7(values_s, percentiles, p50_named_median=False)  # the bug: "p50", not "median"
+
+
+def latency_percentiles_int_keys(values_s, percentiles=PERCENTILES):
+    return _percentiles7(values_s, percentiles, int_keys=True)  # the bug: f"p{int(p)}": 99.9 overwrites "p99"
+
+
+def latency_percentiles_median_always(values_s, percentiles=PERCENTILES):
+    return _percentiles7(values_s, percentiles, median_always=True)
 
 
 def latency_percentiles_fixed(values_s, percentiles=PERCENTILES):
@@ -857,6 +868,14 @@ MISTAKES = [
             "test_ch6.py::test_latency_percentiles_match_statistics"),
     Mistake("ch6_percentiles_p50_key", "6.4", {"latency_percentiles": latency_percentiles_p50_key},
             "the 50th percentile is keyed 'p50': it is reported as 'median' (the others as 'pN')",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
+    Mistake("ch6_percentiles_int_keys", "6.4", {"latency_percentiles": latency_percentiles_int_keys},
+            "a percentile's key is f'p{int(p)}': 99.9 becomes 'p99' and overwrites the 99th. Key it f'p{p:g}' "
+            "('p99.9', and 'p90' for 90 or 90.0), as vLLM's benchmark names them",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
+    Mistake("ch6_percentiles_median_always", "6.4", {"latency_percentiles": latency_percentiles_median_always},
+            "the summary has a 'median' although 50 is not among the percentiles asked for: 'mean', then one key "
+            "per percentile asked for (50 is keyed 'median'), nothing else",
             "test_ch6.py::test_latency_percentiles_match_statistics"),
     Mistake("ch6_percentiles_fixed", "6.4", {"latency_percentiles": latency_percentiles_fixed},
             "the summary always has median, p90 and p99, whatever `percentiles` asks for: one key per "

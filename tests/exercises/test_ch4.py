@@ -83,6 +83,9 @@ REDUCED_TO_ONE = ("called torch.distributed.reduce, which leaves the sum on rank
 GATHER_LIST_SIZE = ("passed torch.distributed.gather a gather_list of {n} tensors in a group of {size} ranks: gloo and "
                     "NCCL refuse it (these thread ranks would not); the list holds one tensor per rank of the group, "
                     "dist.get_world_size(group) of them")
+NOT_CONTIGUOUS = ("passed torch.distributed.{op} a tensor that is not contiguous ({name}, strides {strides}): NCCL, the "
+                  "backend of GPUs, refuses it ('Tensors must be contiguous'; gloo and these thread ranks take it). "
+                  "Make it contiguous first (.contiguous(), or compute it in the layout it is sent in)")
 POINT_TO_POINT_CALLED = ("called torch.distributed.{op}, which moves a tensor from one rank to one other: this "
                          "exercise needs a collective that every rank of the group calls, the same one on each "
                          "(all_reduce, all_gather, gather, with group=group)")
@@ -151,6 +154,11 @@ def checked_collectives(handles: threading.local):
 
     def handled(op):
         def call(*args, **kwargs):
+            bound = signature[op].bind(*args, **kwargs).arguments
+            for name, value in bound.items():  # every tensor a collective sends or fills, lists' included
+                for t in value if isinstance(value, (list, tuple)) else [value]:
+                    if isinstance(t, torch.Tensor) and not t.is_contiguous():
+                        raise CollectiveMisuse(NOT_CONTIGUOUS.format(op=op, name=name, strides=tuple(t.stride())))
             if op == "gather":  # the threaded group takes a gather_list of any length; the real backends do not
                 bound = signature[op].bind(*args, **kwargs).arguments
                 parts, size = bound.get("gather_list"), dist.get_world_size(bound.get("group"))

@@ -791,8 +791,9 @@ def counted_by_transformers(name: str, dtype: torch.dtype) -> tuple[int, int, in
 def test_model_bytes_match_transformers(impl):
     # a second look before a bug is named: its counts on every model (hidden_size and the query heads' H x d are the
     # same number in some models, so two bugs can give one model's K/V alike)
-    everywhere = lambda fn: outcome(lambda: [[float(x) for x in fn(configs(name, torch.bfloat16)[0], 2)]  # noqa: E731
-                                             for name in MODELS])
+    # and dtype (at 2 bytes an element, K/V counted in elements and the keys only agree)
+    everywhere = lambda fn: outcome(lambda: [[float(x) for x in fn(configs(name, dtype)[0], dtype.itemsize)]  # noqa: E731
+                                             for name in MODELS for dtype in (torch.bfloat16, torch.float32)])
     for name in MODELS:
         for dtype in (torch.bfloat16, torch.float32):
             mc, _ = configs(name, dtype)
