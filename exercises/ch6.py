@@ -144,6 +144,7 @@ def itls(traces: list[RequestTrace]) -> np.ndarray:
 
 def latency_percentiles(values_s, percentiles=PERCENTILES) -> dict[str, float]:
     """Summary of latencies given in seconds, in milliseconds: {"mean": ..., "median": ..., "p90": ...,
-    "p99": ...} (one f"p{p:g}" per percentile p: "p90", "p99.9"; 50 is named "median"), by numpy's default linear
-    interpolation. Values are shape (n,); n = 0 gives NaN everywhere (nothing was measured)."""
+    "p99": ...}: "mean", then one key per percentile asked for and nothing else (f"p{p:g}": "p90", "p99.9"; 50 is
+    named "median", so there is no "median" without it), by numpy's default linear interpolation. Values are
+    shape (n,); n = 0 gives NaN everywhere (nothing was measured)."""
     raise NotImplementedError("Exercise 6.4: implement latency_percentiles in exercises/ch6.py (see notebooks/06_serving.ipynb, section '4. Latency under load: TTFT, TPOT, ITL')")

@@ -32,7 +32,8 @@ def bpe_encode(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
 
     piece: the UTF-8 bytes of one regex piece (e.g. b" world"); ranks: token bytes -> token id,
     where a lower id means the merge was learned earlier (tiktoken's "mergeable ranks"; every
-    single byte is a token). -> the token ids of the final parts, in order.
+    single byte is a token). -> the token ids of the final parts, in order ([] for b"").
+    The ids depend on both arguments: the notebook replays a piece with a few merges, then all.
     Start from single bytes; repeatedly find the adjacent pair whose concatenation has the lowest
     rank and merge it into one part; stop when no adjacent pair is in `ranks`.
     Hints: piece[i:i + 1] is a bytes object of length 1 (piece[i] is an int); when the same pair

@@ -149,12 +149,23 @@ def _close_problem(actual, expected, atol: float, rtol: float) -> str | None:
     if not bad.any():
         return None
     if a.dim() == 0:  # one number: no elements or indices to count
-        return (f"is {a.item():.6g}, expected {e.item():.6g}: off by {err.item():.3g} (atol {atol:g}, rtol "
-                f"{rtol:g})")
+        got, want = _distinct(a.item(), e.item())
+        return f"is {got}, expected {want}: off by {err.item():.3g} (atol {atol:g}, rtol {rtol:g})"
     idx = tuple(int(i) for i in bad.nonzero()[0])
+    got, want = _distinct(a[idx].item(), e[idx].item())
     return (f"differs from the reference at {int(bad.sum())} of {bad.numel()} elements; max abs error "
             f"{err.max().item():.3g} (atol {atol:g}, rtol {rtol:g}); first at index {idx}: "
-            f"got {a[idx].item():.6g}, expected {e[idx].item():.6g}")
+            f"got {got}, expected {want}")
+
+
+def _distinct(a: float, e: float) -> tuple[str, str]:
+    """Two different numbers printed with as few digits as show them apart (6 unless they print alike:
+    129.937 and 129.937 are 129.9370117 and 129.937)."""
+    for digits in (6, 9, 12, 17):
+        got, want = f"{a:.{digits}g}", f"{e:.{digits}g}"
+        if got != want:
+            break
+    return got, want
 
 
 def _unequal(actual, expected) -> str:
