@@ -63,7 +63,8 @@ def add_rms_norm(
 
     x: [N, d] (the previous block's output), residual: [N, d] (the stream so far), weight: [d]
     -> (normed, new_residual), both [N, d]:
-        new_residual = x + residual          (in x.dtype, like the unfused `residual + hidden`)
+        new_residual = x + residual          (as torch adds them, like the unfused `residual + hidden`:
+                                              bf16 + bf16 stays bf16; fp32 with bf16 gives fp32)
         normed       = rms_norm(new_residual, weight, eps)
 
     Hints: two lines; reuse rms_norm. Return the new residual too: the next block adds to it.

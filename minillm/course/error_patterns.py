@@ -40,7 +40,7 @@ def describe_error(actual: torch.Tensor, expected: torch.Tensor, atol: float, rt
     if relation:
         return relation
     bad = (a - e).abs() > atol + rtol * e.abs()
-    facts = [f for f in (_confined(bad), _scale(a, e, slack)) if f]
+    facts = [f for f in (_confined(bad, e), _scale(a, e, slack)) if f]
     return "; ".join(facts) or None
 
 
@@ -92,19 +92,28 @@ def _relation(a: torch.Tensor, e: torch.Tensor, near, min_len: int) -> str | Non
     return None
 
 
-def _confined(bad: torch.Tensor) -> str | None:
+def _confined(bad: torch.Tensor, expected: torch.Tensor | None = None) -> str | None:
     """'wrong only at ...' when the wrong elements lie in some indices of one dimension and a fair
-    share of that dimension (a quarter, at least two indices) is right."""
+    share of that dimension (a quarter, at least two indices) is right. An index where the reference
+    holds one value throughout (a guard block of the grader's, padding: nothing a computation fills in)
+    and the result matches it is no evidence either way: such indices count as neither."""
     best = None
     for dim, n in enumerate(bad.shape):
-        hit = bad.movedim(dim, 0).reshape(n, -1).any(dim=1).nonzero().flatten().tolist()
-        if hit and n - len(hit) >= max(2, n / 4) and (best is None or len(hit) / n < best[0]):
-            best = (len(hit) / n, dim, n, hit)
+        hit_mask = bad.movedim(dim, 0).reshape(n, -1).any(dim=1)
+        hit = hit_mask.nonzero().flatten().tolist()
+        filler = 0
+        if expected is not None and expected.numel() // n >= 2:
+            slices = expected.movedim(dim, 0).reshape(n, -1)
+            filler = int(((slices == slices[:, :1]).all(dim=1) & ~hit_mask).sum())
+        right = n - len(hit) - filler
+        if hit and right >= max(2, (n - filler) / 4) and (best is None or len(hit) / n < best[0]):
+            best = (len(hit) / n, dim, n, hit, right, filler)
     if best is None:
         return None
-    _, dim, n, hit = best
+    _, dim, n, hit, right, filler = best
     where = f"{'index' if len(hit) == 1 else 'indices'} {_ranges(hit)} of dim {dim} (size {n})"
-    return f"is wrong only at {where}; the other {n - len(hit)} match (a loop bound, a mask or an offset?)"
+    besides = f", not counting {filler} where the reference is one value throughout (guards, padding)" if filler else ""
+    return f"is wrong only at {where}; the other {right} match{besides} (a loop bound, a mask or an offset?)"
 
 
 def _scale(a: torch.Tensor, e: torch.Tensor, slack: float) -> str | None:

@@ -79,7 +79,25 @@ def rms_norm_without_eps(x, weight, eps):
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True))).to(x.dtype)
 
 
+def rms_norm_in_weight_dtype(x, weight, eps):
+    """Casts the normalized x to weight.dtype (not x.dtype) before the scale: a mixed pair gives weight's dtype."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(weight.dtype)
+
+
 # ---- 2.2 fused add + RMSNorm ---------------------------------------------------------------------
+def add_rms_norm_sum_in_residual_dtype(x, residual, weight, eps):
+    """Casts the sum to residual.dtype: a bf16 stream under an fp32 block output stays bf16."""
+    new_residual = (x + residual).to(residual.dtype)
+    return rms_norm(new_residual, weight, eps), new_residual
+
+
+def add_rms_norm_returns_normed_twice(x, residual, weight, eps):
+    """Returns the normalized sum as both outputs: (normed, normed)."""
+    normed = rms_norm(x + residual, weight, eps)
+    return normed, normed
+
+
 def add_rms_norm_returns_old_residual(x, residual, weight, eps):
     """Normalizes the sum but returns the residual it was given, not the sum."""
     return rms_norm(x + residual, weight, eps), residual
@@ -369,7 +387,7 @@ def gelu_instead_of_silu(x):
 def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, restart_residual=False,
            post_norm_without_residual=False, skip_qk_norm=False, first_residual_normed=False,
            qk_norms_swapped=False, rope_on_v=False, post_residual_discarded=False, return_sum=False,
-           kv_swapped=False, fixed_eps=False, first_residual_doubled=False):
+           kv_swapped=False, fixed_eps=False, first_residual_doubled=False, qk_fixed_eps=False):
     """The right decoder_layer, with one of its steps changed."""
     if fixed_eps:  # the bug: Qwen3's rms_norm_eps written in, not the model's p.eps
         p = p._replace(eps=1e-6)
@@ -387,7 +405,8 @@ def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, rest
     q, k, v = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, D)
     q_norm, k_norm = (p.k_norm, p.q_norm) if qk_norms_swapped else (p.q_norm, p.k_norm)
     if p.q_norm is not None and not (qk_norm_after_rope or skip_qk_norm):
-        q, k = apply_rms_norm(q, q_norm, p.eps), apply_rms_norm(k, k_norm, p.eps)
+        qk_eps = 1e-6 if qk_fixed_eps else p.eps  # the bug: Qwen3's eps written into the QK-norms only
+        q, k = apply_rms_norm(q, q_norm, qk_eps), apply_rms_norm(k, k_norm, qk_eps)
     q, k = apply_rotary(q, positions, p.cos_sin), apply_rotary(k, positions, p.cos_sin)
     if rope_on_v:
         v = apply_rotary(v, positions, p.cos_sin)
@@ -412,6 +431,11 @@ def layer_k_v_swapped(positions, hidden_states, residual, p):
 def layer_fixed_eps(positions, hidden_states, residual, p):
     """Normalizes with eps = 1e-6 (Qwen3's value) written in, not p.eps."""
     return _layer(positions, hidden_states, residual, p, fixed_eps=True)
+
+
+def layer_qk_norm_fixed_eps(positions, hidden_states, residual, p):
+    """The QK-norms use eps = 1e-6 written in (Qwen3's value), the other norms p.eps."""
+    return _layer(positions, hidden_states, residual, p, qk_fixed_eps=True)
 
 
 def layer_first_residual_doubled(positions, hidden_states, residual, p):
@@ -523,6 +547,29 @@ def add_mask_off_by_one(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offsets, x + y, mask=mask)
 
 
+@triton.jit
+def add_mask_of_block(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """mask = offsets < BLOCK: only program 0's lanes pass (all BLOCK of them, past n when n < BLOCK)."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < BLOCK
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+FIXED_ADD_BLOCK = tl.constexpr(256)  # add_block_fixed's block: the graded tests' first block size, written in
+
+
+@triton.jit
+def add_block_fixed(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Tiles by 256, a number of its own, not by its BLOCK argument: offsets = pid * 256 + tl.arange(0, 256)."""
+    offsets = tl.program_id(0) * FIXED_ADD_BLOCK + tl.arange(0, FIXED_ADD_BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
 # _softmax_variant's X_ROWS (x's row r at r * stride_x, or at r * n_cols) and OUT_ROWS (out's row r at
 # r * stride_out, r * stride_x or r * n_cols)
 X_AT_STRIDE, X_N_COLS_APART = tl.constexpr(0), tl.constexpr(1)
@@ -606,6 +653,7 @@ def softmax_out_rows_n_cols_apart(x_ptr, out_ptr, n_cols, stride_x, stride_out, 
 GATHER_RIGHT, GATHER_TABLE_IGNORED, GATHER_COLUMNS_UNMASKED = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 GATHER_CONTIGUOUS_CACHE, GATHER_PAGE_ROW_SWAPPED, GATHER_OUT_N_COLS_APART = tl.constexpr(3), tl.constexpr(4), \
     tl.constexpr(5)
+GATHER_PAGE_STRIDE_FROM_ROWS, GATHER_OFFSETS_INT32 = tl.constexpr(6), tl.constexpr(7)
 FIXED_BLOCK_T = tl.constexpr(8)  # gather_block_t_fixed's tile: the wrapper's default block_t, written in
 
 
@@ -624,6 +672,8 @@ def _gather_variant(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page
         page = (tokens // PAGE).to(tl.int64)
     elif BUG == GATHER_PAGE_ROW_SWAPPED:
         page = tl.load(table_ptr + tokens % PAGE, mask=mask_t, other=0).to(tl.int64)
+    elif BUG == GATHER_OFFSETS_INT32:  # the int32 page id, not cast: page * stride_page wraps past 2**31 - 1
+        page = tl.load(table_ptr + tokens // PAGE, mask=mask_t, other=0)
     else:
         page = tl.load(table_ptr + tokens // PAGE, mask=mask_t, other=0).to(tl.int64)
     if BUG == GATHER_PAGE_ROW_SWAPPED:
@@ -632,6 +682,8 @@ def _gather_variant(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page
         row = tokens % PAGE
     if BUG == GATHER_CONTIGUOUS_CACHE:
         src = page[:, None] * (PAGE * n_cols) + row[:, None] * n_cols + cols[None, :]
+    elif BUG == GATHER_PAGE_STRIDE_FROM_ROWS:  # pages taken as PAGE rows back to back
+        src = page[:, None] * (PAGE * stride_row) + row[:, None] * stride_row + cols[None, :]
     else:
         src = page[:, None] * stride_page + row[:, None] * stride_row + cols[None, :]
     rows = tl.load(cache_ptr + src, mask=mask)
@@ -690,6 +742,22 @@ def gather_out_rows_n_cols_apart(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols
 
 
 @triton.jit
+def gather_page_stride_from_rows(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out,
+                                 PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Takes page p to start at p * PAGE * stride_row (pages back to back), not at p * stride_page."""
+    _gather_variant(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out, PAGE,
+                    BLOCK_T, BLOCK_D, GATHER_PAGE_STRIDE_FROM_ROWS)
+
+
+@triton.jit
+def gather_offsets_in_int32(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out,
+                            PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Keeps the page id int32 (no .to(tl.int64)): page * stride_page wraps past 2**31 - 1 elements."""
+    _gather_variant(cache_ptr, table_ptr, out_ptr, n_tokens, n_cols, stride_page, stride_row, stride_out, PAGE,
+                    BLOCK_T, BLOCK_D, GATHER_OFFSETS_INT32)
+
+
+@triton.jit
 def matmul_k_tail_unmasked(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
                            stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Masks rows and columns but not k < K: the last K tile reads past the end of A's rows and B."""
@@ -744,6 +812,49 @@ def matmul_half_accumulator(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, 
                     mask=(k < K)[:, None] & mask_n[None, :], other=0.0)
         acc = (acc + tl.dot(a, b)).to(c_ptr.dtype.element_ty)
     tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc,
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def matmul_tile_rounded(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                        stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += tl.dot(a, b).to(C's dtype) (or tl.dot(..., out_dtype=a.dtype)): each K tile's product is rounded
+    to fp16 before it is added to the fp32 accumulator."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=mask_m[:, None] & (k < K)[None, :], other=0.0)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=(k < K)[:, None] & mask_n[None, :], other=0.0)
+        acc += tl.dot(a, b).to(c_ptr.dtype.element_ty)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def matmul_acc_in_c_dtype(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                          stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc = tl.zeros(..., dtype=c_ptr.dtype.element_ty) with acc += tl.dot(a, b): the interpreter promotes acc
+    to fp32 at the first tile (the result is right there); Triton's GPU compiler refuses a loop-carried
+    variable that changes type."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=c_ptr.dtype.element_ty)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=mask_m[:, None] & (k < K)[None, :], other=0.0)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=(k < K)[:, None] & mask_n[None, :], other=0.0)
+        acc += tl.dot(a, b)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
              mask=mask_m[:, None] & mask_n[None, :])
 
 
@@ -955,6 +1066,97 @@ def online_scores_rows_n_keys_apart(scores_ptr, values_ptr, out_ptr, n_keys, hea
                             BLOCK_N, BLOCK_D, True, True, float("-inf"), False, True, True, True)
 
 
+FIXED_ONLINE_TILE = tl.constexpr(16)  # online_tile_fixed's keys per tile: the graded tests' first block_n, written in
+
+
+@triton.jit
+def _online_softmax_v2(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BUG: tl.constexpr):
+    """The right online softmax with the detail BUG names changed (see the wrappers below; 0: none)."""
+    row = tl.program_id(0).to(tl.int64)
+    if BUG == 3:  # keys tiled by a number of its own
+        offs_n = tl.arange(0, FIXED_ONLINE_TILE)
+    else:
+        offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < head_dim
+    m = tl.full([], float("-inf"), tl.float32)
+    l = tl.full([], 0.0, tl.float32)  # noqa: E741
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for n0 in range(0, n_keys, BLOCK_N):
+        keys = n0 + offs_n
+        mask_n = keys < n_keys
+        s = tl.load(scores_ptr + row * stride_s + keys, mask=mask_n, other=float("-inf")).to(tl.float32)
+        v = tl.load(values_ptr + keys.to(tl.int64)[:, None] * stride_v + offs_d[None, :],
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
+        if BUG == 1:  # the tile's own max, not the running one
+            m_new = tl.max(s, axis=0)
+        else:
+            m_new = tl.maximum(m, tl.max(s, axis=0))
+        if BUG == 2:  # no max subtracted at all
+            p = tl.exp(s)
+            l = l + tl.sum(p, axis=0)  # noqa: E741
+            acc = acc + tl.sum(p[:, None] * v, axis=0)
+        else:
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new)
+            l = l * alpha + tl.sum(p, axis=0)  # noqa: E741
+            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+            m = m_new
+    tl.store(out_ptr + row * stride_out + offs_d, (acc / l).to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
+@triton.jit
+def online_tile_max(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """m_new = tl.max(s, axis=0): the tile's own max replaces the running max (a lower tile lowers it)."""
+    _online_softmax_v2(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out, BLOCK_N,
+                       BLOCK_D, 1)
+
+
+@triton.jit
+def online_without_max(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """p = tl.exp(s), l += sum(p), acc += sum(p * v): no max is subtracted (nothing to rescale)."""
+    _online_softmax_v2(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out, BLOCK_N,
+                       BLOCK_D, 2)
+
+
+@triton.jit
+def online_tile_fixed(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """keys = n0 + tl.arange(0, 16) while the loop steps by BLOCK_N: with BLOCK_N > 16 keys are skipped."""
+    _online_softmax_v2(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out, BLOCK_N,
+                       BLOCK_D, 3)
+
+
+@triton.jit
+def online_sum_starts_as_int(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
+                             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """l = 0 (an int) at the start: the interpreter makes it a float at the first tile (the result is right
+    there); Triton's GPU compiler refuses a loop-carried variable that changes type."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < head_dim
+    m = tl.full([], float("-inf"), tl.float32)
+    l = 0  # noqa: E741
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for n0 in range(0, n_keys, BLOCK_N):
+        keys = n0 + offs_n
+        mask_n = keys < n_keys
+        s = tl.load(scores_ptr + row * stride_s + keys, mask=mask_n, other=float("-inf")).to(tl.float32)
+        v = tl.load(values_ptr + keys.to(tl.int64)[:, None] * stride_v + offs_d[None, :],
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new)
+        l = l * alpha + tl.sum(p, axis=0)  # noqa: E741
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m = m_new
+    tl.store(out_ptr + row * stride_out + offs_d, (acc / l).to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
 # ---- 2.12 the Triton kernel ----------------------------------------------------------------------
 @triton.jit
 def kernel_store_unmasked(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, n_cols, stride_x,
@@ -1143,6 +1345,7 @@ def launcher_of(kernel):
 
 NORM = "test_ch2.py::test_rms_norm_matches_qwen3_rmsnorm"
 ADD_NORM = "test_ch2.py::test_add_rms_norm_matches_qwen3_rmsnorm_of_the_sum"
+MIXED_NORM = "test_ch2.py::test_rms_norm_of_mixed_dtypes_matches_qwen3_rmsnorm"
 ROTARY = "test_ch2.py::test_apply_rotary_on_a_packed_batch_matches_transformers"
 PREFILL_ATTN = "test_ch2.py::test_causal_attention_prefill_matches_sdpa"
 MLP = "test_ch2.py::test_silu_and_mul_makes_qwen3_mlp"
@@ -1193,6 +1396,17 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_rms_norm_without_eps", "2.1", {"rms_norm": rms_norm_without_eps},
             "rms_norm never adds eps: multiply by torch.rsqrt(mean(x**2) + eps), which also keeps an all-zero row "
             "from dividing by zero", "test_ch2.py::test_rms_norm_uses_eps"),
+    Mistake("ch2_rms_norm_in_weight_dtype", "2.1", {"rms_norm": rms_norm_in_weight_dtype},
+            "rms_norm casts the normalized x to weight.dtype: cast it back to x.dtype (the input's), then multiply by "
+            "the weight, as transformers' Qwen3RMSNorm does: the result's dtype is then torch's promotion of the two "
+            "(fp32 when either is fp32)", MIXED_NORM, {"dtypes": ("float32", "bfloat16")}),
+    Mistake("ch2_add_rms_norm_sum_in_residual_dtype", "2.2", {"add_rms_norm": add_rms_norm_sum_in_residual_dtype},
+            "add_rms_norm casts the sum to the residual's dtype: x + residual as torch adds it (its type promotion: "
+            "fp32 when either is fp32), as the unfused `residual + hidden` gives it; no cast",
+            "test_ch2.py::test_add_rms_norm_of_mixed_dtypes_adds_as_torch"),
+    Mistake("ch2_add_rms_norm_returns_normed_twice", "2.2", {"add_rms_norm": add_rms_norm_returns_normed_twice},
+            "add_rms_norm returns the normalized sum twice: the second output is the new residual itself, x + "
+            "residual un-normalized, the stream the next block adds to", ADD_NORM),
     Mistake("ch2_add_rms_norm_returns_old_residual", "2.2", {"add_rms_norm": add_rms_norm_returns_old_residual},
             "add_rms_norm returns the residual it was given: return the new residual x + residual, the "
             "stream the next block adds to", ADD_NORM),
@@ -1361,6 +1575,10 @@ MISTAKES: list[Mistake] = [
             "k and v are swapped in the split: qkv_proj's output is [q | k | v], H * D columns of q, then Hkv * D of "
             "k, then Hkv * D of v, so q, k, v = p.qkv_proj(h).split([H * D, Hkv * D, Hkv * D], dim=-1)", LAYER,
             {"first": True}),
+    Mistake("ch2_layer_qk_norm_fixed_eps", "2.6", {"decoder_layer": layer_qk_norm_fixed_eps},
+            "the QK-norms use eps = 1e-6 written in, Qwen3's value: they are RMSNorms of the model like the others "
+            "(transformers' Qwen3Attention builds q_norm and k_norm with config.rms_norm_eps); pass p.eps",
+            "test_ch2.py::test_decoder_layer_qk_norm_uses_the_models_eps"),
     Mistake("ch2_layer_fixed_eps", "2.6", {"decoder_layer": layer_fixed_eps},
             "the norms use eps = 1e-6 written in, Qwen3's value: each model brings its own (Llama 3 and SmolLM2 "
             "1e-5); pass p.eps to every apply_rms_norm",
@@ -1416,8 +1634,10 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_primer_add_offsets_without_program", "2.7",
             {"add_kernel": add_offsets_without_program,
              "vector_add": with_kernel(primer.vector_add, "add_kernel", add_offsets_without_program)},
-            "every program works on the first BLOCK elements: offsets must start at the program's own block, "
-            "tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)", ADD, {"n": 1000}),
+            "only the first BLOCK elements are written: every program works on the first block, or every program "
+            "after the first stores nothing. Either the offsets do not start at the program's own block (they "
+            "must be tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)), or the mask keeps only the first BLOCK "
+            "lanes (offsets < BLOCK: compare the offsets with n, mask = offsets < n)", ADD, {"n": 1000}),
     Mistake("ch2_primer_add_offsets_not_scaled", "2.7",
             {"add_kernel": add_offsets_not_scaled,
              "vector_add": with_kernel(primer.vector_add, "add_kernel", add_offsets_not_scaled)},
@@ -1540,9 +1760,10 @@ MISTAKES: list[Mistake] = [
             {"online_softmax_kernel": online_max_starts_at_zero,
              "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",
                                                  online_max_starts_at_zero)},
-            "the running max starts at 0.0: when every score is far below 0 (attention scores can be), exp(s - 0) "
-            "underflows to 0, l stays 0 and the output is 0 / 0 = NaN. Start m at -inf (the first tile's max "
-            "then replaces it)", ONLINE, {"case": "far-below-zero"}),
+            "the exponent is s - 0: the running max starts at 0.0 (or no max is subtracted at all). When every "
+            "score is far below 0 (attention scores can be), exp(s - 0) underflows to 0, l stays 0 and the output "
+            "is 0 / 0 = NaN. Start m at -inf and fold in each tile's max, m_new = tl.maximum(m, tl.max(s, axis=0)), "
+            "then p = tl.exp(s - m_new)", ONLINE, {"case": "far-below-zero"}),
     Mistake("ch2_primer_online_out_rows_head_dim_apart", "2.11",
             {"online_softmax_kernel": online_out_rows_head_dim_apart,
              "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",
@@ -1588,6 +1809,79 @@ MISTAKES: list[Mistake] = [
             "row r of the scores is read at r * n_keys, as if they were contiguous: its rows are stride_s elements "
             "apart (the scores may be a slice), so read at scores_ptr + row * stride_s", ONLINE,
             {"case": "max-grows"}),
+    Mistake("ch2_primer_add_mask_of_block", "2.7",
+            {"add_kernel": add_mask_of_block,
+             "vector_add": with_kernel(primer.vector_add, "add_kernel", add_mask_of_block)},
+            "the mask is offsets < BLOCK, not offsets < n: it keeps program 0's lanes whatever n is, so with "
+            "n < BLOCK they read and write past the end, and the programs after the first store nothing. "
+            "mask = offsets < n, on the loads and the store", ADD, {"n": 1}),
+    Mistake("ch2_primer_add_block_fixed", "2.7",
+            {"add_kernel": add_block_fixed,
+             "vector_add": with_kernel(primer.vector_add, "add_kernel", add_block_fixed)},
+            "the kernel tiles by a number of its own (256) instead of its BLOCK argument: the launcher starts "
+            "cdiv(n, BLOCK) programs of BLOCK elements, so with a bigger block most elements are never written. "
+            "Use BLOCK: offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+            PRIMER + "test_vector_add_uses_the_block_it_is_given"),
+    Mistake("ch2_primer_gather_page_stride_from_rows", "2.9",
+            {"gather_pages_kernel": gather_page_stride_from_rows,
+             "gather_pages": with_kernel(primer.gather_pages, "gather_pages_kernel", gather_page_stride_from_rows)},
+            "page p is taken to start at p * PAGE * stride_row, as if the pages lay back to back: a cache can be "
+            "a view whose pages are further apart (K and V of a page side by side in one buffer, cache = "
+            "buf[:, 0]). Use the page stride: page * stride_page + row * stride_row",
+            PRIMER + "test_gather_from_k_and_v_pages_side_by_side"),
+    Mistake("ch2_primer_gather_offsets_in_int32", "2.9",
+            {"gather_pages_kernel": gather_offsets_in_int32,
+             "gather_pages": with_kernel(primer.gather_pages, "gather_pages_kernel", gather_offsets_in_int32)},
+            "the page id stays int32, so page * stride_page wraps around past 2**31 - 1 (in a cache of more than "
+            "2**31 elements, as a big GPU's can be) and the load reads far before the cache: cast the loaded page "
+            "ids to int64 before multiplying, page = tl.load(...).to(tl.int64)",
+            PRIMER + "test_gather_from_a_cache_past_2_gib_elements"),
+    Mistake("ch2_primer_matmul_tile_rounded", "2.10",
+            {"matmul_kernel": matmul_tile_rounded,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_tile_rounded)},
+            "each K tile's product is rounded to fp16 before it is added (tl.dot(a, b).to(...) or tl.dot(a, b, "
+            "out_dtype=a.dtype)): with positive and negative terms the partial sums cancel, and their rounding "
+            "errors are many ulps of the result. Add tl.dot's fp32 result as it is, acc += tl.dot(a, b), into an "
+            "fp32 acc, and round once, at the store", PRIMER + "test_matmul_fp16_of_zero_mean_inputs"),
+    Mistake("ch2_primer_matmul_acc_in_c_dtype", "2.10",
+            {"matmul_kernel": matmul_acc_in_c_dtype,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_acc_in_c_dtype)},
+            "acc starts in C's dtype (tl.zeros(..., dtype=c_ptr.dtype.element_ty)) and acc += tl.dot(a, b) makes it "
+            "fp32: the interpreter lets the type change (and the result is right here), Triton's GPU compiler "
+            "refuses it. Start it as the fp32 accumulator it becomes, acc = tl.zeros([BLOCK_M, BLOCK_N], "
+            "dtype=tl.float32), and cast to C's dtype at the store", "test_compiles.py::test_kernel_compiles_for_a_gpu",
+            {"kernel": "matmul_kernel"}),
+    Mistake("ch2_primer_online_tile_max", "2.11",
+            {"online_softmax_kernel": online_tile_max,
+             "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",
+                                                 online_tile_max)},
+            "m_new is the tile's own max, not the running max: a tile whose scores are lower than the max so far "
+            "lowers m, so alpha = exp(m - m_new) overflows to inf (scores 88 lower) or is NaN (a tile of -inf, "
+            "masked, scores). Keep the max over every tile so far: m_new = tl.maximum(m, tl.max(s, axis=0))",
+            ONLINE, {"case": "later-tiles-far-lower"}),
+    Mistake("ch2_primer_online_without_max", "2.11",
+            {"online_softmax_kernel": online_without_max,
+             "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",
+                                                 online_without_max)},
+            "no max is subtracted (p = exp(s), or a running max that stays 0): exp of scores above 88 overflows fp32 "
+            "to inf, and inf / inf is NaN. Keep the running max m (from -inf), m_new = tl.maximum(m, tl.max(s, "
+            "axis=0)), p = tl.exp(s - m_new), and rescale l and acc by alpha = exp(m - m_new)",
+            ONLINE, {"case": "far-above-zero"}),
+    Mistake("ch2_primer_online_tile_fixed", "2.11",
+            {"online_softmax_kernel": online_tile_fixed,
+             "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",
+                                                 online_tile_fixed)},
+            "the keys of a tile are n0 + tl.arange(0, 16), a number of its own, while the loop steps by BLOCK_N: "
+            "with block_n above 16 the keys between are skipped. Use the tile size the kernel is given, "
+            "keys = n0 + tl.arange(0, BLOCK_N)", PRIMER + "test_softmax_weighted_sum_in_tiles_of_32"),
+    Mistake("ch2_primer_online_sum_starts_as_int", "2.11",
+            {"online_softmax_kernel": online_sum_starts_as_int,
+             "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",
+                                                 online_sum_starts_as_int)},
+            "l starts as the int 0 and the loop makes it a float: the interpreter lets the type change (and the "
+            "result is right here), Triton's GPU compiler refuses it. Start it as a float: l = 0.0 (or tl.full([], "
+            "0.0, tl.float32))", "test_compiles.py::test_kernel_compiles_for_a_gpu",
+            {"kernel": "online_softmax_kernel"}),
     Mistake("ch2_triton_store_unmasked", "2.12", {"add_rms_norm_kernel": kernel_store_unmasked},
             "a tl.store without mask=cols < n_cols writes all BLOCK_N lanes, past the end of the row (and of "
             "the tensor): pass the mask to every store as to every load",

@@ -120,6 +120,7 @@ def match_prefix_stops_hashing_at_a_miss(token_ids, block_size, hash_to_block_id
 
 
 # ---- 3.3 paged decode attention in torch -------------------------------------------------------------
+LARGE_LOGITS = "test_ch3.py::test_paged_decode_torch_large_logits_in_fp16"
 def _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, *, heads_tiled=False, zero_hidden=True,
                   key_count_error=0, clamp_in_place=False, float_mask=False):
     """paged_decode_torch with one bug switched on."""
@@ -143,6 +144,30 @@ def _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, *, hea
         mask = mask.to(q.dtype)
     out = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale)
     return out.squeeze(2)
+
+
+def _manual_decode(q, k_cache, v_cache, block_tables, context_lens, scale, stable: bool):
+    """Decode attention written out in q.dtype (no fp32): the scores, softmax (torch's, or exp / sum without
+    the row max) and p @ v."""
+    blocks = block_tables.long().clamp_min(0)
+    visible = torch.arange(blocks.shape[1] * k_cache.shape[1]) < context_lens[:, None]
+    k = k_cache[blocks].flatten(1, 2).masked_fill(~visible[:, :, None, None], 0)  # [B, L, Hkv, D]
+    v = v_cache[blocks].flatten(1, 2).masked_fill(~visible[:, :, None, None], 0)
+    heads = torch.arange(q.shape[1]) // (q.shape[1] // k.shape[2])
+    s = torch.einsum("bhd,blhd->bhl", q, k[:, :, heads]) * scale
+    s = s.masked_fill(~visible[:, None, :], float("-inf"))
+    p = s.softmax(-1) if stable else s.exp() / s.exp().sum(-1, keepdim=True)
+    return torch.einsum("bhl,blhd->bhd", p, v[:, :, heads]).to(q.dtype)
+
+
+def paged_decode_naive_softmax_in_q_dtype(q, k_cache, v_cache, block_tables, context_lens, scale):
+    """exp(s) / sum(exp(s)) in fp16: no max subtracted, so a logit past ~11 overflows to inf (NaN after)."""
+    return _manual_decode(q, k_cache, v_cache, block_tables, context_lens, scale, stable=False)
+
+
+def paged_decode_math_in_q_dtype(q, k_cache, v_cache, block_tables, context_lens, scale):
+    """torch's softmax, but the scores, softmax and p @ v all in fp16."""
+    return _manual_decode(q, k_cache, v_cache, block_tables, context_lens, scale, stable=True)
 
 
 def paged_decode_in_place_unchecked(q, k_cache, v_cache, block_tables, context_lens, scale):
@@ -218,6 +243,8 @@ def _launched_by(wrapper, module, kernel_name: str, kernel, bug: int):
 STORE_STORES_SKIPPED_SLOTS, STORE_ASSUMES_CONTIGUOUS_ROWS, STORE_WRITES_THE_PADDED_COLUMNS = 1, 2, 3
 STORE_IGNORES_BLOCK_STRIDE = 4
 STORE_VALUE_AT_KEY_STRIDE, STORE_VALUE_FROM_KEY = 5, 6
+STORE_PROGRAM_IGNORED, STORE_TILES_NOT_SCALED, STORE_K_V_SWAPPED, STORE_SLOTS_IN_INT32 = 7, 8, 9, 10
+STORE_THROUGH_FP16 = 11
 
 
 @triton.jit
@@ -225,9 +252,17 @@ def buggy_store_kvcache_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slo
                                key_stride, value_stride, cache_block_stride,
                                ROW: tl.constexpr, PAGE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
                                BUG: tl.constexpr):
-    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    if BUG == STORE_PROGRAM_IGNORED:  # every program takes the first tile (or reads tl.program_id(1): 0)
+        tok = tl.arange(0, BLOCK_T)
+    elif BUG == STORE_TILES_NOT_SCALED:  # program p starts at token p, not p * BLOCK_T
+        tok = tl.program_id(0) + tl.arange(0, BLOCK_T)
+    else:
+        tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     col = tl.arange(0, BLOCK_R)
-    slot = tl.load(slot_ptr + tok, mask=tok < num_tokens, other=-1).to(tl.int64)
+    if BUG == STORE_SLOTS_IN_INT32:  # int32 slots (the mapping's own dtype, or cast to it): the offsets wrap past 2**31
+        slot = tl.load(slot_ptr + tok, mask=tok < num_tokens, other=-1).to(tl.int32)
+    else:
+        slot = tl.load(slot_ptr + tok, mask=tok < num_tokens, other=-1).to(tl.int64)
     if BUG == STORE_STORES_SKIPPED_SLOTS:  # slot -1 passes the mask (and lands before the cache)
         mask = (tok < num_tokens)[:, None] & (col < ROW)[None, :]
     elif BUG == STORE_WRITES_THE_PADDED_COLUMNS:  # columns ROW..BLOCK_R-1 are written too
@@ -251,6 +286,10 @@ def buggy_store_kvcache_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slo
     else:
         k = tl.load(key_ptr + tok[:, None] * key_stride + col[None, :], mask=mask)
         v = tl.load(value_ptr + tok[:, None] * value_stride + col[None, :], mask=mask)
+    if BUG == STORE_K_V_SWAPPED:  # the key rows into v_cache, the value rows into k_cache
+        k, v = v, k
+    if BUG == STORE_THROUGH_FP16:  # rounded to a dtype written in, not the cache's
+        k, v = k.to(tl.float16), v.to(tl.float16)
     tl.store(k_cache_ptr + dst[:, None] + col[None, :], k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst[:, None] + col[None, :], v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -266,6 +305,11 @@ store_kvcache_writes_the_padded_columns = _store_with(STORE_WRITES_THE_PADDED_CO
 store_kvcache_ignores_block_stride = _store_with(STORE_IGNORES_BLOCK_STRIDE)
 store_kvcache_value_at_key_stride = _store_with(STORE_VALUE_AT_KEY_STRIDE)
 store_kvcache_value_from_key = _store_with(STORE_VALUE_FROM_KEY)
+store_kvcache_program_ignored = _store_with(STORE_PROGRAM_IGNORED)
+store_kvcache_tiles_not_scaled = _store_with(STORE_TILES_NOT_SCALED)
+store_kvcache_k_v_swapped = _store_with(STORE_K_V_SWAPPED)
+store_kvcache_slots_in_int32 = _store_with(STORE_SLOTS_IN_INT32)
+store_kvcache_through_fp16 = _store_with(STORE_THROUGH_FP16)
 
 
 # ---- 3.5 the paged decode kernel -----------------------------------------------------------------------
@@ -583,6 +627,16 @@ MISTAKES: list[Mistake] = [
             "at the first miss, but keep hashing",
             "test_ch3.py::test_match_prefix_rules"),
     # 3.3
+    Mistake("ch3_paged_decode_naive_softmax_in_q_dtype", "3.3",
+            {"paged_decode_torch": paged_decode_naive_softmax_in_q_dtype},
+            "the softmax is exp(s) / sum(exp(s)) in fp16: exp overflows fp16 past a logit of about 11 (real attention "
+            "logits reach 10-30), so a row turns inf / inf = NaN. Compute the scores in fp32 (q.float() @ k.float()) "
+            "and use torch.softmax, which subtracts the row's max first; cast the output to q.dtype at the end",
+            LARGE_LOGITS),
+    Mistake("ch3_paged_decode_math_in_q_dtype", "3.3", {"paged_decode_torch": paged_decode_math_in_q_dtype},
+            "the scores, softmax and p @ v run in fp16: with logits near 16 the probabilities and their sums round "
+            "to fp16's 11 bits. Do the math in fp32 (q.float(), k.float(), v.float(), or SDPA, which accumulates in "
+            "fp32) and cast the output to q.dtype at the end", LARGE_LOGITS),
     Mistake("ch3_paged_decode_in_place_unchecked", "3.3", {"paged_decode_torch": paged_decode_in_place_unchecked},
             "the batch-1 shortcut reads the sequence's keys in place from its first block on, without checking "
             "that its blocks are consecutive: after a prefix-cache hit or a preemption they rarely are. Take the "
@@ -1069,6 +1123,29 @@ MISTAKES += [
             "the value cache gets the KEY rows: v is loaded from key_ptr (a copy of the key's load). Load v from "
             "value_ptr + t * value_stride",
             "test_ch3.py::test_store_kernel_writes_exactly_the_slots", {"dtype": torch.float32, "block_size": 16}),
+    Mistake("ch3_store_program_ignored", "3.4", {"store_kvcache": store_kvcache_program_ignored},
+            "every program stores the same first BLOCK_T tokens: the program id is left out of the token offsets, "
+            "or read on the wrong axis (the grid is 1-D, so tl.program_id(1) is always 0). Program i owns tokens "
+            "i*BLOCK_T .. i*BLOCK_T + BLOCK_T - 1: tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)",
+            "test_ch3.py::test_store_kernel_of_qwen3_rows_in_programs_of_4_tokens"),
+    Mistake("ch3_store_tiles_not_scaled", "3.4", {"store_kvcache": store_kvcache_tiles_not_scaled},
+            "program i starts at token i, not i * BLOCK_T: the programs overlap and the tokens past the last "
+            "program's few are never stored. Multiply the program id by BLOCK_T: tok = tl.program_id(0) * BLOCK_T "
+            "+ tl.arange(0, BLOCK_T)", "test_ch3.py::test_store_kernel_of_qwen3_rows_in_programs_of_4_tokens"),
+    Mistake("ch3_store_k_v_swapped", "3.4", {"store_kvcache": store_kvcache_k_v_swapped},
+            "the key rows are stored into v_cache and the value rows into k_cache: store k at k_cache_ptr and v at "
+            "v_cache_ptr", "test_ch3.py::test_store_kernel_writes_exactly_the_slots",
+            {"dtype": torch.float32, "block_size": 16}),
+    Mistake("ch3_store_slots_in_int32", "3.4", {"store_kvcache": store_kvcache_slots_in_int32},
+            "the slot stays int32 (an int32 slot_mapping not cast, or a cast to tl.int32), so (slot // PAGE) * "
+            "cache_block_stride wraps around past 2**31 - 1 (in a cache of more than 2**31 elements, as a big GPU's "
+            "can be) and the store lands before the cache: cast the loaded slots to int64, tl.load(...).to(tl.int64)",
+            "test_ch3.py::test_store_kernel_into_a_cache_past_2_gib_elements"),
+    Mistake("ch3_store_through_fp16", "3.4", {"store_kvcache": store_kvcache_through_fp16},
+            "the rows are rounded to fp16 on their way into the cache (a .to(tl.float16) written in): an fp32 cache "
+            "then holds fp16 values, off by up to 2**-11 of each. Store in the cache's own element type, "
+            "k.to(k_cache_ptr.dtype.element_ty)", "test_ch3.py::test_store_kernel_writes_exactly_the_slots",
+            {"dtype": torch.float32, "block_size": 16}),
     # 3.5
     Mistake("ch3_decode_kernel_max_from_zero", "3.5", {"paged_decode_attention": paged_decode_attention_max_from_zero},
             "the running maximum m starts at 0, not -inf: a split with no keys then reports part_lse = 0 + "

@@ -17,14 +17,16 @@ requires them all inside x and y.
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Callable
 
 import numpy as np
 import pytest
 import torch
 
-from minillm.course.grading import check_close, check_equal, check_that
+from minillm.course.grading import Raised, check_close, check_equal, check_that
 from mistakes import then, wrong_versions
+from properties import outcome
 
 SENTINEL = 77.0  # what every guard region holds
 GUARD = 1024  # elements of guard on each side: more than any tile in these tests overhangs its tensor
@@ -35,6 +37,12 @@ TOL_ONLINE = dict(atol=1e-5, rtol=1e-5)  # the same softmax, rescaled tile by ti
 # fp16 matmul: the kernel rounds once, at the store (half an fp16 ulp, 2**-11 relative); a kernel
 # that rounds its fp16 running sum after each of the 32 K tiles drifts by several ulps
 TOL_FP16_MATMUL = dict(atol=1e-3, rtol=2 ** -10)
+# fp16 matmul of zero-mean inputs, in fp16 ulps of torch's result (fp32 accumulation, rounded once): an fp32
+# accumulator in another order than torch's moves a result by at most one rounding step
+TOL_FP16_ULPS = 1.0
+# results nearer 0 than 1/16 are measured in the ulp of 1/16 (2**-14): fp32 sums of 512 products of size ~1 in
+# another order differ by ~1e-5, more than the fp16 ulp of a result that cancels to near 0
+ULP_FLOOR = 2.0 ** -4
 
 
 def randn(*shape: int, seed: int) -> torch.Tensor:
@@ -136,18 +144,46 @@ def check_guarded(exercise_id: str, what: str, launch: Callable[[Callable], torc
                 suspects=then(suspected, lambda b: interior(b, shape, width)))
 
 
+def same_access_refused(a, b) -> bool:
+    """The same outcome: the same error, or for the bounds check's KernelOutOfBounds ('raised KernelOutOfBounds:
+    tl.load outside every tensor ...') the same kind of access refused (its counts, and the tensor it measures
+    from, depend on where memory was allocated, so the rest of its message differs from run to run)."""
+    if not (isinstance(a, Raised) and isinstance(b, Raised)):
+        return False
+    return a == b or (_refused_access(a) is not None and _refused_access(a) == _refused_access(b))
+
+
+def _refused_access(raised: str) -> str | None:
+    """'tl.load' or 'tl.store' for a KernelOutOfBounds (raised as it is, or inside the interpreter's
+    InterpreterError), else None."""
+    m = re.search(r"KernelOutOfBounds\W+(tl\.(?:load|store)) outside every tensor", raised)
+    return m.group(1) if m else None
+
+
+def check_raised_like_a_known_bug(exercise_id: str, what: str, launch: Callable[[Callable], torch.Tensor],
+                                  got_launcher: Callable, launcher: str) -> None:
+    """Fail when launch(got_launcher) raises (the bounds check stopping a load or store at its line), naming the
+    known wrong version of `launcher` that raises the same way, if one does."""
+    got = outcome(lambda: launch(got_launcher))
+    if isinstance(got, Raised):
+        check_that("", exercise_id, what, actual=got, same=same_access_refused,
+                   suspects={hint: (lambda fn=fn: outcome(lambda: launch(fn)))
+                             for hint, fn in wrong_versions(launcher).items()})
+
+
 # ---- 2.7 masked vector add -----------------------------------------------------------------------
 ADD_BLOCK = 256  # small blocks: 1000 elements take 4 programs, the last one three-quarters masked
+ADD_WIDE_BLOCK = 1024  # the launcher's default block: the same 1000 elements in one program
 
 
-def add_launch(n: int) -> tuple[Callable[[Callable], torch.Tensor], torch.Tensor]:
+def add_launch(n: int, block: int = ADD_BLOCK) -> tuple[Callable[[Callable], torch.Tensor], torch.Tensor]:
     """-> (launch(vector_add) -> guarded output buffer, the torch reference x + y)."""
     _, x = guarded(randn(n, seed=n))
     _, y = guarded(randn(n, seed=n + 1))
 
     def launch(vector_add: Callable) -> torch.Tensor:
         buf, out = guarded_output((n,))
-        vector_add(x, y, block=ADD_BLOCK, out=out)
+        vector_add(x, y, block=block, out=out)
         return buf
 
     return launch, x + y
@@ -167,6 +203,15 @@ def test_vector_add_matches_torch(impl, n):
     launch, want = add_launch(n)
     check_guarded("2.7", f"vector_add of {n} elements in blocks of {ADD_BLOCK}", launch, "vector_add", (n,), want,
                   impl.vector_add, **EXACT)
+
+
+@pytest.mark.ex2_7
+def test_vector_add_uses_the_block_it_is_given(impl):
+    """The same 1000 elements in blocks of 1024 (the launcher's default): one program, its last 24 lanes masked.
+    The kernel must tile by its BLOCK argument, not by a number of its own."""
+    launch, want = add_launch(1000, ADD_WIDE_BLOCK)
+    check_guarded("2.7", f"vector_add of 1000 elements in blocks of {ADD_WIDE_BLOCK}", launch, "vector_add", (1000,),
+                  want, impl.vector_add, **EXACT)
 
 
 @contextlib.contextmanager
@@ -292,7 +337,7 @@ def gather_launch(cache: torch.Tensor, table: torch.Tensor, n_tokens: int, width
     """launch(gather_pages) -> the guarded output buffer of gather_pages(cache, table, n_tokens, out=...)
     (out's rows `width` elements apart when given)."""
     def launch(gather_pages: Callable) -> torch.Tensor:
-        buf, out = guarded_output((n_tokens, cache.shape[2]), width=width)
+        buf, out = guarded_output((n_tokens, cache.shape[2]), cache.dtype, width=width)
         gather_pages(cache, table, n_tokens, block_t=block_t, out=out)
         return buf
 
@@ -345,6 +390,46 @@ def test_gather_reads_only_the_tensors_it_was_given(impl):
     check_guarded("2.9", f"gather_pages of {n_tokens} tokens, pages of {page}, a table of exactly {table}",
                   gather_launch(cache, table_t, n_tokens), "gather_pages", (n_tokens, d),
                   gathered(cache, table, n_tokens), impl.gather_pages, **EXACT)
+
+
+@pytest.mark.ex2_9
+def test_gather_from_k_and_v_pages_side_by_side(impl):
+    """K and V of each page side by side in one buffer ([6, 2, 4, 56]: a layout an engine may allocate), and the
+    cache one head's K cut from it: cache = buf[:, 0, :, :40], rows 56 elements apart and pages 2 * 4 * 56 =
+    448, not 4 rows' worth (224): the page stride is its own, neither PAGE * stride_row nor PAGE * n_cols."""
+    n_tokens, page, d, table = GATHER_CASES["partial-last-page"]
+    _, buf = guarded(randn(NUM_PAGES, 2, page, 56, seed=38))
+    cache = buf[:, 0, :, :d]
+    _, table_t = guarded(torch.tensor(table, dtype=torch.int32))
+    check_guarded("2.9", f"gather_pages of {n_tokens} tokens from a cache whose pages are {cache.stride(0)} elements "
+                  f"apart (rows {cache.stride(1)})", gather_launch(cache, table_t, n_tokens), "gather_pages",
+                  (n_tokens, d), gathered(cache, table, n_tokens), impl.gather_pages, **EXACT)
+
+
+# a cache past 2**31 elements: int8 pages of 16 x 64 (1024 elements), 2**21 + 2 of them; only the pages the test
+# writes become memory (torch.empty maps the rest lazily), and the pages read sit at element 2**31 and beyond
+HUGE_PAGE, HUGE_D, HUGE_PAGES = 16, 64, 2 ** 21 + 2
+
+
+@pytest.mark.ex2_9
+def test_gather_from_a_cache_past_2_gib_elements(impl):
+    """The sequence's 2 pages are the cache's last two, at elements 2**31 and 2**31 + 1024: an offset
+    page * stride_page computed in int32 wraps around to a negative number (the bounds check stops the load
+    at its line). On a GPU: any layer cache of more than 2**31 elements (a big GPU's)."""
+    n_tokens = 2 * HUGE_PAGE - 3
+    cache = torch.empty(HUGE_PAGES, HUGE_PAGE, HUGE_D, dtype=torch.int8)
+    last = HUGE_PAGES - 1
+    data = torch.randint(-100, 100, (2, HUGE_PAGE, HUGE_D), dtype=torch.int8,
+                         generator=torch.Generator().manual_seed(39))
+    cache[last - 1:] = data
+    table = [last - 1, last]
+    _, table_t = guarded(torch.tensor(table, dtype=torch.int32))
+    launch = gather_launch(cache, table_t, n_tokens, block_t=GATHER_WIDE_BLOCK_T)
+    what = (f"gather_pages of {n_tokens} tokens from pages {last - 1} and {last} of an int8 cache of {HUGE_PAGES} "
+            f"pages of {HUGE_PAGE} x {HUGE_D} (element offsets past 2**31 - 1)")
+    check_raised_like_a_known_bug("2.9", what, launch, impl.gather_pages, "gather_pages")
+    check_guarded("2.9", what, launch, "gather_pages", (n_tokens, HUGE_D), data.reshape(-1, HUGE_D)[:n_tokens],
+                  impl.gather_pages, **EXACT)
 
 
 # ---- 2.10 a tiled matmul with tl.dot -------------------------------------------------------------
@@ -421,6 +506,40 @@ def test_matmul_fp16_accumulates_in_fp32(impl):
                   (M, N), want, impl.tiled_matmul, **TOL_FP16_MATMUL)
 
 
+def fp16_ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """|got - want| in units of the fp16 ulp at want (at ULP_FLOOR for |want| below it), as float64."""
+    scale = want.double().abs().clamp_min(ULP_FLOOR)
+    return (got.double() - want.double()).abs() / torch.exp2(torch.floor(torch.log2(scale)) - 10)
+
+
+@pytest.mark.ex2_10
+def test_matmul_fp16_of_zero_mean_inputs(impl):
+    """fp16 [32, 512] @ [512, 32] of randn: products of both signs whose sums cancel (as activations times
+    weights do), so rounding each K tile's partial sum to fp16 costs many ulps of the result. Every output must
+    be within TOL_FP16_ULPS fp16 ulp of torch's (fp32 accumulation, rounded once)."""
+    M, K, N = 32, 512, 32
+    _, a = guarded(randn(M, K, seed=49).half())
+    _, b = guarded(randn(K, N, seed=50).half())
+    want = (a.float() @ b.float()).half()
+    what = f"tiled_matmul in fp16 [{M}, {K}] @ [{K}, {N}] of zero-mean inputs"
+    launch = matmul_launch(a, b)
+    suspected = {hint: (lambda fn=fn: launch(fn)) for hint, fn in wrong_versions("tiled_matmul").items()}
+    buf = launch(impl.tiled_matmul)
+    check_that(guard_writes(buf, (M, N)), "2.10", f"{what} wrote outside its output (a store without its mask?):",
+               actual=guards_of(buf, (M, N)), suspects=then(suspected, lambda b: guards_of(b, (M, N))),
+               same=_same_guards)
+    got = interior(buf, (M, N))
+    off = fp16_ulps(got, want)
+    bad = ~(off <= TOL_FP16_ULPS)  # NaN too
+    if bad.any():
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        worst = off.nan_to_num(float("inf")).max().item()
+        check_that(f"is off by more than {TOL_FP16_ULPS:g} fp16 ulp of torch's result (fp32 accumulation, rounded "
+                   f"once) at {int(bad.sum())} of {bad.numel()} elements, by up to {worst:.4g} ulp; first at index "
+                   f"{idx}: got {got[idx].item():.6g}, expected {want[idx].item():.6g}", "2.10", f"output of {what}",
+                   actual=got, suspects=then(suspected, lambda b: interior(b, (M, N))), same=_same_guards)
+
+
 # ---- 2.11 online softmax over tiles --------------------------------------------------------------
 ONLINE_BLOCK_N = 16  # keys per tile: 100 keys take 7 tiles, the last one 4 keys long
 ONLINE_ROWS, ONLINE_DIM = 5, 24  # head_dim 24: the values tile [16, 32] is masked on its columns too
@@ -428,6 +547,13 @@ ONLINE_ROWS, ONLINE_DIM = 5, 24  # head_dim 24: the values tile [16, 32] is mask
 # rescaled is off by up to e**8), and padded keys scored 0 instead of -inf would weigh e**-9 or more each
 ONLINE_RAMP = 4.0
 ONLINE_FAR = 200.0  # 'far-below-zero' shifts every score down by this: exp(s - 0) underflows fp32, exp(s - max) not
+# ('far-above-zero' shifts some rows up by it: exp(s) overflows fp32 past 88, exp(s - max) not)
+ONLINE_DROP = 100.0  # 'later-tiles-far-lower': keys from ONLINE_DROP_AT on score this much lower (exp(100) overflows
+ONLINE_DROP_AT = 48  # fp32), from the start of a tile (of 16 keys, and of 32 + 16)
+ONLINE_MASKED = (32, 64)  # 'masked-tile': these keys score -inf (masked), a whole tile of 16 and of 32 mid-row
+# the last three cases change only these rows: a bug shows in them alone (NaN there, where a bug that is
+# wrong everywhere is NaN in every row)
+ONLINE_CHANGED_ROWS = slice(0, None, 2)
 
 
 def online_scores(case: str, n_keys: int) -> torch.Tensor:
@@ -437,14 +563,25 @@ def online_scores(case: str, n_keys: int) -> torch.Tensor:
     ramp = torch.linspace(-ONLINE_RAMP, ONLINE_RAMP, n_keys)
     if case == "far-below-zero":
         return noise + ramp - ONLINE_FAR
-    return noise + (ramp if case == "max-grows" else ramp.flip(0))
+    scores = noise + (ramp.flip(0) if case in ("max-first", "later-tiles-far-lower") else ramp)
+    if case == "far-above-zero":
+        scores[ONLINE_CHANGED_ROWS] += ONLINE_FAR
+    if case == "later-tiles-far-lower":
+        scores[ONLINE_CHANGED_ROWS, ONLINE_DROP_AT:] -= ONLINE_DROP
+    if case == "masked-tile":
+        scores[ONLINE_CHANGED_ROWS, ONLINE_MASKED[0]:ONLINE_MASKED[1]] = float("-inf")
+    return scores
 
 
 @pytest.mark.ex2_11
-@pytest.mark.parametrize("case", ["max-grows", "max-first", "one-partial-tile", "far-below-zero"])
+@pytest.mark.parametrize("case", ["max-grows", "max-first", "one-partial-tile", "far-below-zero", "far-above-zero",
+                                  "later-tiles-far-lower", "masked-tile"])
 def test_softmax_weighted_sum_matches_torch(impl, case):
     """Rows of scores 104 elements apart (a slice), values rows 32 apart (a slice), 100 keys in tiles
-    of 16; 'one-partial-tile' has 5 keys: a single tile, mostly masked; 'far-below-zero' every score near -200."""
+    of 16; 'one-partial-tile' has 5 keys: a single tile, mostly masked; 'far-below-zero' every score near -200.
+    In rows 0, 2 and 4: 'far-above-zero' every score near +200; 'later-tiles-far-lower' the keys from 48 on score
+    100 lower, so a later tile's max is far below the running max; 'masked-tile' keys 32-63 score -inf (masked
+    keys), whole tiles of -inf after tiles of real scores."""
     n_keys = 5 if case == "one-partial-tile" else 100
     _, wide_scores = guarded(torch.cat([online_scores(case, n_keys), torch.zeros(ONLINE_ROWS, 4)], dim=1))
     _, wide_values = guarded(randn(n_keys, 32, seed=42))
@@ -456,6 +593,23 @@ def test_softmax_weighted_sum_matches_torch(impl, case):
         return buf
 
     check_guarded("2.11", f"softmax_weighted_sum of {n_keys} keys in tiles of {ONLINE_BLOCK_N} ({case})", launch,
+                  "softmax_weighted_sum", (ONLINE_ROWS, ONLINE_DIM), torch.softmax(scores, dim=-1) @ values,
+                  impl.softmax_weighted_sum, **TOL_ONLINE)
+
+
+@pytest.mark.ex2_11
+def test_softmax_weighted_sum_in_tiles_of_32(impl):
+    """The 'max-grows' scores of 100 keys in tiles of 32 (the last one 4 keys long): the kernel must use the
+    tiles it is given."""
+    n_keys, block_n = 100, 32
+    scores, values = online_scores("max-grows", n_keys), randn(n_keys, ONLINE_DIM, seed=51)
+
+    def launch(softmax_weighted_sum: Callable) -> torch.Tensor:
+        buf, out = guarded_output((ONLINE_ROWS, ONLINE_DIM))
+        softmax_weighted_sum(scores, values, block_n=block_n, out=out)
+        return buf
+
+    check_guarded("2.11", f"softmax_weighted_sum of {n_keys} keys in tiles of {block_n}", launch,
                   "softmax_weighted_sum", (ONLINE_ROWS, ONLINE_DIM), torch.softmax(scores, dim=-1) @ values,
                   impl.softmax_weighted_sum, **TOL_ONLINE)
 

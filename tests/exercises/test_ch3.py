@@ -12,6 +12,7 @@ inputs hypothesis draws (properties.for_all: seeded, bounded): a failure shrinks
 
     pytest tests/exercises -m ex3_1 --impl=exercises
 """
+import re
 from collections import Counter, deque
 from itertools import islice
 
@@ -23,9 +24,10 @@ from hypothesis import strategies as st
 
 from helpers import greedy_reference, ref_path, small_engine_args
 from minillm import LLM, SamplingParams
-from minillm.course.grading import Raised, check_close, check_equal, check_type
+from minillm.course.grading import Raised, check_close, check_equal, check_that, check_type
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.sequence import Sequence, SequenceStatus
+from minillm.kernels.store_kvcache import store_kvcache_config
 from mistakes import call_pure, on_copies, suspects, suspects_of
 from properties import for_all, outcome
 
@@ -445,6 +447,26 @@ def test_paged_decode_torch_matches_sdpa(impl, dtype, case):
 
 
 @pytest.mark.ex3_3
+def test_paged_decode_torch_large_logits_in_fp16(impl):
+    """fp16 with attention logits near 16, as real models' reach 10-30 (the cases above stay under 3): fp16's
+    exp overflows past ~11, so the softmax must subtract the row's max and the math run in fp32."""
+    lengths, H, hkv, d, bs = DECODE_CASES[0]
+    scale = 0.8 * d ** -0.5
+    q, ks, vs, k_cache, v_cache, _, _, tables, lens = paged_case(lengths, H, hkv, d, bs, torch.float16, fill=SENTINEL)
+    q = q * LOGIT_GAIN
+    args = (q, k_cache, v_cache, tables, lens, scale)
+    logits = max(float((q[i].float() @ ks[i].float()[:, torch.arange(H) // (H // hkv)].permute(1, 2, 0)).abs().max())
+                 for i in range(len(lengths))) * scale
+    got = call_pure(impl.paged_decode_torch, "paged_decode_torch", "3.3", *args)
+    check_close(got, sdpa_decode(q, ks, vs, scale).to(torch.float16), "3.3", f"fp16 decode attention with logits up "
+                f"to {logits:.1f} (lengths {lengths})", suspects=suspects("paged_decode_torch", *args),
+                **TOL[torch.float16])
+
+
+LOGIT_GAIN = 6  # q scaled up: the largest attention logit of the case goes from ~2.6 to ~16
+
+
+@pytest.mark.ex3_3
 @pytest.mark.parametrize("blocks", [[0, 4, 2], [2, 3, 4]], ids=["shuffled", "in-order-from-2"])
 def test_paged_decode_torch_one_sequence_on_its_blocks(impl, blocks):
     """Batch 1, the engine's decode at its most common: one sequence of 45 keys on 3 blocks of 16, taken out of
@@ -527,6 +549,87 @@ def test_store_kernel_follows_the_cache_block_stride(impl):
     want[blocks + 1, 1, rows] = v[keep]
     check_close(buf, want, "3.4", f"[K | V] cache buffer with guard blocks (k_cache = buf[1:-1, 0], block stride "
                 f"{buf[1:-1, 0].stride(0)} elements)", atol=0, rtol=0, suspects=suspects_of("store_kvcache", stored_by))
+
+
+@pytest.mark.ex3_4
+def test_store_kernel_of_qwen3_rows_in_programs_of_4_tokens(impl):
+    """Qwen3-0.6B's cache rows: 8 KV heads x head_dim 128 = 1024 elements, so the launcher's config gives
+    BLOCK_T = 4 and 37 tokens take 10 programs (the other tests' rows of 48 fit 64 tokens in one program):
+    program i must store tokens i*BLOCK_T .. i*BLOCK_T + BLOCK_T - 1. fp16, k a strided view as in the model,
+    guard blocks before and after."""
+    g = torch.Generator().manual_seed(7)
+    n, hkv, d, num_blocks, block_size, dtype = 37, 8, 128, 4, 16, torch.float16
+    k = torch.randn(n, 3 * hkv * d, generator=g).to(dtype)[:, hkv * d:2 * hkv * d].view(n, hkv, d)
+    v = torch.randn(n, hkv, d, generator=g).to(dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:n]
+    slots[4::5] = -1  # padding rows: not stored
+
+    def stored_by(store):
+        """-> the k and v caches, each with a guard block on either side, stacked, after store(...)."""
+        buf = torch.full((2, num_blocks + 2, block_size, hkv, d), SENTINEL, dtype=dtype)
+        store(k, v, buf[0, 1:-1], buf[1, 1:-1], slots)
+        return buf
+
+    buf = stored_by(impl.store_kvcache)
+    want = torch.full_like(buf, SENTINEL)
+    keep = slots >= 0
+    want[0, 1:-1].view(-1, hkv, d)[slots[keep]] = k[keep]
+    want[1, 1:-1].view(-1, hkv, d)[slots[keep]] = v[keep]
+    programs = -(-n // store_kvcache_config(hkv * d)["BLOCK_T"])
+    check_close(buf, want, "3.4", f"[k_cache, v_cache] with guard blocks (Hkv={hkv}, D={d}: {n} tokens in {programs} "
+                f"programs)", atol=0, rtol=0, suspects=suspects_of("store_kvcache", stored_by))
+
+
+def same_store_refused(a, b) -> bool:
+    """The same error, or for the bounds check's KernelOutOfBounds (raised as it is or inside the interpreter's
+    InterpreterError) the same kind of access refused: its counts, and the tensor it measures from, depend on
+    where memory was allocated, so the rest of its message differs from run to run."""
+    def access(raised: str) -> str | None:
+        m = re.search(r"KernelOutOfBounds\W+(tl\.(?:load|store)) outside every tensor", raised)
+        return m.group(1) if m else None
+    if not (isinstance(a, Raised) and isinstance(b, Raised)):
+        return False
+    return a == b or (access(a) is not None and access(a) == access(b))
+
+
+# an int8 cache past 2**31 elements: 2**21 + 2 blocks of 16 slots of 64 (1024 elements); only the blocks the test
+# writes become memory (torch.empty maps the rest lazily); K and V are the two halves of one buffer
+HUGE_BLOCKS, HUGE_BLOCK_SIZE, HUGE_ROW = 2 ** 21 + 2, 16, 64
+
+
+@pytest.mark.ex3_4
+def test_store_kernel_into_a_cache_past_2_gib_elements(impl):
+    """Int32 slots (the stub allows them) of the cache's last two blocks, whose elements start at 2**31: an
+    offset (slot // PAGE) * cache_block_stride computed in int32 wraps around to a negative number (the bounds
+    check stops the store at its line). On a GPU: any layer cache of more than 2**31 elements (a big GPU's)."""
+    g = torch.Generator().manual_seed(8)
+    n = 2 * HUGE_BLOCK_SIZE - 3
+    kv = torch.empty(2 * HUGE_BLOCKS, HUGE_BLOCK_SIZE, 1, HUGE_ROW, dtype=torch.int8)
+    k_cache, v_cache = kv[:HUGE_BLOCKS], kv[HUGE_BLOCKS:]
+    last = HUGE_BLOCKS - 1
+    k = torch.randint(-100, 100, (n, 1, HUGE_ROW), dtype=torch.int8, generator=g)
+    v = torch.randint(-100, 100, (n, 1, HUGE_ROW), dtype=torch.int8, generator=g)
+    slots = torch.randperm(2 * HUGE_BLOCK_SIZE, generator=g)[:n].to(torch.int32) + (last - 1) * HUGE_BLOCK_SIZE
+
+    def stored_by(store):
+        """-> the last three blocks of k_cache and of v_cache (the first of them a guard), stacked, after
+        store(...) (or what it raised)."""
+        for cache in (k_cache, v_cache):
+            cache[last - 2:] = int(SENTINEL)
+        store(k, v, k_cache, v_cache, slots)
+        return torch.stack([k_cache[last - 2:], v_cache[last - 2:]])
+
+    what = (f"k_cache and v_cache's last 3 blocks (an int8 cache of {HUGE_BLOCKS} blocks of {HUGE_BLOCK_SIZE} x "
+            f"{HUGE_ROW}: element offsets past 2**31 - 1) after storing {n} tokens into its last two blocks")
+    got = outcome(lambda: stored_by(impl.store_kvcache))
+    suspected = suspects_of("store_kvcache", lambda fn: outcome(lambda: stored_by(fn)))
+    if isinstance(got, Raised):
+        check_that("", "3.4", what, actual=got, suspects=suspected, same=same_store_refused)
+    want = torch.full((2, 3, HUGE_BLOCK_SIZE, 1, HUGE_ROW), int(SENTINEL), dtype=torch.int8)
+    rows = slots.long() - (last - 2) * HUGE_BLOCK_SIZE
+    want[0].view(-1, 1, HUGE_ROW)[rows] = k
+    want[1].view(-1, 1, HUGE_ROW)[rows] = v
+    check_equal(got, want, "3.4", what, suspects=suspected)
 
 
 @pytest.mark.ex3_4
