@@ -19,6 +19,7 @@ import pytest  # noqa: E402
 
 from minillm.course import grading  # noqa: E402
 from minillm.course.exercises import load_impl  # noqa: E402
+from minillm.course.kernel_bounds import checked_bounds  # noqa: E402
 from mistakes import all_mistakes, with_mistake  # noqa: E402
 
 
@@ -34,8 +35,9 @@ def main(prefix: str = "") -> int:
         args = {a: fixtures[a]() for a in fn.__code__.co_varnames[:fn.__code__.co_argcount]
                 if a != "impl" and a not in m.test_args}
         total += 1
-        try:
-            fn(impl=with_mistake(load_impl("ref"), m), **m.test_args, **args)
+        try:  # kernels bounds-checked, as the graded tests run them (a wrapped int32 offset must not read wild memory)
+            with checked_bounds():
+                fn(impl=with_mistake(load_impl("ref"), m), **m.test_args, **args)
             said = "NOT CAUGHT"
         except AssertionError as e:
             found = re.search(r"the error's pattern: (.*)", str(e))
