@@ -519,6 +519,17 @@ def test_decoder_layer_on_a_packed_batch_matches_qwen3_decoder_layer(impl, first
                     suspects=then(suspected, lambda out: out[0] + out[1]))
 
 
+def check_first_layer_output(impl, layer, rot, positions, hidden, params, what: str) -> None:
+    """Your decoder_layer as a first layer (no residual yet): mlp_out + residual against transformers' layer."""
+    with torch.no_grad():
+        want = hf_per_sequence(lambda h, pe, m: layer(h, attention_mask=m, position_embeddings=pe), hidden,
+                               positions, rot)
+        mlp_out, new_residual = call_pure(impl.decoder_layer, "decoder_layer", "2.6", positions, hidden, None, params)
+        check_close(mlp_out + new_residual, want, "2.6", what, **TOL_LAYER,
+                    suspects=then(suspects("decoder_layer", positions, hidden, None, params),
+                                  lambda out: out[0] + out[1]))
+
+
 @pytest.mark.ex2_6
 def test_decoder_layer_without_qk_norm(impl):
     """Llama and Qwen2 have no QK-norm: q_norm=None must skip it (checked against Qwen3DecoderLayer
@@ -530,13 +541,7 @@ def test_decoder_layer_without_qk_norm(impl):
     layer.self_attn.q_norm = layer.self_attn.k_norm = torch.nn.Identity()
     positions, hidden = packed_positions(), randn(18, 64, seed=18)
     params = layer_params(layer, cfg, qk_norm=False)
-    with torch.no_grad():
-        want = hf_per_sequence(lambda h, pe, m: layer(h, attention_mask=m, position_embeddings=pe), hidden,
-                               positions, rot)
-        mlp_out, new_residual = call_pure(impl.decoder_layer, "decoder_layer", "2.6", positions, hidden, None, params)
-        check_close(mlp_out + new_residual, want, "2.6", "layer output without QK-norm", **TOL_LAYER,
-                    suspects=then(suspects("decoder_layer", positions, hidden, None, params),
-                                   lambda out: out[0] + out[1]))
+    check_first_layer_output(impl, layer, rot, positions, hidden, params, "layer output without QK-norm")
 
 
 @pytest.mark.ex2_6
@@ -548,13 +553,8 @@ def test_decoder_layer_qk_norm_uses_the_models_eps(impl):
     layer, rot = seeded(Qwen3DecoderLayer(cfg, layer_idx=0)), Qwen3RotaryEmbedding(cfg)
     positions, hidden = packed_positions(), randn(18, 64, seed=19) * 0.2  # small activations: eps matters
     params = layer_params(layer, cfg)
-    with torch.no_grad():
-        want = hf_per_sequence(lambda h, pe, m: layer(h, attention_mask=m, position_embeddings=pe), hidden,
-                               positions, rot)
-        mlp_out, new_residual = call_pure(impl.decoder_layer, "decoder_layer", "2.6", positions, hidden, None, params)
-        check_close(mlp_out + new_residual, want, "2.6", "layer output with QK-norm at rms_norm_eps=0.1", **TOL_LAYER,
-                    suspects=then(suspects("decoder_layer", positions, hidden, None, params),
-                                  lambda out: out[0] + out[1]))
+    check_first_layer_output(impl, layer, rot, positions, hidden, params,
+                             "layer output with QK-norm at rms_norm_eps=0.1")
 
 
 @pytest.mark.ex2_6
