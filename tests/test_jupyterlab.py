@@ -18,6 +18,7 @@ import nbformat
 import pytest
 
 from jupyter_browser import BROWSER_EXIT_S, JupyterLab, chromium_page, wait_until_gone
+from minillm.course.slides import is_folded
 
 REPO = Path(__file__).resolve().parent.parent
 TOUR = "00_tour.ipynb"
@@ -109,6 +110,13 @@ def _drive_tour(page, lab: JupyterLab, notebooks: Path) -> tuple[dict[str, str],
         page.goto(lab.url(f"lab/tree/{TOUR}"))
         page.wait_for_function(KERNEL_READY_JS, timeout=UI_TIMEOUT_MS)
         timings["notebook open, kernel idle"] = time.perf_counter() - t0
+        # the lecturer's notes (what to say, the in-class answers) show to a student as one closed line each;
+        # JupyterLab renders the cells far below the fold later, so it checks those it has rendered
+        assert any(is_folded(c.source) for c in nbformat.read(notebooks / TOUR, as_version=4).cells)
+        folds = page.locator(".jp-NotebookPanel .jp-MarkdownCell details")
+        folds.first.wait_for(state="attached")
+        assert folds.evaluate_all("ds => ds.filter(d => d.open).length") == 0, "a lecturer's note renders open"
+        assert set(folds.locator("summary").evaluate_all("ss => ss.map(s => s.textContent)")) == {"Lecturer's notes"}
         cells = page.locator(".jp-NotebookPanel .jp-Notebook .jp-CodeCell")
         assert cells.count() > FIRST_CODE_CELLS, f"{TOUR} has fewer than {FIRST_CODE_CELLS} code cells to run"
         for i in range(FIRST_CODE_CELLS):

@@ -31,7 +31,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from minillm.course import web_assets
 from minillm.course.exercises import REPO_DIR
-from minillm.course.slides import ASSETS_DIR, FOLD_CODE_LINES, SLIDE_TYPES, build_deck, main, slide_type
+from minillm.course.slides import (ASSETS_DIR, FOLD_CODE_LINES, LECTURER_FOLD_OPEN, SLIDE_TYPES, build_deck, fold_note,
+                                   is_folded, is_lecturer_note, main, slide_type, unfold_note)
 
 NOTEBOOKS = sorted(glob.glob(os.path.join(REPO_DIR, "notebooks", "*.ipynb")))
 TOUR = os.path.join(REPO_DIR, "notebooks", "00_tour.ipynb")
@@ -145,7 +146,8 @@ def _cell(source: str, slide: str, kind=new_markdown_cell, **metadata):
 
 
 def synthetic_notebook():
-    """Three slides, one with a subslide: speaker notes by slide_type and by tag, a long code cell
+    """Three slides, one with a subslide: speaker notes by slide_type (folded, as a lecturer's note is
+    in the notebooks) and by tag, a long code cell
     with a plot, a code cell of exactly FOLD_CODE_LINES lines, math, an HTML table, a widget
     output (shown by its text fallback) and a skipped cell."""
     long_code = "\n".join([f"# {LONG_CODE_MARK}"] + [f"x{i} = {i}" for i in range(FOLD_CODE_LINES + 4)])
@@ -165,7 +167,7 @@ def synthetic_notebook():
     boundary = _cell(boundary_code, "-", new_code_cell)
     return new_notebook(cells=[
         _cell("# A synthetic deck", "slide"),
-        _cell(NOTE_A, "notes"),
+        _cell(fold_note(NOTE_A), "notes"),
         hello,
         _cell(r"## Math: $x^2$ inline, and $$\sum_i x_i^2$$", "slide"),
         plot,
@@ -203,6 +205,26 @@ def test_deck_html_folds_long_code_and_keeps_notes(synthetic_deck):
     assert BOUNDARY_CODE_MARK in html and SKIPPED_TEXT not in html
     notes = re.findall(r'<aside class="notes">(.*?)</aside>', html, re.S)
     assert len(notes) == 2 and NOTE_A in notes[0] and NOTE_B in notes[1]
+    assert "<details" not in notes[0] and "Lecturer" not in notes[0], "the deck unfolds a folded note"
+
+
+def test_fold_note_round_trip():
+    folded = fold_note(NOTE_A)
+    assert is_folded(folded) and folded.startswith(LECTURER_FOLD_OPEN) and fold_note(folded) == folded
+    assert unfold_note(folded) == NOTE_A and unfold_note(NOTE_B) == NOTE_B
+
+
+@pytest.mark.parametrize("notebook", sorted(glob.glob(os.path.join(REPO_DIR, "notebooks", "*.ipynb"))),
+                         ids=os.path.basename)
+def test_lecturer_notes_are_folded_for_students(notebook):
+    """A student reading a notebook sees "Lecturer's notes" in place of what to say and the in-class
+    question's answer; the notes written for a reader stay open, and nothing else is folded."""
+    nb = nbformat.read(notebook, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        lecturer = slide_type(cell) == "notes" and is_lecturer_note(unfold_note(cell.source))
+        assert is_folded(cell.source) == lecturer, (
+            f"cell {i}: {'fold it with minillm.course.slides.fold_note' if lecturer else 'not a lecturer note: unfold it'}"
+            f": {cell.source[:120]!r}")
 
 
 # ---------------------------------------------------------------- the real browser

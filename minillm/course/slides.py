@@ -9,6 +9,11 @@ Each notebook cell carries {"slideshow": {"slide_type": ...}}: "slide" starts a 
 slide, "skip" is left out, "notes" is a speaker note of the current slide. A cell tagged "notes"
 is a speaker note too, whatever its slide_type. Press S in the deck for the speaker view.
 
+A note written for the lecturer (what to say, the question to ask and its answer) is folded in the
+notebook, so a student reading it sees only "Lecturer's notes" until they open it:
+LECTURER_FOLD_OPEN + the note + LECTURER_FOLD_CLOSE. The deck unfolds it: the speaker view shows
+the whole note from the slide's start.
+
 A code cell longer than FOLD_CODE_LINES lines is folded on its slide (a "code: N lines" line
 that opens on a click); its outputs stay visible. The deck keeps the notebook's outputs (plots,
 printed timings), so build it from a notebook executed on the GPU.
@@ -39,6 +44,10 @@ TEMPLATE_NAME = "minillm_reveal"
 # What an output shows, best first: nbconvert's list without the types that need a script from
 # a CDN (widget views, application/javascript via require.js, mermaid). Such an output falls
 # back to the next type it carries (its HTML, image or text/plain).
+LECTURER_FOLD_OPEN = "<details><summary>Lecturer's notes</summary>\n\n"  # the blank line lets markdown render inside
+LECTURER_FOLD_CLOSE = "\n\n</details>"
+# A note that uses one of these labels talks to the lecturer (the kit's say / point at / ask / watch for)
+LECTURER_LABELS = ("**Say", "**Point at", "**Ask", "**Watch for")
 OUTPUT_PRIORITY = ("text/html", "text/markdown", "image/svg+xml", "text/latex", "image/png", "image/jpeg",
                    "text/plain")
 
@@ -67,7 +76,7 @@ def build_deck(notebook: str, out_dir: str | None = None, exporter=None) -> str:
     resources = {"metadata": {"name": _title(nb, notebook)},
                  "minillm": {"katex": _relative(folders[web_assets.KATEX.name], out_dir),
                              "fold_code_lines": FOLD_CODE_LINES}}
-    body, _ = exporter.from_notebook_node(_with_note_tags(nb), resources=resources)
+    body, _ = exporter.from_notebook_node(_for_deck(nb), resources=resources)
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, os.path.splitext(os.path.basename(notebook))[0] + ".slides.html")
     with open(path, "w", encoding="utf-8") as f:
@@ -86,13 +95,37 @@ def make_exporter():
     return exporter
 
 
-def _with_note_tags(nb):
-    """A copy of the notebook in which every cell tagged NOTES_TAG has slide_type "notes"."""
+def _for_deck(nb):
+    """A copy of the notebook in which every cell tagged NOTES_TAG has slide_type "notes" and every
+    folded lecturer's note is unfolded."""
     nb = copy.deepcopy(nb)
     for cell in nb.cells:
         if NOTES_TAG in cell.get("metadata", {}).get("tags", []):
             cell.metadata.setdefault("slideshow", {})["slide_type"] = "notes"
+        if slide_type(cell) == "notes":
+            cell.source = unfold_note(cell.source)
     return nb
+
+
+def fold_note(source: str) -> str:
+    """A lecturer's note as the notebook keeps it: folded under "Lecturer's notes" (idempotent)."""
+    return source if is_folded(source) else LECTURER_FOLD_OPEN + source.strip("\n") + LECTURER_FOLD_CLOSE
+
+
+def unfold_note(source: str) -> str:
+    """The note inside a fold_note() wrapper; any other source unchanged."""
+    if not is_folded(source):
+        return source
+    return source[len(LECTURER_FOLD_OPEN):len(source) - len(LECTURER_FOLD_CLOSE)]
+
+
+def is_lecturer_note(source: str) -> bool:
+    """Whether a notes cell talks to the lecturer (folded in the notebook) rather than to a reader."""
+    return any(label in source for label in LECTURER_LABELS)
+
+
+def is_folded(source: str) -> bool:
+    return source.startswith(LECTURER_FOLD_OPEN) and source.endswith(LECTURER_FOLD_CLOSE)
 
 
 def _relative(folder: str, out_dir: str) -> str:
