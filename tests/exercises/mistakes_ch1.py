@@ -366,6 +366,15 @@ def forward_head_on_unnormed_residual(model, input_ids, positions):
     return model.lm_head(residual)
 
 
+def forward_logits_in_fp32(model, input_ids, positions):
+    """The right forward, its logits upcast to fp32 (.float()) whatever the model's dtype."""
+    hidden, residual = model.model.embed_tokens(input_ids), None
+    for layer in model.model.layers:
+        hidden, residual = layer(positions, hidden, residual)
+    hidden, _ = model.model.norm(hidden, residual)
+    return model.lm_head(hidden).float()
+
+
 # ---- 1.5 generate without a cache ----------------------------------------------------------------
 def naive_never_appends(runner, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """Runs the prompt every step but never appends the new token to the sequence it feeds."""
@@ -515,6 +524,7 @@ REJECTS = "test_ch1.py::test_load_model_rejects_bad_checkpoints"
 CORRUPT = "test_ch1.py::test_corrupt_file_raises_value_error"
 SKIPS = "test_ch1.py::test_load_model_skips_what_the_model_does_not_store"
 FORWARD = "test_ch1.py::test_forward_pipeline_matches_transformers_logits"
+FORWARD_BF16 = "test_ch1.py::test_forward_pipeline_of_a_bf16_model_returns_bf16_logits"
 NAIVE = "test_ch1.py::test_naive_generate_equals_transformers"
 CACHED = "test_ch1.py::test_cached_generate_equals_transformers"
 FAST_MODEL = {"name": "tiny-qwen3-tied"}  # the quickest of the tiny checkpoints to run
@@ -674,6 +684,11 @@ MISTAKES: list[Mistake] = [
             "rotates its query as if it were the first token while the cached keys sit at 0..L-1. Pass the "
             "`positions` you are given to every layer",
             FORWARD, FAST_MODEL),
+    Mistake("ch1_forward_logits_in_fp32", "1.4", {"forward_pipeline": forward_logits_in_fp32},
+            "the logits come back in fp32 (a .float() or .to(torch.float32) after the LM head) for a bf16 model: "
+            "return model.lm_head(hidden) as it is, in the model's dtype, as compute_logits does; the sampler "
+            "upcasts what it needs, and an fp32 copy of [N, vocab] logits (151,936 columns for Qwen3) is twice "
+            "the memory", FORWARD_BF16),
     Mistake("ch1_naive_stops_at_eos", "1.5", {"greedy_generate_naive": naive_stops_at_eos},
             "the loop stops at EOS: here EOS is not special (the docstring: 'EOS is not special here'), and "
             "transformers' reference generated exactly max_new_tokens tokens past it. Leave stopping at EOS to the "

@@ -85,6 +85,13 @@ def rms_norm_in_weight_dtype(x, weight, eps):
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(weight.dtype)
 
 
+def rms_norm_mean_without_keepdim(x, weight, eps):
+    """x.pow(2).mean(dim=-1) without keepdim=True: the [..., 1] column of mean squares becomes [...], which
+    broadcasts against x's LAST dimension (an error, or a silent wrong result where the sizes agree)."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(dim=-1) + eps)).to(x.dtype)
+
+
 # ---- 2.2 fused add + RMSNorm ---------------------------------------------------------------------
 def add_rms_norm_sum_in_residual_dtype(x, residual, weight, eps):
     """Casts the sum to residual.dtype: a bf16 stream under an fp32 block output stays bf16."""
@@ -1400,6 +1407,10 @@ MISTAKES: list[Mistake] = [
             "rms_norm casts the normalized x to weight.dtype: cast it back to x.dtype (the input's), then multiply by "
             "the weight, as transformers' Qwen3RMSNorm does: the result's dtype is then torch's promotion of the two "
             "(fp32 when either is fp32)", MIXED_NORM, {"dtypes": ("float32", "bfloat16")}),
+    Mistake("ch2_rms_norm_mean_without_keepdim", "2.1", {"rms_norm": rms_norm_mean_without_keepdim},
+            "the mean square is taken without keepdim=True: x.pow(2).mean(dim=-1) is [N], not [N, 1], so "
+            "multiplying x [N, D] by it broadcasts against the LAST dimension (an error here, a silently wrong "
+            "result where N == D): x.pow(2).mean(dim=-1, keepdim=True)", NORM, {"shape": (18, 64)}),
     Mistake("ch2_add_rms_norm_sum_in_residual_dtype", "2.2", {"add_rms_norm": add_rms_norm_sum_in_residual_dtype},
             "add_rms_norm casts the sum to the residual's dtype: x + residual as torch adds it (its type promotion: "
             "fp32 when either is fp32), as the unfused `residual + hidden` gives it; no cast",

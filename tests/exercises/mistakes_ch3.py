@@ -121,6 +121,7 @@ def match_prefix_stops_hashing_at_a_miss(token_ids, block_size, hash_to_block_id
 
 # ---- 3.3 paged decode attention in torch -------------------------------------------------------------
 LARGE_LOGITS = "test_ch3.py::test_paged_decode_torch_large_logits_in_fp16"
+FP32_LOGITS_PAST_88 = "test_ch3.py::test_paged_decode_torch_logits_past_88_in_fp32"
 def _paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, *, heads_tiled=False, zero_hidden=True,
                   key_count_error=0, clamp_in_place=False, float_mask=False):
     """paged_decode_torch with one bug switched on."""
@@ -158,6 +159,13 @@ def _manual_decode(q, k_cache, v_cache, block_tables, context_lens, scale, stabl
     s = s.masked_fill(~visible[:, None, :], float("-inf"))
     p = s.softmax(-1) if stable else s.exp() / s.exp().sum(-1, keepdim=True)
     return torch.einsum("bhl,blhd->bhd", p, v[:, :, heads]).to(q.dtype)
+
+
+def paged_decode_naive_softmax_in_fp32(q, k_cache, v_cache, block_tables, context_lens, scale):
+    """Decode attention in fp32, its softmax exp(s) / sum(exp(s)) without the row max: a logit past ~88.7
+    overflows fp32's exp to inf (NaN after)."""
+    return _manual_decode(q.float(), k_cache.float(), v_cache.float(), block_tables, context_lens, scale,
+                          stable=False).to(q.dtype)
 
 
 def paged_decode_naive_softmax_in_q_dtype(q, k_cache, v_cache, block_tables, context_lens, scale):
@@ -316,6 +324,7 @@ store_kvcache_through_fp16 = _store_with(STORE_THROUGH_FP16)
 DECODE_HEADS_MODULO, DECODE_NO_RESCALE, DECODE_LSE_NATURAL_LOG = 1, 2, 3
 DECODE_MAX_FROM_ZERO, DECODE_EXP_NOT_EXP2, DECODE_UNMASKED_SCORES, DECODE_DIVIDES_BY_ZERO = 4, 5, 6, 7
 DECODE_OUT_AT_Q_STRIDES, DECODE_CHUNK_UNROUNDED, DECODE_Q_PAST_HEAD_DIM, DECODE_CHUNK_FLOOR = 8, 9, 10, 11
+DECODE_BLOCK_IDS_IN_INT32 = 12
 
 
 @triton.jit
@@ -371,6 +380,9 @@ def buggy_paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
         if BUG == DECODE_CHUNK_UNROUNDED and PAGE % BLOCK_N == 0:  # one block id per tile (the fast path)
             offs = (tl.load(table + n0 // PAGE).to(tl.int64) * stride_cb + (n0 % PAGE + offs_n) * stride_ct)[:, None] \
                 + head_offs
+        elif BUG == DECODE_BLOCK_IDS_IN_INT32:  # the table's int32 ids times stride_cb: wraps past 2**31 elements
+            block = tl.load(table + pos // PAGE, mask=mask_n, other=0)
+            offs = block[:, None] * stride_cb + (pos % PAGE)[:, None] * stride_ct + head_offs
         else:
             block = tl.load(table + pos // PAGE, mask=mask_n, other=0).to(tl.int64)
             offs = block[:, None] * stride_cb + (pos % PAGE)[:, None] * stride_ct + head_offs
@@ -435,6 +447,7 @@ paged_decode_attention_q_past_head_dim = _decode_with(DECODE_Q_PAST_HEAD_DIM)
 paged_decode_attention_chunk_floor = _decode_with(DECODE_CHUNK_FLOOR)
 paged_decode_attention_out_at_q_strides = _decode_with(DECODE_OUT_AT_Q_STRIDES)
 paged_decode_attention_chunk_unrounded = _decode_with(DECODE_CHUNK_UNROUNDED)
+paged_decode_attention_block_ids_in_int32 = _decode_with(DECODE_BLOCK_IDS_IN_INT32)
 
 
 # ---- 3.6 one scheduler step -----------------------------------------------------------------------------
@@ -627,6 +640,12 @@ MISTAKES: list[Mistake] = [
             "at the first miss, but keep hashing",
             "test_ch3.py::test_match_prefix_rules"),
     # 3.3
+    # (before the fp16 one: in fp32 the two compute the same, and this one names the fp32 overflow)
+    Mistake("ch3_paged_decode_naive_softmax_in_fp32", "3.3", {"paged_decode_torch": paged_decode_naive_softmax_in_fp32},
+            "the softmax is exp(s) / exp(s).sum() without subtracting the row's max first: fp32's exp overflows to "
+            "inf past a logit of about 88.7, and the row turns inf / inf = NaN. Subtract s.amax(-1, keepdim=True) "
+            "before exp (the softmax is unchanged by it, and every exponent is then <= 0), or use torch.softmax or "
+            "scaled_dot_product_attention, which do", FP32_LOGITS_PAST_88),
     Mistake("ch3_paged_decode_naive_softmax_in_q_dtype", "3.3",
             {"paged_decode_torch": paged_decode_naive_softmax_in_q_dtype},
             "the softmax is exp(s) / sum(exp(s)) in fp16: exp overflows fp16 past a logit of about 11 (real attention "
@@ -1179,6 +1198,14 @@ MISTAKES += [
             "off the BLOCK_N grid, and where PAGE % BLOCK_N == 0 a tile that takes one block id for all its keys "
             "straddles two blocks. chunk = cdiv(cdiv(L, num_splits), BLOCK_N) * BLOCK_N",
             "test_ch3.py::test_paged_decode_kernel_matches_sdpa", {"dtype": torch.float32, "case": 1, "num_splits": 3}),
+    Mistake("ch3_decode_kernel_block_ids_in_int32", "3.5",
+            {"paged_decode_attention": paged_decode_attention_block_ids_in_int32},
+            "the block ids loaded from the table stay int32, so block * stride_cb wraps around past 2**31 - 1 (in a "
+            "cache of more than 2**31 elements, as a big GPU's can be) and the K/V loads land before the cache: "
+            "cast the loaded ids to int64 before multiplying, tl.load(table + ...).to(tl.int64) * stride_cb (in "
+            "every path that loads a block id)",
+            "test_ch3.py::test_paged_decode_kernel_reads_a_cache_past_2_gib_elements",
+            {"page": 16, "hkv": 2, "d": 32}),
     # 3.6
     Mistake("ch3_schedule_budget_for_the_first", "3.6", {"schedule_step": schedule_step_budget_for_the_first},
             "the first sequence of a step must fit the token budget too, so a prompt longer than "

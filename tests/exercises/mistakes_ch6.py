@@ -9,6 +9,7 @@ one twice (6.3); latency figures with the wrong divisor, gap, percentile, unit o
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 
@@ -294,6 +295,11 @@ def sse_event_rstrips_newlines(data):
     return "".join(f"data: {line}\n" for line in data.rstrip("\n").split("\n")) + "\n"
 
 
+def sse_event_crlf(data):
+    # the bug (valid SSE, not this server's framing): every line ends in \r\n, the event in \r\n\r\n
+    return "".join(f"data: {line}\r\n" for line in data.split("\n")) + "\r\n"
+
+
 def _read7(line, lines, value_of, *, join="\n", clear=True):
     """sse_data with the value of a data line taken by value_of(line) (None: not a data line)."""
     if not line:
@@ -525,6 +531,41 @@ def _percentiles7(values_s, percentiles, *, fractions=False, empty_nan=True, p50
     return out
 
 
+def _percentiles_s8(values_s, percentiles, *, mean_scale=1e3, percentile_scale=1e3, mean=np.mean,
+                    percentile=lambda v, p: float(np.percentile(v, p))):
+    v = np.asarray(values_s, dtype=np.float64)
+    out = {"mean": float(mean(v)) * mean_scale if v.size else math.nan}
+    for p in percentiles:
+        out["median" if p == 50 else f"p{p:g}"] = percentile(v, p) * percentile_scale if v.size else math.nan
+    return out
+
+
+def latency_percentiles_mean_in_seconds(values_s, percentiles=PERCENTILES):
+    return _percentiles_s8(values_s, percentiles, mean_scale=1)  # the bug: the mean not scaled to ms
+
+
+def latency_percentiles_percentiles_in_seconds(values_s, percentiles=PERCENTILES):
+    return _percentiles_s8(values_s, percentiles, percentile_scale=1)  # the bug: the percentiles not scaled to ms
+
+
+def latency_percentiles_mean_is_median(values_s, percentiles=PERCENTILES):
+    return _percentiles_s8(values_s, percentiles, mean=np.median)  # the bug: 'mean' is the median
+
+
+def latency_percentiles_lower(values_s, percentiles=PERCENTILES):
+    # the bug: the value at or below the rank (method='lower'), no interpolation
+    return _percentiles_s8(values_s, percentiles, percentile=lambda v, p: float(np.percentile(v, p, method="lower")))
+
+
+def _exclusive(v, p):
+    """statistics.quantiles' default method='exclusive' at p (tenths of a percent), one value as itself."""
+    return float(v[0]) if v.size == 1 else statistics.quantiles(v.tolist(), n=1000)[round(p * 10) - 1]
+
+
+def latency_percentiles_exclusive(values_s, percentiles=PERCENTILES):
+    return _percentiles_s8(values_s, percentiles, percentile=_exclusive)  # the bug: statistics.quantiles' default
+
+
 def latency_percentiles_fractions(values_s, percentiles=PERCENTILES):
     return _percentiles7(values_s, percentiles, fractions=True)  # the bug: np.percentile(v, 0.99)
 
@@ -619,6 +660,12 @@ MISTAKES = [
     Mistake("ch6_sse_event_rstrips_newlines", "6.1", {"sse_event": sse_event_rstrips_newlines},
             "trailing newlines are stripped from data (data.rstrip('\\n')): they are the data's own, and a final "
             "'\\n' is one more empty `data: ` line. Split data itself: data.split('\\n')",
+            "test_ch6.py::test_sse_event_frames_decode_with_openai"),
+    Mistake("ch6_sse_event_crlf", "6.1", {"sse_event": sse_event_crlf},
+            "the event's lines end in '\\r\\n': valid SSE (the spec and the openai client read it), but not this "
+            "server's framing, which the docstring gives as '\\n' (sse_event('{\"a\": 1}') == 'data: {\"a\": "
+            "1}\\n\\n'): minillm's chat page (minillm/serving/static/index.html) ends an event at '\\n\\n' only, so "
+            "it would never show one. End each line with '\\n'",
             "test_ch6.py::test_sse_event_frames_decode_with_openai"),
     Mistake("ch6_sse_data_splits_at_every_colon", "6.1", {"sse_data": sse_data_splits_at_every_colon},
             "the line is split at every colon (line.split(':')[1]): the value ends at its own first colon "
@@ -858,6 +905,30 @@ MISTAKES = [
             "its chunk_times is empty, so t.ttft and t.latency raise IndexError. Keep only t.ok (no error AND at "
             "least one chunk)",
             "test_ch6.py::test_latencies_by_their_definitions"),
+    Mistake("ch6_percentiles_mean_in_seconds", "6.4", {"latency_percentiles": latency_percentiles_mean_in_seconds},
+            "the mean is in seconds while the percentiles are in ms: the values come in seconds and the whole "
+            "summary is in milliseconds. Scale them once, before the mean and the percentiles alike: "
+            "v = np.asarray(values_s, dtype=np.float64) * 1e3",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
+    Mistake("ch6_percentiles_quantiles_in_seconds", "6.4",
+            {"latency_percentiles": latency_percentiles_percentiles_in_seconds},
+            "the percentiles ('median', 'p90', ...) are in seconds while the mean is in ms: the values come in "
+            "seconds and the whole summary is in milliseconds. Scale them once, before the mean and the percentiles "
+            "alike: v = np.asarray(values_s, dtype=np.float64) * 1e3",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
+    Mistake("ch6_percentiles_mean_is_median", "6.4", {"latency_percentiles": latency_percentiles_mean_is_median},
+            "'mean' holds the median (np.median): it is the average of the values, v.mean() (the median is the 50th "
+            "percentile, keyed 'median' when 50 is asked for)",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
+    Mistake("ch6_percentiles_lower", "6.4", {"latency_percentiles": latency_percentiles_lower},
+            "percentiles by the value at or below the rank (method='lower'): benchmark_serving's (numpy's default, "
+            "'linear') interpolates between the two values around rank (n - 1) x p / 100: np.percentile(v, p)",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
+    Mistake("ch6_percentiles_exclusive", "6.4", {"latency_percentiles": latency_percentiles_exclusive},
+            "percentiles by statistics.quantiles' default method, 'exclusive' (the value at rank p/100 x (n + 1), "
+            "counting from 1): benchmark_serving's, numpy's default, is the 'inclusive' one (rank 1 + (n - 1) x "
+            "p/100, interpolated): np.percentile(v, p), or statistics.quantiles(..., method='inclusive')",
+            "test_ch6.py::test_latency_percentiles_match_statistics"),
     Mistake("ch6_percentiles_as_fractions", "6.4", {"latency_percentiles": latency_percentiles_fractions},
             "the percentiles are given to np.percentile as fractions (0.5, 0.9, 0.99): np.percentile takes them "
             "in percent (np.quantile takes fractions). np.percentile(v, p)",

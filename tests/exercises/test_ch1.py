@@ -647,6 +647,37 @@ def test_forward_pipeline_matches_transformers_logits(impl, name):
             reset_context()
 
 
+@functools.cache
+def _bf16_runner(name: str):
+    """The same runner in bf16, as the engine runs a model on a GPU (plain function: see _ranks)."""
+    return one_sequence_runner(ref_path(name), device="cpu", dtype="bfloat16", max_model_len=128)
+
+
+BF16_LOGITS_ATOL = 0.1  # bf16 keeps 8 bits: logits near 3 lie ~0.016 apart, and two bf16 forwards (minillm's and
+# transformers', whose ops round in another order) differ by up to ~0.06 after a model's layers
+
+
+@pytest.mark.ex1_4
+def test_forward_pipeline_of_a_bf16_model_returns_bf16_logits(impl):
+    """A bf16 model (the engine's dtype on a GPU) gives bf16 logits, as transformers' forward and minillm's
+    compute_logits do: the sampler upcasts what it needs, and an fp32 copy of [N, vocab] logits is twice the
+    memory. Values against transformers' forward of the same checkpoint in bf16."""
+    from transformers import AutoModelForCausalLM
+    name = "tiny-qwen3-tied"
+    hf = AutoModelForCausalLM.from_pretrained(ref_path(name), dtype=torch.bfloat16).eval()
+    runner, prompt = _bf16_runner(name), greedy_reference()["prompts"][2]
+    with torch.inference_mode():
+        want = hf(torch.tensor([prompt])).logits[0]
+        input_ids, positions = runner.load_batch(prefill_batch(prompt))
+        try:
+            got = call_pure(impl.forward_pipeline, "forward_pipeline", "1.4", runner.model, input_ids, positions)
+            check_close(got, want, "1.4", f"logits of {name} in bf16 for a {len(prompt)}-token prompt",
+                        atol=BF16_LOGITS_ATOL, rtol=0,
+                        suspects=suspects("forward_pipeline", runner.model, input_ids, positions))
+        finally:
+            reset_context()
+
+
 class _TokensPerCall:
     """Records how many tokens each forward of the model gets (a hook on the embedding)."""
 

@@ -406,11 +406,12 @@ def unchanged(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def sdpa_decode(q, ks, vs, scale):
-    """torch SDPA on each sequence's contiguous K/V, in fp32 -> [B, H, D] fp32."""
+    """torch SDPA on each sequence's contiguous K/V, in fp32 (float64 for float64 inputs) -> [B, H, D]."""
     out = []
+    up = (lambda x: x.double()) if q.dtype == torch.float64 else (lambda x: x.float())
     for i in range(q.shape[0]):
-        k, v = ks[i].float().transpose(0, 1), vs[i].float().transpose(0, 1)  # [Hkv, L, D]
-        out.append(F.scaled_dot_product_attention(q[i, :, None].float(), k, v, scale=scale, enable_gqa=True)[:, 0])
+        k, v = up(ks[i]).transpose(0, 1), up(vs[i]).transpose(0, 1)  # [Hkv, L, D]
+        out.append(F.scaled_dot_product_attention(up(q[i, :, None]), k, v, scale=scale, enable_gqa=True)[:, 0])
     return torch.stack(out)
 
 
@@ -455,15 +456,39 @@ def test_paged_decode_torch_large_logits_in_fp16(impl):
     q, ks, vs, k_cache, v_cache, _, _, tables, lens = paged_case(lengths, H, hkv, d, bs, torch.float16, fill=SENTINEL)
     q = q * LOGIT_GAIN
     args = (q, k_cache, v_cache, tables, lens, scale)
-    logits = max(float((q[i].float() @ ks[i].float()[:, torch.arange(H) // (H // hkv)].permute(1, 2, 0)).abs().max())
-                 for i in range(len(lengths))) * scale
     got = call_pure(impl.paged_decode_torch, "paged_decode_torch", "3.3", *args)
     check_close(got, sdpa_decode(q, ks, vs, scale).to(torch.float16), "3.3", f"fp16 decode attention with logits up "
-                f"to {logits:.1f} (lengths {lengths})", suspects=suspects("paged_decode_torch", *args),
-                **TOL[torch.float16])
+                f"to {largest_logit(q, ks, scale):.1f} (lengths {lengths})",
+                suspects=suspects("paged_decode_torch", *args), **TOL[torch.float16])
 
 
-LOGIT_GAIN = 6  # q scaled up: the largest attention logit of the case goes from ~2.6 to ~16
+LOGIT_GAIN = 6  # q scaled up: the largest attention logit of the case goes from ~2.4 to ~14
+
+
+def largest_logit(q, ks, scale) -> float:
+    """The largest attention logit q_h . k * scale of any sequence, query head h against its KV head's keys."""
+    heads = torch.arange(q.shape[1]) // (q.shape[1] // ks[0].shape[1])
+    return max(float(torch.einsum("hd,lhd->hl", q[i].float(), k.float()[:, heads]).max()) for i, k in enumerate(ks)) \
+        * scale
+
+
+@pytest.mark.ex3_3
+def test_paged_decode_torch_logits_past_88_in_fp32(impl):
+    """fp32 with attention logits past 88.7, where fp32's exp overflows to inf: a softmax written as
+    exp(s) / exp(s).sum() then gives inf / inf = NaN; subtracting the row's max first (as torch.softmax and
+    SDPA do) keeps every exponent <= 0. Reference: SDPA in float64."""
+    lengths, H, hkv, d, bs = DECODE_CASES[0]
+    scale = 0.8 * d ** -0.5
+    q, ks, vs, k_cache, v_cache, _, _, tables, lens = paged_case(lengths, H, hkv, d, bs, torch.float32, fill=SENTINEL)
+    q = q * FP32_LOGIT_GAIN
+    args = (q, k_cache, v_cache, tables, lens, scale)
+    got = call_pure(impl.paged_decode_torch, "paged_decode_torch", "3.3", *args)
+    want = sdpa_decode(q.double(), [k.double() for k in ks], [v.double() for v in vs], scale).float()
+    check_close(got, want, "3.3", f"fp32 decode attention with logits up to {largest_logit(q, ks, scale):.1f} "
+                f"(lengths {lengths})", suspects=suspects("paged_decode_torch", *args), **TOL[torch.float32])
+
+
+FP32_LOGIT_GAIN = 48  # q scaled up: the largest attention logit of the case goes from ~2.4 to ~115
 
 
 @pytest.mark.ex3_3
@@ -580,7 +605,7 @@ def test_store_kernel_of_qwen3_rows_in_programs_of_4_tokens(impl):
                 f"programs)", atol=0, rtol=0, suspects=suspects_of("store_kvcache", stored_by))
 
 
-def same_store_refused(a, b) -> bool:
+def same_access_refused(a, b) -> bool:
     """The same error, or for the bounds check's KernelOutOfBounds (raised as it is or inside the interpreter's
     InterpreterError) the same kind of access refused: its counts, and the tensor it measures from, depend on
     where memory was allocated, so the rest of its message differs from run to run."""
@@ -624,7 +649,7 @@ def test_store_kernel_into_a_cache_past_2_gib_elements(impl):
     got = outcome(lambda: stored_by(impl.store_kvcache))
     suspected = suspects_of("store_kvcache", lambda fn: outcome(lambda: stored_by(fn)))
     if isinstance(got, Raised):
-        check_that("", "3.4", what, actual=got, suspects=suspected, same=same_store_refused)
+        check_that("", "3.4", what, actual=got, suspects=suspected, same=same_access_refused)
     want = torch.full((2, 3, HUGE_BLOCK_SIZE, 1, HUGE_ROW), int(SENTINEL), dtype=torch.int8)
     rows = slots.long() - (last - 2) * HUGE_BLOCK_SIZE
     want[0].view(-1, 1, HUGE_ROW)[rows] = k
@@ -680,6 +705,41 @@ def test_paged_decode_kernel_in_bf16(impl):
     check_close(output_of(impl.paged_decode_attention), sdpa_decode(q, ks, vs, 40 ** -0.5).to(torch.bfloat16), "3.5",
                 "bf16 decode output against SDPA (num_splits=3)", **TOL_BF16,
                 suspects=suspects_of("paged_decode_attention", output_of))
+
+
+@pytest.mark.ex3_5
+@pytest.mark.parametrize("page, hkv, d", [(16, 2, 32), (64, 1, 16)], ids=["page-16", "page-64"])
+def test_paged_decode_kernel_reads_a_cache_past_2_gib_elements(impl, page, hkv, d):
+    """An fp16 cache of more than 2**31 elements, blocks of 1024 (page x Hkv x D): the sequence's blocks are the
+    cache's last two, whose elements start at 2**31, so a block id times the block stride computed in int32
+    wraps around to a negative offset (the bounds check stops the load at its line). Pages of 16 and 64: a tile
+    of BLOCK_N = 64 keys spans several blocks, or lies in one (a kernel may take one block id per tile there).
+    Only the blocks the test writes become memory; v_cache is the same buffer one block on, so K and V differ.
+    On a GPU: any layer cache of more than 2**31 elements (a big GPU's)."""
+    g = torch.Generator().manual_seed(9)
+    blocks = 2 ** 31 // (page * hkv * d) + 2
+    kv = torch.empty(blocks + 1, page, hkv, d, dtype=torch.float16)
+    k_cache, v_cache = kv[:-1], kv[1:]
+    last, n, H = blocks - 1, page + 5, 2 * hkv
+    kv[last - 1:] = torch.randn(3, page, hkv, d, generator=g).to(torch.float16)
+    tables = torch.tensor([[last, last - 1]], dtype=torch.int32)  # (out of order: the table decides)
+    pos = torch.arange(n)
+    slots = tables[0, pos // page].long() * page + pos % page
+    ks, vs = [k_cache.view(-1, hkv, d)[slots]], [v_cache.view(-1, hkv, d)[slots]]
+    q = torch.randn(1, H, d, generator=g).to(torch.float16)
+    lens = torch.tensor([n], dtype=torch.int32)
+
+    def output_of(decode):
+        return decode(q, k_cache, v_cache, tables, lens, d ** -0.5, num_splits=1)
+
+    what = (f"decode output of a sequence of {n} keys on the last 2 blocks of an fp16 cache of {blocks} blocks of "
+            f"{page} x {hkv} x {d} (element offsets past 2**31 - 1)")
+    got = outcome(lambda: output_of(impl.paged_decode_attention))
+    suspected = suspects_of("paged_decode_attention", lambda fn: outcome(lambda: output_of(fn)))
+    if isinstance(got, Raised):
+        check_that("", "3.5", what, actual=got, suspects=suspected, same=same_access_refused)
+    check_close(got, sdpa_decode(q, ks, vs, d ** -0.5).to(torch.float16), "3.5", what, suspects=suspected,
+                **TOL[torch.float16])
 
 
 @pytest.mark.ex3_5
