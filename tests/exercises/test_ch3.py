@@ -451,18 +451,33 @@ def test_paged_decode_torch_matches_sdpa(impl, dtype, case):
 def test_paged_decode_torch_large_logits_in_fp16(impl):
     """fp16 with attention logits near 16, as real models' reach 10-30 (the cases above stay under 3): fp16's
     exp overflows past ~11, so the softmax must subtract the row's max and the math run in fp32."""
-    lengths, H, hkv, d, bs = DECODE_CASES[0]
-    scale = 0.8 * d ** -0.5
-    q, ks, vs, k_cache, v_cache, _, _, tables, lens = paged_case(lengths, H, hkv, d, bs, torch.float16, fill=SENTINEL)
-    q = q * LOGIT_GAIN
-    args = (q, k_cache, v_cache, tables, lens, scale)
-    got = call_pure(impl.paged_decode_torch, "paged_decode_torch", "3.3", *args)
-    check_close(got, sdpa_decode(q, ks, vs, scale).to(torch.float16), "3.3", f"fp16 decode attention with logits up "
-                f"to {largest_logit(q, ks, scale):.1f} (lengths {lengths})",
-                suspects=suspects("paged_decode_torch", *args), **TOL[torch.float16])
+    check_large_logits(impl, torch.float16, LOGIT_GAIN)
+
+
+@pytest.mark.ex3_3
+def test_paged_decode_torch_logits_past_88_in_fp32(impl):
+    """fp32 with attention logits past 88.7, where fp32's exp overflows to inf: a softmax written as
+    exp(s) / exp(s).sum() then gives inf / inf = NaN; subtracting the row's max first (as torch.softmax and
+    SDPA do) keeps every exponent <= 0."""
+    check_large_logits(impl, torch.float32, FP32_LOGIT_GAIN)
 
 
 LOGIT_GAIN = 6  # q scaled up: the largest attention logit of the case goes from ~2.4 to ~14
+FP32_LOGIT_GAIN = 48  # q scaled up: the largest attention logit of the case goes from ~2.4 to ~115
+
+
+def check_large_logits(impl, dtype: torch.dtype, gain: float) -> None:
+    """DECODE_CASES[0] in `dtype` with q times `gain`, against SDPA in float64 (exact to the dtype's rounding)."""
+    lengths, H, hkv, d, bs = DECODE_CASES[0]
+    scale = 0.8 * d ** -0.5
+    q, ks, vs, k_cache, v_cache, _, _, tables, lens = paged_case(lengths, H, hkv, d, bs, dtype, fill=SENTINEL)
+    q = q * gain
+    args = (q, k_cache, v_cache, tables, lens, scale)
+    got = call_pure(impl.paged_decode_torch, "paged_decode_torch", "3.3", *args)
+    want = sdpa_decode(q.double(), [k.double() for k in ks], [v.double() for v in vs], scale).to(dtype)
+    check_close(got, want, "3.3", f"{str(dtype).removeprefix('torch.')} decode attention with logits up to "
+                f"{largest_logit(q, ks, scale):.1f} (lengths {lengths})",
+                suspects=suspects("paged_decode_torch", *args), **TOL[dtype])
 
 
 def largest_logit(q, ks, scale) -> float:
@@ -470,25 +485,6 @@ def largest_logit(q, ks, scale) -> float:
     heads = torch.arange(q.shape[1]) // (q.shape[1] // ks[0].shape[1])
     return max(float(torch.einsum("hd,lhd->hl", q[i].float(), k.float()[:, heads]).max()) for i, k in enumerate(ks)) \
         * scale
-
-
-@pytest.mark.ex3_3
-def test_paged_decode_torch_logits_past_88_in_fp32(impl):
-    """fp32 with attention logits past 88.7, where fp32's exp overflows to inf: a softmax written as
-    exp(s) / exp(s).sum() then gives inf / inf = NaN; subtracting the row's max first (as torch.softmax and
-    SDPA do) keeps every exponent <= 0. Reference: SDPA in float64."""
-    lengths, H, hkv, d, bs = DECODE_CASES[0]
-    scale = 0.8 * d ** -0.5
-    q, ks, vs, k_cache, v_cache, _, _, tables, lens = paged_case(lengths, H, hkv, d, bs, torch.float32, fill=SENTINEL)
-    q = q * FP32_LOGIT_GAIN
-    args = (q, k_cache, v_cache, tables, lens, scale)
-    got = call_pure(impl.paged_decode_torch, "paged_decode_torch", "3.3", *args)
-    want = sdpa_decode(q.double(), [k.double() for k in ks], [v.double() for v in vs], scale).float()
-    check_close(got, want, "3.3", f"fp32 decode attention with logits up to {largest_logit(q, ks, scale):.1f} "
-                f"(lengths {lengths})", suspects=suspects("paged_decode_torch", *args), **TOL[torch.float32])
-
-
-FP32_LOGIT_GAIN = 48  # q scaled up: the largest attention logit of the case goes from ~2.4 to ~115
 
 
 @pytest.mark.ex3_3
