@@ -45,6 +45,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="auto (default): sampling defaults from the model's generation_config.json; vllm: ignore it")
     p.add_argument("--trust-remote-code", action="store_true", default=None,
                    help="accepted as vLLM takes it; minillm runs no code from a checkpoint, so it allows nothing")
+    p.add_argument("--logprobs-mode", default=None,
+                   choices=["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"],
+                   help="what logprobs report (vLLM's): raw_logprobs (default), the model's own distribution; "
+                        "processed_*: after penalties, temperature, min_p, top-k and top-p; *_logits: logits")
 
 
 def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -60,7 +64,8 @@ def _llm_args(args, **more) -> dict:
     given = dict(device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
                  max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
                  enforce_eager=args.enforce_eager)
-    for name in ("gpu_memory_utilization", "enable_prefix_caching", "generation_config", "trust_remote_code"):
+    for name in ("gpu_memory_utilization", "enable_prefix_caching", "generation_config", "trust_remote_code",
+                 "logprobs_mode"):
         if getattr(args, name) is not None:
             given[name] = getattr(args, name)
     return dict(given, **more)

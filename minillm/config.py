@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minillm.sampling_params import INT64_MAX, describe, is_integer, is_real
+from minillm.sampling_params import INT64_MAX, LOGPROBS_MODES, describe, is_integer, is_real
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
@@ -325,6 +325,9 @@ class EngineConfig:
     # vLLM's switch for a checkpoint's own Python code; minillm runs none (it builds Qwen3, Llama and Qwen2 from
     # config.json), so True allows nothing more: accepted, checked, and without effect
     trust_remote_code: bool = False
+    # what SamplingParams.logprobs / prompt_logprobs report (vLLM's engine argument and default): raw_logprobs,
+    # processed_logprobs, raw_logits or processed_logits (minillm.sampling_params.LOGPROBS_MODES)
+    logprobs_mode: str = "raw_logprobs"
 
     def validate(self, mc: ModelConfig) -> None:
         """Raise ValueError naming the bad argument and the fix; fill in the derived defaults."""
@@ -343,7 +346,7 @@ class EngineConfig:
             v = getattr(self, name)
             need(isinstance(v, bool), f"{name} must be True or False, got {describe(v)}")
         for name, choices in (("attention_backend", ATTENTION_BACKENDS), ("device", ("auto", "cpu", "cuda")),
-                              ("generation_config", ("auto", "vllm")),
+                              ("generation_config", ("auto", "vllm")), ("logprobs_mode", LOGPROBS_MODES),
                               ("dtype", ("auto", *DTYPES))):
             v = getattr(self, name)
             need(isinstance(v, str) and v in choices, f"{name} must be one of {list(choices)}, got {describe(v)}")

@@ -38,6 +38,15 @@ MAX_LOGPROBS = 20  # top tokens per position (OpenAI's API allows 20)
 MAX_BAD_WORDS = 128
 MAX_BAD_WORDS_TOKENS = 1024
 
+# vLLM's logprobs_mode (an engine argument): what `logprobs` and `prompt_logprobs` report. "raw": the model's
+# logits as they come, before any logits processor, penalty, temperature, min_p, top-k or top-p (vLLM's
+# default, raw_logprobs); "processed": what the token is drawn from, after all of them (tokens they drop
+# at -inf); "logprobs": log_softmax of those logits, "logits": the logits themselves. A greedy request
+# (temperature 0) is processed by its logits processors only: vLLM turns top-k, top-p and min_p off for
+# it and divides by no temperature. Prompt tokens go through no processor: both "raw" and "processed"
+# give the raw values for them.
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
+
 
 class RequestOutputKind(enum.IntEnum):
     """What AsyncLLM.generate (and AsyncLLM.add_request's stream) yields for a request (vLLM's names and values)."""
@@ -83,9 +92,10 @@ class SamplingParams:
     n samples that many completions of the prompt: its prompt is computed once and its KV blocks
     are shared (forked) until a sample writes into a shared block (copy on write); with a seed,
     sample i uses seed + i. logprobs=k returns, per generated token, the log-probabilities of the k
-    most likely tokens and of the sampled one; prompt_logprobs=k the same per prompt token. They are
-    log_softmax of the logits after the logits processors, before temperature, top-k, top-p and
-    min_p (the distribution the model and the penalties give), and make the step sample outside
+    most likely tokens and of the sampled one; prompt_logprobs=k the same per prompt token. What they
+    hold is the engine's logprobs_mode (LOGPROBS_MODES, vLLM's engine argument): by default, as in
+    vLLM, log_softmax of the model's raw logits, before every logits processor, penalty, temperature,
+    min_p, top-k and top-p; "processed_logprobs" after all of them. They make the step sample outside
     the fused sampler; a prompt_logprobs request skips the prefix cache (every position is computed).
     skip_special_tokens=False keeps special tokens' text (`<|im_end|>`, `<|endoftext|>`) in the output
     text, its stream and the stop-string search, as vLLM's detokenizer does; the default leaves it out.

@@ -13,7 +13,7 @@ import regex
 from tokenizers import Tokenizer as HFTokenizer
 
 from minillm.config import read_json_object, read_text
-from minillm.sampling_params import describe
+from minillm.sampling_params import describe, is_integer
 
 
 # >>> exercise 1.1 | notebooks/01_vocab_weights_runtime.ipynb | 3. Byte-level BPE, step by step
@@ -57,6 +57,16 @@ def bpe_tokenize(text: str, ranks: dict[bytes, int], pattern: str, special: dict
             ids.extend(bpe_encode(piece.encode("utf-8"), ranks))
     return ids
 # <<< exercise 1.1
+
+
+class Encoding(dict):
+    """What tokenizer(text) returns: transformers' BatchEncoding's dict, its keys also read as attributes."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
 class Tokenizer:
@@ -113,6 +123,51 @@ class Tokenizer:
     def convert_tokens_to_ids(self, tokens: str | list[str]):
         """transformers' name: a token's id (None when it is not in the vocabulary), or a list of them."""
         return self.token_to_id(tokens) if isinstance(tokens, str) else [self.token_to_id(t) for t in tokens]
+
+    # ---- transformers' names, so that code written for vLLM's get_tokenizer() (a transformers tokenizer) runs
+    def convert_ids_to_tokens(self, ids):
+        """A token id's vocabulary entry ("Ġworld" for " world"; None outside the vocabulary), or a list of them."""
+        if is_integer(ids):
+            return self._tok.id_to_token(int(ids))
+        return [self._tok.id_to_token(int(i)) for i in ids]
+
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
+        """text -> its tokens' vocabulary entries (transformers' tokenize)."""
+        return self._tok.encode(check_text(text), add_special_tokens=add_special_tokens).tokens
+
+    def get_vocab(self) -> dict[str, int]:
+        """{token: id}, added tokens included (transformers' get_vocab)."""
+        return self._tok.get_vocab(with_added_tokens=True)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._tok.token_to_id(self.bos_token) if self.bos_token else None
+
+    def __call__(self, text, add_special_tokens: bool = True, return_tensors: str | None = None, **unsupported):
+        """transformers' tokenizer(text) for a string or a list of strings -> {"input_ids", "attention_mask"}
+        (also as attributes: enc.input_ids), lists of ints, or with return_tensors="pt" tensors (the texts
+        must then give equal lengths: minillm does not pad)."""
+        if unsupported:
+            raise ValueError(f"minillm's tokenizer(...) takes text, add_special_tokens and return_tensors ('pt' or "
+                             f"None), not {sorted(unsupported)}; for padding or truncation use transformers' "
+                             f"AutoTokenizer on the same folder")
+        if return_tensors not in (None, "pt"):
+            raise ValueError(f"return_tensors must be None (lists) or 'pt' (torch tensors), got {return_tensors!r}")
+        one = isinstance(text, str)
+        if not one and not (isinstance(text, (list, tuple)) and all(isinstance(t, str) for t in text)):
+            raise ValueError(f"tokenizer(text): text must be a string or a list of strings, got {describe(text)}; "
+                             f"token ids are already tokenized")
+        ids = [self.encode(t, add_special_tokens=add_special_tokens) for t in ([text] if one else text)]
+        if return_tensors == "pt":
+            if len({len(i) for i in ids}) > 1:
+                raise ValueError("return_tensors='pt' needs texts of equal token length (minillm's tokenizer does "
+                                 "not pad): tokenize them one at a time, or pad the lists yourself")
+            import torch
+            input_ids = torch.tensor(ids, dtype=torch.long)
+            return Encoding(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+        masks = [[1] * len(i) for i in ids]
+        return Encoding(input_ids=ids[0], attention_mask=masks[0]) if one else Encoding(input_ids=ids,
+                                                                                         attention_mask=masks)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             chat_template: str | None = None, continue_final_message: bool = False,

@@ -100,28 +100,41 @@ def test_unknown_and_bad_fields_raise_value_errors_that_list_the_fields():
             SamplingParams(**kwargs)
 
 
-def test_logprobs_equal_transformers_generate_scores(llm, hf_model):
-    """Greedy, batched, with async scheduling; also with a repetition penalty, whose scores transformers
-    returns after its processor, as minillm's logprobs are after the logits processors."""
-    for extra in ({}, {"repetition_penalty": 1.8}):
-        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=5, **extra)
-        outs = llm.generate(PROMPTS, params, use_tqdm=False)
-        for prompt, out in zip(PROMPTS, outs):
-            hf = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                   do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=0, eos_token_id=None,
-                                   output_scores=True, return_dict_in_generate=True, **extra)
-            got = out.outputs[0]
-            assert got.token_ids == hf.sequences[0, len(prompt):].tolist()
-            for token, position, scores in zip(got.token_ids, got.logprobs, hf.scores):
-                want = torch.log_softmax(scores[0], dim=-1)
-                top = want.topk(5)
-                ids = [t for t in position if t != token or position[t].rank <= 5][:5]
-                assert sorted(ids) == sorted(top.indices.tolist())
-                torch.testing.assert_close(torch.tensor([position[t].logprob for t in top.indices.tolist()]),
-                                           top.values, **LOGPROB_TOL)
-                assert position[token].rank == 1  # greedy
-            assert got.cumulative_logprob == pytest.approx(
-                sum(float(torch.log_softmax(s[0], -1)[t]) for s, t in zip(hf.scores, got.token_ids)), abs=1e-3)
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+def test_logprobs_equal_transformers_generate_logits_and_scores(llm, hf_model, mode):
+    """Greedy, batched, with async scheduling; also with a repetition penalty. vLLM's default logprobs_mode,
+    raw_logprobs, is log_softmax of the model's own logits: transformers' generate returns them as
+    output_logits; processed_logprobs is log_softmax after the processors: transformers' output_scores
+    (a greedy request has no temperature, top-k or top-p to apply, in vLLM as here)."""
+    engine = llm if mode == "raw_logprobs" else LLM(ref_path("tiny-qwen3"), logprobs_mode=mode, **small_engine_args())
+    try:
+        for extra in ({}, {"repetition_penalty": 1.8}):
+            params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=5, **extra)
+            outs = engine.generate(PROMPTS, params, use_tqdm=False)
+            for prompt, out in zip(PROMPTS, outs):
+                hf = hf_model.generate(torch.tensor([prompt]),
+                                       attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
+                                       max_new_tokens=NEW_TOKENS, pad_token_id=0, eos_token_id=None, output_scores=True,
+                                       output_logits=True, return_dict_in_generate=True, **extra)
+                got = out.outputs[0]
+                assert got.token_ids == hf.sequences[0, len(prompt):].tolist()
+                steps = hf.logits if mode == "raw_logprobs" else hf.scores
+                for token, position, scores in zip(got.token_ids, got.logprobs, steps):
+                    want = torch.log_softmax(scores[0].float(), dim=-1)
+                    top = want.topk(5)
+                    ids = [t for t in position if t != token or position[t].rank <= 5][:5]
+                    assert sorted(ids) == sorted(top.indices.tolist())
+                    torch.testing.assert_close(torch.tensor([position[t].logprob for t in top.indices.tolist()]),
+                                               top.values, **LOGPROB_TOL)
+                    torch.testing.assert_close(torch.tensor(position[token].logprob), want[token], **LOGPROB_TOL)
+                    assert position[token].rank == int((want > want[token]).sum()) + 1
+                    if not extra or mode == "processed_logprobs":
+                        assert position[token].rank == 1  # greedy: the argmax of what it was picked from
+                assert got.cumulative_logprob == pytest.approx(
+                    sum(float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(steps, got.token_ids)), abs=1e-3)
+    finally:
+        if engine is not llm:
+            engine.shutdown()
 
 
 def test_prompt_logprobs_equal_transformers_forward(llm, hf_model):

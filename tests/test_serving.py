@@ -564,7 +564,7 @@ def test_a_full_waiting_queue_answers_503_with_retry_after():
                 r = c.post("/v1/completions", json=dict(req, stream=False))
                 assert r.status_code == 503
                 assert r.headers["retry-after"] == "1"
-                assert r.json()["error"]["code"] == "queue_full"
+                assert (r.json()["error"]["code"], r.json()["error"]["type"]) == ("queue_full", "server_busy")
             for r in accepted:  # the engine goes on: both accepted requests finish
                 events = sse_events(r)
                 assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
@@ -598,7 +598,8 @@ def test_an_engine_error_fails_every_request_in_flight_and_the_server_goes_on(se
                 wait_for(lambda: async_llm.num_waiting == 1, "the second request to be accepted")
             r = plain.result()
             assert r.status_code == 500, r.text
-            assert r.json()["error"]["type"] == "internal_server_error" and "boom" in r.json()["error"]["message"]
+            assert r.json()["error"]["type"] == "internal_server_error"
+            assert "boom" in r.json()["error"]["message"]
             events = [json.loads(x[6:]) if x != "data: [DONE]" else x for x in lines if x.startswith("data: ")]
             assert "boom" in events[-2]["error"]["message"] and events[-1] == "data: [DONE]"
     finally:
@@ -822,6 +823,8 @@ BAD = [
 
 
 BAD_IDS = [f"{i}-{b[2]}-{b[3][:24]}" for i, b in enumerate(BAD)]
+# OpenAI's error types by status (vLLM names the exception instead: "BadRequestError", ...)
+ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error"}
 
 
 @pytest.mark.parametrize("path, body, status, phrase, param", BAD, ids=BAD_IDS)
@@ -832,6 +835,7 @@ def test_bad_requests_get_an_openai_error_and_the_server_goes_on(server, path, b
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == ERROR_TYPES[status] and (error["code"] is None or isinstance(error["code"], str))
     assert phrase in error["message"]
     assert error["param"] == param
     assert "Traceback" not in r.text
@@ -865,8 +869,7 @@ def test_openai_fields_holding_their_unused_values_are_accepted(server, client):
 
 
 def test_a_prompt_longer_than_the_context_is_context_length_exceeded(server):
-    """OpenAI's and vLLM's code for it, as for a max_tokens the context cannot hold: a client that checks
-    the code sees both."""
+    """OpenAI's code for it, as for a max_tokens the context cannot hold, with param the prompt."""
     for path, body, param in (("completions", {"prompt": OVER}, "prompt"),
                               ("completions", {"prompt": ["Hi", OVER]}, "prompt")):
         r = httpx.post(f"{server.base_url}/v1/{path}", json=body, timeout=TIMEOUT)
@@ -876,17 +879,28 @@ def test_a_prompt_longer_than_the_context_is_context_length_exceeded(server):
 
 
 def test_unknown_paths_and_methods(server):
+    """The framework's own errors in the same JSON: an unknown path a 404, a wrong method a 405."""
     r = httpx.get(server.base_url + "/v1/nothing", timeout=TIMEOUT)
-    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert r.status_code == 404 and r.json()["error"] == {"message": "GET /v1/nothing: Not Found",
+                                                          "type": "not_found_error", "param": None, "code": None}
     r = httpx.get(server.base_url + "/v1/completions", timeout=TIMEOUT)
-    assert r.status_code == 405 and "error" in r.json()
+    error = r.json()["error"]
+    assert r.status_code == 405 and error["type"] == "invalid_request_error" and "Method Not Allowed" in error["message"]
 
 
 def test_the_openai_client_sees_errors_as_its_exceptions(client):
-    with pytest.raises(openai.BadRequestError, match="SamplingParams.temperature"):
+    """The openai client reads the error object's code, type and param."""
+    with pytest.raises(openai.BadRequestError, match="SamplingParams.temperature") as e:
         client.completions.create(model=MODEL, prompt="Hi", temperature=-2)
-    with pytest.raises(openai.NotFoundError):
+    assert (e.value.status_code, e.value.code, e.value.type, e.value.param) == (400, None, "invalid_request_error",
+                                                                                "temperature")
+    with pytest.raises(openai.NotFoundError) as e:
         client.completions.create(model="nope", prompt="Hi")
+    assert (e.value.code, e.value.type, e.value.param) == ("model_not_found", "not_found_error", "model")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=10**6)
+    assert (e.value.code, e.value.param) == ("context_length_exceeded", "max_tokens")
+    assert "maximum context length" in e.value.message
 
 
 def test_api_key():
@@ -894,13 +908,138 @@ def test_api_key():
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
             r = httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=headers,
                            timeout=TIMEOUT)
-            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+            assert r.status_code == 401 and (r.json()["error"]["type"], r.json()["error"]["code"]) == (
+                "authentication_error", "invalid_api_key")
         assert httpx.get(url + "/v1/models", timeout=TIMEOUT).status_code == 401
         assert httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200  # not under /v1
         c = openai.OpenAI(base_url=url + "/v1", api_key="sekret", timeout=60, max_retries=0)
         assert c.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices[0].finish_reason
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=url + "/v1", api_key="bad", max_retries=0).models.list()
+
+
+# ---- vLLM's /tokenize, /detokenize, /version --------------------------------------------------------
+@pytest.fixture(scope="module")
+def hf_tokenizer(server):
+    from transformers import AutoTokenizer
+
+    from minillm.model_zoo import resolve_model
+    return AutoTokenizer.from_pretrained(resolve_model(MODEL))
+
+
+def test_tokenize_and_detokenize_as_vllm_with_transformers_ids(server, hf_tokenizer):
+    """vLLM's request and response fields; the ids and token strings are transformers' for the same folder
+    (a conversation: its apply_chat_template(tokenize=True)); /detokenize gives the text back, special
+    tokens kept, as vLLM's decode does."""
+    url, text = server.base_url, "Hello world, naïve café 🤖"
+    for special in (True, False):
+        r = httpx.post(url + "/tokenize", json={"model": MODEL, "prompt": text, "add_special_tokens": special,
+                                                "return_token_strs": True}, timeout=TIMEOUT)
+        want = hf_tokenizer(text, add_special_tokens=special)["input_ids"]
+        assert r.status_code == 200 and r.json() == {"count": len(want), "max_model_len": ARGS["max_model_len"],
+                                                     "tokens": want,
+                                                     "token_strs": hf_tokenizer.convert_ids_to_tokens(want)}, r.text
+    r = httpx.post(url + "/tokenize", json={"prompt": text}, timeout=TIMEOUT)  # vLLM's defaults
+    assert r.json()["tokens"] == hf_tokenizer(text)["input_ids"] and r.json()["token_strs"] is None
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three colors."}]
+    for options in ({}, {"add_generation_prompt": False}, {"chat_template_kwargs": {"enable_thinking": False}}):
+        r = httpx.post(url + "/tokenize", json={"messages": messages, **options}, timeout=TIMEOUT)
+        kwargs = {"add_generation_prompt": options.get("add_generation_prompt", True),
+                  **options.get("chat_template_kwargs", {})}
+        want = hf_tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **kwargs)
+        assert r.status_code == 200 and r.json()["tokens"] == list(want), (options, r.text)
+        back = httpx.post(url + "/detokenize", json={"model": MODEL, "tokens": r.json()["tokens"]}, timeout=TIMEOUT)
+        assert back.json() == {"prompt": hf_tokenizer.decode(want, skip_special_tokens=False)}
+        assert back.json()["prompt"] == hf_tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+    assert httpx.post(url + "/detokenize", json={"tokens": []}, timeout=TIMEOUT).json() == {"prompt": ""}
+    # the ids a served chat request runs are the ones /tokenize gives
+    n = httpx.post(url + "/tokenize", json={"messages": messages}, timeout=TIMEOUT).json()["count"]
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 1}, timeout=TIMEOUT)
+    assert r.json()["usage"]["prompt_tokens"] == n
+    version = httpx.get(url + "/version", timeout=TIMEOUT).json()
+    assert set(version) == {"version"} and isinstance(version["version"], str)
+
+
+TOKENIZE_BAD = [
+    ("tokenize", {}, "prompt must be a string", "prompt"),
+    ("tokenize", {"prompt": 5}, "prompt must be a string", "prompt"),
+    ("tokenize", {"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}]}, "not both", "prompt"),
+    ("tokenize", {"prompt": "Hi", "add_special_tokens": "yes"}, "add_special_tokens must be true or false",
+     "add_special_tokens"),
+    ("tokenize", {"prompt": "Hi", "return_token_strs": 1}, "return_token_strs must be true or false",
+     "return_token_strs"),
+    ("tokenize", {"prompt": "Hi", "add_generation_prompt": True}, "unknown field 'add_generation_prompt'",
+     "add_generation_prompt"),
+    ("tokenize", {"prompt": "x " * 600}, "but max_model_len is 512", "prompt"),
+    ("tokenize", {"messages": []}, "messages must be", "messages"),
+    ("tokenize", {"messages": [{"role": "user", "content": "Hi"}], "chat_template": "{{ 1 }}"},
+     "chat_template only as null", "chat_template"),
+    ("tokenize", {"messages": [{"role": "user", "content": "Hi"}], "continue_final_message": True},
+     "cannot both be True", "messages"),
+    ("tokenize", {"messages": [{"role": "user", "content": "Hi"}], "tools": "f"}, "tools must be a list", "tools"),
+    ("tokenize", {"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {"tools": 1}},
+     "may not set ['tools']", "chat_template_kwargs"),
+    ("tokenize", {"model": "gpt-4", "prompt": "Hi"}, "does not exist", "model"),
+    ("detokenize", {}, "tokens must be a list of token ids", "tokens"),
+    ("detokenize", {"tokens": [1, True]}, "tokens must be a list of token ids", "tokens"),
+    ("detokenize", {"tokens": [1, 10**12]}, "outside the vocabulary", "tokens"),
+    ("detokenize", {"tokens": [-1]}, "outside the vocabulary", "tokens"),
+    ("detokenize", {"tokens": [1] * 513}, "but max_model_len is 512", "tokens"),
+    ("detokenize", {"tokens": [1], "prompt": "x"}, "unknown field 'prompt'", "prompt"),
+    ("detokenize", {"model": "gpt-4", "tokens": [1]}, "does not exist", "model"),
+]
+
+
+@pytest.mark.parametrize("path, body, phrase, param", TOKENIZE_BAD,
+                         ids=[f"{i}-{b[0]}" for i, b in enumerate(TOKENIZE_BAD)])
+def test_bad_tokenize_and_detokenize_requests_get_an_openai_error(server, path, body, phrase, param):
+    r = httpx.post(f"{server.base_url}/{path}", json=body, timeout=TIMEOUT)
+    status = 404 if param == "model" else 400
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["param"] == param
+    assert r.json()["error"]["type"] == ERROR_TYPES[status] and phrase in r.json()["error"]["message"], r.text
+    r = httpx.post(f"{server.base_url}/{path}", content=b"{oops", timeout=TIMEOUT)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    good_request(server.base_url)
+
+
+def _strict_json(text: str):
+    """JSON as the standard has it: no NaN or Infinity (what JavaScript's JSON.parse and most clients read)."""
+    def refuse(constant):
+        raise AssertionError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_processed_logprobs_server_matches_offline_and_sends_no_infinity():
+    """--logprobs-mode reaches the engine in its own process; what top-k drops is -inf offline and -9999.0
+    in the JSON (as vLLM clamps it: JSON has no -inf), streamed or not, completions and chat."""
+    mode = "processed_logprobs"
+    sampling = dict(max_tokens=4, temperature=0.5, top_k=2, seed=7, ignore_eos=True)
+    offline_llm = LLM(MODEL, logprobs_mode=mode, **small_engine_args(**ARGS))
+    try:
+        want = offline_llm.generate(PROMPTS[3], params_for(offline_llm, logprobs=4, **sampling),
+                                    use_tqdm=False)[0].outputs[0]
+    finally:
+        offline_llm.shutdown()
+    assert any(lp.logprob == float("-inf") for lp in want.logprobs[0].values())
+    with server_handle(MODEL, engine_core="process", logprobs_mode=mode, **ARGS) as s:
+        r = httpx.post(s.base_url + "/v1/completions", json={"prompt": PROMPTS[3], "logprobs": 4, **sampling},
+                       timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        lp = _strict_json(r.text)["choices"][0]["logprobs"]
+        assert lp["token_logprobs"] == pytest.approx([p[t].logprob for t, p in zip(want.token_ids, want.logprobs)],
+                                                     abs=1e-5)
+        top = [sorted(v for v in d.values()) for d in lp["top_logprobs"]]
+        assert all(d[0] == -9999.0 for d in top)  # top_k=2 leaves 2 of the 4 finite
+        body = {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 4, **sampling}
+        r = httpx.post(s.base_url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+        content = _strict_json(r.text)["choices"][0]["logprobs"]["content"]
+        assert all(min(t["logprob"] for t in c["top_logprobs"]) == -9999.0 for c in content)
+        with httpx.stream("POST", s.base_url + "/v1/chat/completions", json={**body, "stream": True},
+                          timeout=TIMEOUT) as r:
+            lines = [x[len("data: "):] for x in r.iter_lines() if x.startswith("data: ") and x != "data: [DONE]"]
+        chunks = [_strict_json(x) for x in lines]
+        assert sum(len(c["choices"][0]["logprobs"]["content"]) for c in chunks if c["choices"][0]["logprobs"]) == 4
 
 
 # ---- /metrics and / ------------------------------------------------------------------------------

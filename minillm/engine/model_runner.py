@@ -264,6 +264,7 @@ class ModelRunner:
                 args["min_p"] = np.asarray([p.min_p for p in ps], dtype=np.float32)
             if any(p.logprobs is not None for p in ps):
                 args["num_logprobs"] = max(p.logprobs or 0 for p in ps)
+                args["logprobs_mode"] = self.config.logprobs_mode
         if self.device.type == "cuda" and not args.keys() & {"top_k", "top_p", "processors"}:
             # the fused sampler: one Philox key per row and step, from the request's seed when it has
             # one (reproducible whatever else is in the batch), else from the engine's own stream
@@ -348,7 +349,10 @@ class ModelRunner:
             input_ids = torch.where(idx != NO_SOURCE_ROW, prev.token_ids[idx.clamp_min(0)], input_ids)
         try:
             logits = self.run_model(input_ids, positions, logits_rows)
-            prompt_logprobs = [(row, pos, token_logprobs(logits[first:first + len(targets)], to_device(targets, self.device), k))
+            # prompt tokens go through no logits processor: raw and processed modes alike score the raw logits
+            mode = self.config.logprobs_mode
+            prompt_logprobs = [(row, pos, token_logprobs(logits[first:first + len(targets)],
+                                                         to_device(targets, self.device), k, mode))
                                for row, first, pos, targets, k in batch.prompt_logprobs]
             if batch.sample_rows is not None:
                 logits = logits[to_device(batch.sample_rows, self.device)]

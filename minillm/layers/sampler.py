@@ -13,6 +13,7 @@ from torch import nn
 
 from minillm.kernels.sampling import sample_triton
 from minillm.layers.logits_processors import apply_logits_processors, apply_min_p
+from minillm.sampling_params import LOGPROBS_MODES
 
 
 # >>> exercise 5.3 | notebooks/05_engine_performance.ipynb | Sampling without a host sync: the Gumbel-max trick
@@ -80,7 +81,8 @@ def gumbel_sample(logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch
 
 class TokenLogprobs(NamedTuple):
     """Per row: the chosen token's log-probability and rank (1 = most likely), and the k most likely
-    tokens with theirs. Tensors on the logits' device."""
+    tokens with theirs (in a logits mode of LOGPROBS_MODES, logits instead of log-probabilities).
+    Tensors on the logits' device."""
 
     chosen: torch.Tensor  # [B] fp32
     rank: torch.Tensor  # [B] int64
@@ -88,13 +90,26 @@ class TokenLogprobs(NamedTuple):
     top_logprobs: torch.Tensor  # [B, k] fp32
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> TokenLogprobs:
-    """log_softmax of logits [B, V] (fp32) at token_ids [B], with each one's rank, and the top k."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    chosen = logprobs.gather(1, token_ids[:, None].long())  # [B, 1]
-    rank = (logprobs > chosen).sum(dim=-1) + 1
-    top = logprobs.topk(k, dim=-1)
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int, mode: str = "raw_logprobs") -> TokenLogprobs:
+    """log_softmax of logits [B, V] (fp32) at token_ids [B], with each one's rank, and the top k; in a
+    logits mode (raw_logits, processed_logits) the logits themselves (ranked alike)."""
+    values = logits.float() if mode.endswith("_logits") else torch.log_softmax(logits.float(), dim=-1)
+    chosen = values.gather(1, token_ids[:, None].long())  # [B, 1]
+    rank = (values > chosen).sum(dim=-1) + 1
+    top = values.topk(k, dim=-1)
     return TokenLogprobs(chosen[:, 0], rank, top.indices, top.values)
+
+
+def processed_logits(processed: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor | None,
+                     top_p: torch.Tensor | None, min_p: torch.Tensor | None) -> torch.Tensor:
+    """The logits a sampled row draws its token from (vLLM's processed_logits): the logits after the
+    processors (processed [B, V] fp32), then min_p, the temperature, top-k and top-p, the tokens they
+    drop at -inf. A greedy row (temperature 0) keeps `processed` as it is, as in vLLM (see LOGPROBS_MODES)."""
+    x = processed if min_p is None else apply_min_p(processed, min_p, temperatures)
+    x = x / torch.where(temperatures > 0, temperatures, 1.0)[:, None]
+    if top_k is not None or top_p is not None:
+        x = apply_top_k_top_p(x, top_k, top_p)
+    return torch.where((temperatures > 0)[:, None], x, processed)
 
 
 class Sampler(nn.Module):
@@ -102,16 +117,17 @@ class Sampler(nn.Module):
                 top_p: torch.Tensor | None = None, generators: list | None = None,
                 all_greedy: bool | None = None, any_greedy: bool | None = None,
                 seeds: torch.Tensor | None = None, processors: dict | None = None,
-                min_p: torch.Tensor | None = None, num_logprobs: int | None = None):
+                min_p: torch.Tensor | None = None, num_logprobs: int | None = None,
+                logprobs_mode: str = "raw_logprobs"):
         """logits: [B, V]; temperatures: [B] (0 = greedy); generators: per row a torch.Generator or None;
         all_greedy / any_greedy: pass them when known on the host (saves device syncs and work);
         seeds: [B] per-row Philox keys -> the fused Triton sampler (CUDA; nothing else asked for);
-        processors: apply_logits_processors' keyword arguments; min_p: [B]; num_logprobs: k.
-        -> [B] int64 token ids; with num_logprobs, (ids, TokenLogprobs of the logits after the
-        processors, before temperature and the warpers)."""
+        processors: apply_logits_processors' keyword arguments; min_p: [B]; num_logprobs: k;
+        logprobs_mode: one of LOGPROBS_MODES (vLLM's engine argument; the tokens do not depend on it).
+        -> [B] int64 token ids; with num_logprobs, (ids, TokenLogprobs of the logits logprobs_mode names)."""
         if seeds is not None and top_k is None and top_p is None and processors is None and min_p is None:
             return sample_triton(logits, temperatures, seeds)
-        logits = processed = logits.float()
+        logits = raw = processed = logits.float()
         if processors is not None:
             logits = processed = apply_logits_processors(logits, **processors)
         if min_p is not None:
@@ -122,4 +138,14 @@ class Sampler(nn.Module):
             ids = logits.argmax(dim=-1)
         else:
             ids = gumbel_sample(logits, temperatures, top_k, top_p, generators, any_greedy)
-        return ids if num_logprobs is None else (ids, token_logprobs(processed, ids, num_logprobs))
+        if num_logprobs is None:
+            return ids
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {logprobs_mode!r}")
+        if logprobs_mode.startswith("raw_"):
+            scored = raw
+        elif all_greedy:
+            scored = processed
+        else:
+            scored = processed_logits(processed, temperatures, top_k, top_p, min_p)
+        return ids, token_logprobs(scored, ids, num_logprobs, logprobs_mode)

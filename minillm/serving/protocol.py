@@ -26,6 +26,11 @@ COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs"}
 # vLLM's chat template options, as LLM.chat takes them (minillm.tokenizer.chat_template_options)
 TEMPLATE_FIELDS = ("chat_template_kwargs", "add_generation_prompt", "continue_final_message")
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", *TEMPLATE_FIELDS}
+# vLLM's /tokenize takes a prompt (TokenizeCompletionRequest) or a conversation (TokenizeChatRequest);
+# /detokenize token ids (DetokenizeRequest). Their fields, as vLLM names them:
+TOKENIZE_FIELDS = {"model", "prompt", "add_special_tokens", "return_token_strs"}
+TOKENIZE_CHAT_FIELDS = {"model", "messages", "add_special_tokens", "return_token_strs", "tools", *TEMPLATE_FIELDS}
+DETOKENIZE_FIELDS = {"model", "tokens"}
 
 
 def _off(*values):
@@ -59,7 +64,19 @@ CHAT_UNUSED = {
 }
 
 
+# vLLM's /tokenize takes these only with the trust or the processor this server has not: null (or {}) only
+TOKENIZE_CHAT_UNUSED = {
+    "chat_template": (_off(None), "null (vLLM refuses a request's own template unless trusted; this server has "
+                                  "no --trust-request-chat-template)"),
+    "mm_processor_kwargs": (_off(None, {}), "null"),
+}
+
+
 class APIError(Exception):
+    """An error answer: OpenAI's body {"error": {"message", "type", "param", "code"}}: `type` its category,
+    `code` a machine-readable reason as OpenAI's API sends it ("context_length_exceeded") or None, `param`
+    the request field at fault (or None). vLLM sends the exception's name as `type` and the status as `code`."""
+
     def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: dict | None = None):
         super().__init__(message)
@@ -93,12 +110,25 @@ def check_fields(body, allowed: set[str], unused: dict | None = None) -> None:
 
 
 def _flag(body: dict, name: str) -> bool:
-    value = body.get(name, False)
+    return flag(body, name, default=False)
+
+
+def flag(body: dict, name: str, default: bool) -> bool:
+    """A true/false request field; left out or null: `default`."""
+    value = body.get(name)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise bad_request(f"{name} must be true or false, got {describe(value)}", param=name)
     return value
+
+
+def token_id_list(body: dict, name: str) -> list[int]:
+    """A request field holding a list of token ids (ints, not true/false) -> that list."""
+    ids = body.get(name)
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise bad_request(f"{name} must be a list of token ids (integers), got {describe(ids)}", param=name)
+    return ids
 
 
 def stream_flags(body: dict) -> tuple[bool, bool]:
@@ -222,6 +252,13 @@ def _top(position: dict, k: int, chosen: int | None = None) -> list:
     return sorted(ranked, key=lambda x: x[1].rank or 0)
 
 
+MIN_LOGPROB = -9999.0  # JSON has no -inf: a token a processed logprobs_mode dropped reads as this, as vLLM sends it
+
+
+def _json_logprob(value: float) -> float:
+    return max(value, MIN_LOGPROB)
+
+
 def completion_logprobs(c: CompletionOutput, k: int, offset: int = 0) -> dict | None:
     """OpenAI's legacy logprobs object: tokens, token_logprobs, top_logprobs, text_offset."""
     if c.logprobs is None:
@@ -230,9 +267,9 @@ def completion_logprobs(c: CompletionOutput, k: int, offset: int = 0) -> dict | 
     for t, position in zip(c.token_ids, c.logprobs):
         chosen = position[t]
         tokens.append(chosen.decoded_token or "")
-        lps.append(chosen.logprob)
+        lps.append(_json_logprob(chosen.logprob))
         # the legacy API's top_logprobs: "the logprobs most likely tokens, as well the chosen tokens" (vLLM's too)
-        tops.append({lp.decoded_token or "": lp.logprob for _, lp in _top(position, k, chosen=t)})
+        tops.append({lp.decoded_token or "": _json_logprob(lp.logprob) for _, lp in _top(position, k, chosen=t)})
         offsets.append(offset)
         offset += len(tokens[-1])
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
@@ -245,7 +282,7 @@ def chat_logprobs(c: CompletionOutput, k: int) -> dict | None:
 
     def entry(lp) -> dict:
         text = lp.decoded_token or ""
-        return {"token": text, "logprob": lp.logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": _json_logprob(lp.logprob), "bytes": list(text.encode("utf-8"))}
 
     return {"content": [dict(entry(position[t]), top_logprobs=[entry(lp) for _, lp in _top(position, k)])
                         for t, position in zip(c.token_ids, c.logprobs)]}

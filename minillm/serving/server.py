@@ -3,6 +3,7 @@
     GET  /v1/models             the one model served
     POST /v1/completions        prompt (text or token ids, or a list of them) -> text; "stream": true for SSE chunks
     POST /v1/chat/completions   messages -> the assistant's reply; the same sampling fields
+    POST /tokenize, POST /detokenize, GET /version   vLLM's: text or a conversation <-> token ids
     GET  /health, GET /metrics (Prometheus text), GET / (the chat page, static/index.html)
 
 Every error is OpenAI's JSON {"error": {"message", "type", "param", "code"}}, never a traceback:
@@ -31,10 +32,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minillm.engine.llm_engine import PromptTooLongError
 from minillm.serving.async_engine import AsyncStream, EngineClient, EngineError, QueueFullError
-from minillm.serving.protocol import (CHAT_FIELDS, CHAT_UNUSED, COMPLETION_FIELDS, COMPLETION_UNUSED, MAX_BODY_BYTES,
-                                      APIError, bad_request, chat_logprobs, chat_messages, check_fields,
-                                      completion_logprobs, completion_prompts, merge, param_of, sampling_params,
-                                      stream_flags, template_options, usage)
+from minillm.serving.protocol import (CHAT_FIELDS, CHAT_UNUSED, COMPLETION_FIELDS, COMPLETION_UNUSED,
+                                      DETOKENIZE_FIELDS, MAX_BODY_BYTES, TOKENIZE_CHAT_FIELDS, TOKENIZE_CHAT_UNUSED,
+                                      TOKENIZE_FIELDS, APIError, bad_request, chat_logprobs, chat_messages,
+                                      check_fields, completion_logprobs, completion_prompts, flag, merge, param_of,
+                                      sampling_params, stream_flags, template_options, token_id_list, usage)
+from minillm.sampling_params import describe
 from minillm.serving.sse import sse_event
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
@@ -115,7 +118,8 @@ async def _read_json(request: Request) -> dict:
         elif size > 16 * MAX_BODY_BYTES:
             break
     if too_big:
-        raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="request_too_large")
+        raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes: send at most that much",
+                       code="request_too_large")
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
@@ -149,6 +153,15 @@ async def _collect(streams: list[AsyncStream], request: Request) -> list[dict] |
     return done_task.result() if done_task.done() and not done_task.cancelled() else None
 
 
+def _version() -> str:
+    """minillm's version (vLLM's GET /version answers its own)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        return version("minillm")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = None) -> FastAPI:
     """The server's routes over one EngineClient (an AsyncLLM or an EngineCoreClient; the caller owns it and
     shuts it down)."""
@@ -179,15 +192,19 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
             raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                            type="authentication_error", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
-    async def parse(request: Request, allowed: set[str], unused: dict) -> dict:
-        authorize(request)
+    async def parse(request: Request, allowed: set[str], unused: dict | None, guarded: bool = True) -> dict:
+        if guarded:  # /v1/*, as vLLM guards it; /tokenize and /detokenize are open, as vLLM leaves them
+            authorize(request)
         body = await _read_json(request)
         check_fields(body, allowed, unused)
+        await parse_model(body)
+        return body
+
+    async def parse_model(body: dict) -> None:
         model = body.get("model")
         if model is not None and model != model_name:
             raise APIError(404, f"the model {model!r} does not exist; this server serves {model_name!r}",
                            type="not_found_error", param="model", code="model_not_found")
-        return body
 
     def submit(prompts: list, params, body: dict, chat: bool) -> list[AsyncStream]:
         """One request per prompt, all or none: every prompt is checked (tokens, vocabulary, length,
@@ -311,6 +328,72 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
             raise bad_request(str(e), param="messages") from None
         return await run(request, submit([prompt], params, body, chat=True), params, True, stream_mode,
                          include_usage)
+
+    def need_tokenizer():
+        if async_llm.tokenizer is None:
+            raise bad_request("this model has no tokenizer.json, so it cannot tokenize or detokenize text")
+        return async_llm.tokenizer
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        """vLLM's /tokenize: {"prompt": text, "add_special_tokens": true} or a conversation {"messages": [...],
+        "add_special_tokens": false, vLLM's template options} -> {"count", "max_model_len", "tokens",
+        "token_strs"} (token_strs with "return_token_strs": true, else null)."""
+        body = await _read_json(request)
+        chat = isinstance(body, dict) and "messages" in body
+        if chat and "prompt" in body:
+            raise bad_request("give prompt or messages, not both: /tokenize tokenizes one text or one conversation",
+                              param="prompt")
+        check_fields(body, TOKENIZE_CHAT_FIELDS if chat else TOKENIZE_FIELDS, TOKENIZE_CHAT_UNUSED if chat else None)
+        await parse_model(body)
+        tok = need_tokenizer()
+        special = flag(body, "add_special_tokens", default=not chat)  # vLLM's defaults: a template adds its own
+        param = "messages" if chat else "prompt"
+        try:
+            if chat:
+                options = template_options(body)
+                tools = body.get("tools")
+                if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+                    raise bad_request(f"tools must be a list of tool definitions (objects), got {describe(tools)}",
+                                      param="tools")
+                text = tok.apply_chat_template(chat_messages(body), **dict(options, tools=tools), tokenize=False)
+            else:
+                text = body.get("prompt")
+                if not isinstance(text, str):
+                    raise bad_request(f"prompt must be a string (the text to tokenize), got {describe(text)}",
+                                      param="prompt")
+            ids = tok.encode(text, add_special_tokens=special)
+        except ValueError as e:
+            raise bad_request(str(e), param=param) from None
+        limit = async_llm.max_model_len
+        if len(ids) > limit:  # vLLM's check: what /tokenize returns must fit the context
+            raise bad_request(f"the {param} has {len(ids)} tokens but max_model_len is {limit}: tokenize at most "
+                              f"{limit} tokens (shorten the {param}, or start the server with a larger "
+                              f"--max-model-len)", param=param, code="context_length_exceeded")
+        strs = tok.convert_ids_to_tokens(ids) if flag(body, "return_token_strs", default=False) else None
+        return {"count": len(ids), "max_model_len": limit, "tokens": ids, "token_strs": strs}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        """vLLM's /detokenize: {"tokens": [ids]} -> {"prompt": their text}, special tokens kept (as vLLM decodes)."""
+        body = await _read_json(request)
+        check_fields(body, DETOKENIZE_FIELDS)
+        await parse_model(body)
+        tok = need_tokenizer()
+        ids = token_id_list(body, "tokens")
+        vocab = async_llm.checks.vocab_size
+        outside = [t for t in ids if not 0 <= t < vocab]
+        if outside:
+            raise bad_request(f"tokens holds ids {outside[:5]} outside the vocabulary [0, {vocab}) of this model; "
+                              f"send ids this model's /tokenize gives", param="tokens")
+        if len(ids) > async_llm.max_model_len:
+            raise bad_request(f"tokens holds {len(ids)} ids but max_model_len is {async_llm.max_model_len}: "
+                              f"detokenize at most that many at once", param="tokens", code="context_length_exceeded")
+        return {"prompt": tok.decode(ids, skip_special_tokens=False)}
+
+    @app.get("/version")
+    async def version():
+        return {"version": _version()}
 
     @app.get("/v1/models")
     async def models(request: Request):

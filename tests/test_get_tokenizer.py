@@ -1,0 +1,83 @@
+"""llm.get_tokenizer() as code written for vLLM uses it (there it is a transformers tokenizer): the calls
+a vLLM user makes in the first hour give what transformers' AutoTokenizer of the same folder gives."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from helpers import one_torch_thread, small_engine_args  # noqa: F401 (one_torch_thread: an autouse fixture)
+from minillm import LLM
+from minillm.model_zoo import resolve_model
+
+TEXTS = ["Hello world, naïve café 🤖", "数字 and <|im_end|> inside", " leading space"]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    engine = LLM("qwen3-tiny", **small_engine_args(max_model_len=128))
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tok(llm):
+    return llm.get_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return AutoTokenizer.from_pretrained(resolve_model("qwen3-tiny"))
+
+
+def test_calling_the_tokenizer_gives_transformers_input_ids(tok, hf):
+    for special in (True, False):
+        for text in TEXTS:
+            enc, want = tok(text, add_special_tokens=special), hf(text, add_special_tokens=special)
+            assert enc["input_ids"] == enc.input_ids == want["input_ids"]
+            assert enc["attention_mask"] == want["attention_mask"]
+        batch, want = tok(TEXTS), hf(TEXTS)
+        assert batch.input_ids == want["input_ids"] and batch.attention_mask == want["attention_mask"]
+    pt = tok(TEXTS[0], return_tensors="pt")
+    assert torch.equal(pt.input_ids, hf(TEXTS[0], return_tensors="pt")["input_ids"])
+    assert pt.input_ids.dtype == torch.long and pt.attention_mask.shape == pt.input_ids.shape
+
+
+def test_the_vocabulary_calls_equal_transformers(tok, hf):
+    ids = hf(TEXTS[1])["input_ids"] + [hf.eos_token_id]
+    assert tok.convert_ids_to_tokens(ids) == hf.convert_ids_to_tokens(ids)
+    assert tok.convert_ids_to_tokens(ids[0]) == hf.convert_ids_to_tokens(ids[0])
+    assert tok.convert_tokens_to_ids(hf.convert_ids_to_tokens(ids)) == ids
+    assert tok.convert_tokens_to_ids("<|im_end|>") == hf.convert_tokens_to_ids("<|im_end|>")
+    for text in TEXTS:
+        assert tok.tokenize(text) == hf.tokenize(text)
+    assert tok.get_vocab() == hf.get_vocab() and len(tok) == len(hf)
+    assert (tok.eos_token_id, tok.bos_token_id) == (hf.eos_token_id, hf.bos_token_id)
+    assert tok.batch_decode([ids, ids[:2]]) == hf.batch_decode([ids, ids[:2]], skip_special_tokens=True)
+    assert tok.decode(ids, skip_special_tokens=False) == hf.decode(ids, skip_special_tokens=False)
+    messages = [{"role": "user", "content": "Hi"}]
+    assert tok.apply_chat_template(messages, tokenize=True) == list(
+        hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False))
+
+
+def test_what_a_tokenizer_call_cannot_do_is_a_value_error_that_says_what_to_do(tok):
+    for kwargs, phrase in ((dict(padding=True), r"not \['padding'\]; for padding or truncation use transformers"),
+                           (dict(return_tensors="tf"), "return_tensors must be None"),
+                           (dict(return_tensors="pt", text=TEXTS), "needs texts of equal token length")):
+        text = kwargs.pop("text", TEXTS[0])
+        with pytest.raises(ValueError, match=phrase):
+            tok(text, **kwargs)
+    for bad in ([1, 2, 3], None, ["a", 3]):
+        with pytest.raises(ValueError, match="text must be a string or a list of strings"):
+            tok(bad)
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        tok("\ud800")
+
+
+def test_a_tokenizer_calls_ids_generate_the_same_as_its_text(llm, tok):
+    """vLLM code feeds tokenizer(text).input_ids as a TokensPrompt: the same request as the text."""
+    from minillm import SamplingParams
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    by_text = llm.generate(TEXTS[0], params, use_tqdm=False)[0]
+    by_ids = llm.generate({"prompt_token_ids": tok(TEXTS[0]).input_ids}, params, use_tqdm=False)[0]
+    assert by_ids.outputs[0].token_ids == by_text.outputs[0].token_ids
