@@ -19,6 +19,9 @@ TEST_JOBS_ARGS := $(if $(filter 1,$(TEST_JOBS)),,-n $(TEST_JOBS))
 # Jupyter refuses to run as root without --allow-root; as root (a container, a CI box) there is
 # no desktop browser to open either, so it only prints the URL.
 LAB_ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root --no-browser,)
+# JupyterLab's defaults as make lab starts it: no popup asking to fetch Jupyter's news on a first start
+# (tests/test_jupyterlab.py starts JupyterLab with the same folder)
+LAB_SETTINGS := $(CURDIR)/minillm/course/lab_settings
 
 .PHONY: demo test setup browser lab grade exercises references slides clean
 
@@ -74,7 +77,8 @@ browser: setup
 lab: setup  ## JupyterLab on the notebooks, with .venv's Python as the kernel; open the URL it prints
 	@echo "JupyterLab from $(VENV) (kernel: $(PY)). Open the http://localhost:PORT/lab/tree/notebooks?token=... URL printed"
 	@echo "below in a browser; Ctrl+C twice stops it. Start with notebooks/00_tour.ipynb."
-	$(PY) -m jupyterlab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(LAB_ROOT_ARGS) $(LAB_ARGS)
+	$(PY) -m jupyterlab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks \
+	  --LabApp.app_settings_dir=$(LAB_SETTINGS) $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
 # A VENV given on the command line (make grade VENV=~/envs/course) is used as it is: setup would install
 # this checkout into it, re-pointing an environment that may serve another checkout

@@ -35,6 +35,8 @@ CHROMIUM_ARGS = (
     "--disable-component-update", "--disable-sync",
 )
 
+# make lab's JupyterLab defaults (overrides.json: no news prompt); the test starts JupyterLab with them too
+LAB_SETTINGS = Path(__file__).resolve().parent.parent / "minillm" / "course" / "lab_settings"
 SERVER_START_S = 120  # the first start on a cold 2-core machine compiles nothing but imports a lot
 SERVER_STOP_S = 30    # SIGTERM: the server shuts its kernels down, then exits
 POLL_S = 0.25
@@ -135,7 +137,8 @@ class JupyterLab:
                f"--ServerApp.root_dir={self.root}", f"--IdentityProvider.token={self.token}",
                # nothing that reaches for the network: no extension manager, news or update check
                "--LabApp.extension_manager=readonly", "--LabApp.news_url=None",
-               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+               f"--LabApp.app_settings_dir={LAB_SETTINGS}"]
         if os.geteuid() == 0:  # CI runs as root; Jupyter refuses root without this
             cmd.append("--allow-root")
         with open(self.log_path, "wb") as log:

@@ -48,6 +48,7 @@ KERNEL_READY_JS = """() => {
   const status = document.querySelector('.jp-NotebookPanel .jp-Notebook-ExecutionIndicator');
   return !!(name && status && !/No Kernel/.test(name.textContent) && status.dataset.status === 'idle');
 }"""
+NEWS_PROMPT = "Would you like to get notified about official Jupyter news?"
 NOT_RUN_PROMPT = "[ ]:"
 DONE_PROMPT = re.compile(r"^\[\d+\]:$")
 
@@ -129,6 +130,8 @@ def _drive_tour(page, lab: JupyterLab, notebooks: Path) -> tuple[dict[str, str],
         assert probe.locator(".jupyter-widgets .widget-hprogress").count() == 1, (
             "tqdm's bar did not render as a widget in JupyterLab (is ipywidgets installed?): "
             f"{shown['kernel probe cell']!r}")
+        # make lab's settings (minillm/course/lab_settings): no popup over the notebook asking to fetch news
+        assert page.get_by_text(NEWS_PROMPT).count() == 0, f"JupyterLab shows {NEWS_PROMPT!r}"
         page.keyboard.press("Control+s")  # so the outputs can be checked in the file too
         return shown, _wait_for_saved(notebooks / TOUR)
     finally:
