@@ -108,11 +108,16 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(check_text(text), add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Token ids (a list, a 1-D tensor or array, or one int) -> text. Special tokens are left out unless
+        skip_special_tokens=False: minillm's default is the engine's (its outputs leave them out, as vLLM's
+        do); transformers' decode keeps them by default."""
+        return self._tok.decode(id_list(ids), skip_special_tokens=skip_special_tokens)
 
-    def batch_decode(self, sequences: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
-        return [self.decode(ids, skip_special_tokens) for ids in sequences]
+    def batch_decode(self, sequences, skip_special_tokens: bool = True) -> list[str]:
+        """decode() of each row (a list of lists, or a 2-D tensor or array)."""
+        rows = sequences.tolist() if hasattr(sequences, "tolist") else sequences
+        return [self.decode(ids, skip_special_tokens) for ids in rows]
 
     def __len__(self) -> int:  # transformers' len(tokenizer): the vocabulary, added tokens included
         return self.vocab_size
@@ -125,11 +130,14 @@ class Tokenizer:
         return self.token_to_id(tokens) if isinstance(tokens, str) else [self.token_to_id(t) for t in tokens]
 
     # ---- transformers' names, so that code written for vLLM's get_tokenizer() (a transformers tokenizer) runs
-    def convert_ids_to_tokens(self, ids):
-        """A token id's vocabulary entry ("Ġworld" for " world"; None outside the vocabulary), or a list of them."""
+    def convert_ids_to_tokens(self, ids, skip_special_tokens: bool = False):
+        """A token id's vocabulary entry ("Ġworld" for " world"; None outside the vocabulary), or a list of
+        them (special tokens left out with skip_special_tokens=True, as transformers does)."""
         if is_integer(ids):
             return self._tok.id_to_token(int(ids))
-        return [self._tok.id_to_token(int(i)) for i in ids]
+        special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special} if skip_special_tokens \
+            else set()
+        return [self._tok.id_to_token(int(i)) for i in id_list(ids) if int(i) not in special]
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
         """text -> its tokens' vocabulary entries (transformers' tokenize)."""
@@ -171,20 +179,30 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             chat_template: str | None = None, continue_final_message: bool = False,
-                            tools: list[dict] | None = None, tokenize: bool = False,
-                            **template_kwargs) -> str | list[int]:
+                            tools: list[dict] | None = None, tokenize: bool = False, return_dict: bool = False,
+                            **template_kwargs) -> str | list[int] | Encoding:
         """Render a conversation [{"role", "content"}, ...] to the prompt text the model was tuned on, as
         transformers' apply_chat_template(..., tokenize=False) does: chat_template replaces the
         tokenizer's own; continue_final_message leaves the last message open (no end-of-turn after
         it) for the model to continue; tools (JSON-schema dicts) and template_kwargs (e.g.
         enable_thinking=False for Qwen3) are passed to the template. tokenize=True returns that text's
         token ids instead (transformers' default is True; minillm's, the text, is what vLLM code asks
-        for with tokenize=False)."""
-        if not isinstance(tokenize, bool):
-            raise ValueError(f"tokenize must be True or False, got {describe(tokenize)}")
+        for with tokenize=False), and with return_dict=True {"input_ids", "attention_mask"} (transformers
+        5's default with tokenize=True; minillm's is the list). Two defaults differ from transformers':
+        add_generation_prompt is True here (as vLLM's LLM.chat has it) and False there. transformers'
+        options that pad, truncate or make tensors are refused (TRANSFORMERS_ONLY_CHAT_OPTIONS)."""
+        for name, value in (("tokenize", tokenize), ("return_dict", return_dict)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {describe(value)}")
+        refused = sorted(set(template_kwargs) & TRANSFORMERS_ONLY_CHAT_OPTIONS)
+        if refused:
+            raise ValueError(f"minillm's apply_chat_template does not take {refused} (transformers' padding, "
+                             f"truncation and tensors): call it with tokenize=True for the ids, or use transformers' "
+                             f"AutoTokenizer on the same folder")
         if tokenize:
-            return self.encode_chat(messages, add_generation_prompt=add_generation_prompt, chat_template=chat_template,
-                                    continue_final_message=continue_final_message, tools=tools, **template_kwargs)
+            ids = self.encode_chat(messages, add_generation_prompt=add_generation_prompt, chat_template=chat_template,
+                                   continue_final_message=continue_final_message, tools=tools, **template_kwargs)
+            return Encoding(input_ids=ids, attention_mask=[1] * len(ids)) if return_dict else ids
         template = self.chat_template if chat_template is None else chat_template
         if not template:
             raise ValueError("this tokenizer has no chat template; use generate() with plain text instead, "
@@ -224,6 +242,19 @@ class Tokenizer:
         # the rendered template already holds every special token: add none
         return self.encode(self.apply_chat_template(messages, **template_options, tokenize=False),
                            add_special_tokens=False)
+
+
+# transformers' apply_chat_template options that minillm's does not do (it neither pads nor truncates nor
+# makes tensors): refused rather than handed to the template as variables
+TRANSFORMERS_ONLY_CHAT_OPTIONS = {"padding", "truncation", "max_length", "return_tensors",
+                                  "return_assistant_tokens_mask", "tokenizer_kwargs"}
+
+
+def id_list(ids) -> list[int]:
+    """Token ids as decode takes them from transformers' callers: a list, a 1-D tensor or array, or one int."""
+    if is_integer(ids):
+        return [int(ids)]
+    return ids.tolist() if hasattr(ids, "tolist") else ids
 
 
 # names the template renders with that chat_template_kwargs may not override (each is an option of its own)

@@ -81,3 +81,42 @@ def test_a_tokenizer_calls_ids_generate_the_same_as_its_text(llm, tok):
     by_text = llm.generate(TEXTS[0], params, use_tqdm=False)[0]
     by_ids = llm.generate({"prompt_token_ids": tok(TEXTS[0]).input_ids}, params, use_tqdm=False)[0]
     assert by_ids.outputs[0].token_ids == by_text.outputs[0].token_ids
+
+
+def test_decode_takes_what_transformers_decode_takes(tok, hf):
+    """One int, a tensor or an array (what a model's output gives), as transformers' decode takes them; the
+    special tokens kept with skip_special_tokens=False (transformers' default) and left out with True."""
+    ids = hf("Hello <|im_end|> world")["input_ids"]
+    for given in (ids, torch.tensor(ids), torch.tensor(ids).numpy()):
+        for skip in (False, True):
+            assert tok.decode(given, skip_special_tokens=skip) == hf.decode(given, skip_special_tokens=skip)
+    assert tok.decode(ids[0]) == hf.decode(ids[0])
+    rows = torch.tensor([ids, ids[::-1]])
+    assert tok.batch_decode(rows, skip_special_tokens=False) == hf.batch_decode(rows)
+    for skip in (False, True):
+        assert tok.convert_ids_to_tokens(ids, skip_special_tokens=skip) == hf.convert_ids_to_tokens(
+            ids, skip_special_tokens=skip)
+
+
+def test_apply_chat_template_return_dict_and_the_options_it_refuses(tok, hf):
+    messages = [{"role": "user", "content": "Hi"}]
+    want = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=True)
+    got = tok.apply_chat_template(messages, tokenize=True, return_dict=True)
+    assert got["input_ids"] == got.input_ids == want["input_ids"]
+    assert got["attention_mask"] == want["attention_mask"]
+    for option in (dict(return_tensors="pt"), dict(padding=True), dict(truncation=True, max_length=4)):
+        with pytest.raises(ValueError, match="AutoTokenizer"):
+            tok.apply_chat_template(messages, tokenize=True, **option)
+    with pytest.raises(ValueError, match="return_dict must be True or False"):
+        tok.apply_chat_template(messages, return_dict="yes")
+
+
+def test_logprobs_name_special_tokens_by_their_text(llm, tok):
+    """vLLM's decoded_token decodes each id with its special tokens kept: an end-of-turn token reads
+    '<|im_end|>', not '' (which would also merge such tokens in the legacy API's top_logprobs dict)."""
+    from minillm import SamplingParams
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=3, allowed_token_ids=[im_end], ignore_eos=True)
+    out = llm.generate("Hi", params, use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == [im_end]
+    assert out.logprobs[0][im_end].decoded_token == "<|im_end|>"

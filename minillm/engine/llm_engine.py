@@ -536,9 +536,11 @@ class LLMEngine:
                              num_cached_tokens=seq.num_prefix_cache_hits)
 
     def _logprob_objects(self, entry: dict[int, tuple[float, int]], detokenize: bool = True) -> dict:
-        """{token: Logprob}, each with its token's own text (vLLM's decoded_token; None without detokenize)."""
+        """{token: Logprob}, each with its token's own text, a special token's included (vLLM's decoded_token,
+        which decodes each id with skip_special_tokens=False; None without detokenize)."""
         decode = self.tokenizer.decode if self.tokenizer and detokenize else None
-        return {t: Logprob(lp, rank, decode([t]) if decode else None) for t, (lp, rank) in entry.items()}
+        return {t: Logprob(lp, rank, decode([t], skip_special_tokens=False) if decode else None)
+                for t, (lp, rank) in entry.items()}
 
     def shutdown(self) -> None:
         """Free everything on the device (weights, KV cache, CUDA graphs) and stop tensor-parallel
