@@ -109,11 +109,7 @@ def check_fields(body, allowed: set[str], unused: dict | None = None) -> None:
                               code="unsupported_value")
 
 
-def _flag(body: dict, name: str) -> bool:
-    return flag(body, name, default=False)
-
-
-def flag(body: dict, name: str, default: bool) -> bool:
+def flag(body: dict, name: str, default: bool = False) -> bool:
     """A true/false request field; left out or null: `default`."""
     value = body.get(name)
     if value is None:
@@ -133,18 +129,18 @@ def token_id_list(body: dict, name: str) -> list[int]:
 
 def stream_flags(body: dict) -> tuple[bool, bool]:
     """-> (stream, include_usage)."""
-    stream = _flag(body, "stream")
+    stream = flag(body, "stream")
     opts = body.get("stream_options")
     if opts is None:
         return stream, False
     if not stream:
         raise bad_request("stream_options is only allowed with stream: true", param="stream_options")
     # vLLM's continuous_usage_stats (usage in every chunk) is not implemented: accepted when false
-    if not isinstance(opts, dict) or set(opts) - {"include_usage", "continuous_usage_stats"} or _flag(
+    if not isinstance(opts, dict) or set(opts) - {"include_usage", "continuous_usage_stats"} or flag(
             opts, "continuous_usage_stats"):
         raise bad_request(f"stream_options must be {{\"include_usage\": true|false}} (continuous_usage_stats "
                           f"only false), got {opts!r:.80}", param="stream_options")
-    return stream, _flag(opts, "include_usage")
+    return stream, flag(opts, "include_usage")
 
 
 def sampling_params(body: dict, defaults: SamplingParams, chat: bool) -> SamplingParams:
@@ -155,7 +151,7 @@ def sampling_params(body: dict, defaults: SamplingParams, chat: bool) -> Samplin
         if body.get("max_completion_tokens") is not None:
             changes["max_tokens"] = body["max_completion_tokens"]
             renamed["max_tokens"] = "max_completion_tokens"
-        want = _flag(body, "logprobs")
+        want = flag(body, "logprobs")
         top = body.get("top_logprobs")
         if top is not None and not want:
             raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")

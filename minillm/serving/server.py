@@ -370,7 +370,7 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
             raise bad_request(f"the {param} has {len(ids)} tokens but max_model_len is {limit}: tokenize at most "
                               f"{limit} tokens (shorten the {param}, or start the server with a larger "
                               f"--max-model-len)", param=param, code="context_length_exceeded")
-        strs = tok.convert_ids_to_tokens(ids) if flag(body, "return_token_strs", default=False) else None
+        strs = tok.convert_ids_to_tokens(ids) if flag(body, "return_token_strs") else None
         return {"count": len(ids), "max_model_len": limit, "tokens": ids, "token_strs": strs}
 
     @app.post("/detokenize")
