@@ -777,7 +777,14 @@ BAD = [
      "= 512 - 1 = 511", "truncate_prompt_tokens"),
     ("completions", {"prompt": "Hi", "foo": 1}, 400, "unknown field 'foo'", "foo"),
     ("completions", {"prompt": "Hi", "logit_bias": {"999999999": 5}}, 400, "outside the vocabulary", "logit_bias"),
-    ("completions", {"prompt": "Hi", "echo": True}, 400, "echo=true is not supported", "echo"),
+    ("completions", {"prompt": "Hi", "echo": "yes"}, 400, "echo must be true or false", "echo"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "echo": True}, 400,
+     "unknown field 'echo'", "echo"),
+    ("completions", {"prompt": "Hi", "prompt_logprobs": 21}, 400, "SamplingParams.prompt_logprobs", "prompt_logprobs"),
+    ("completions", {"prompt": "Hi", "prompt_logprobs": 1, "stream": True}, 400,
+     "prompt_logprobs is not available with stream: true", "prompt_logprobs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "prompt_logprobs": 0, "stream": True},
+     400, "prompt_logprobs is not available with stream: true", "prompt_logprobs"),
     ("completions", {"prompt": "Hi", "best_of": 3}, 400, "best_of=3 is not supported", "best_of"),
     ("completions", {"prompt": "Hi", "suffix": "!"}, 400, 'suffix="!" is not supported', "suffix"),
     ("completions", {"prompt": "Hi", "stream": True, "stream_options": {"continuous_usage_stats": True}}, 400,
@@ -1040,6 +1047,148 @@ def test_a_processed_logprobs_server_matches_offline_and_sends_no_infinity():
             lines = [x[len("data: "):] for x in r.iter_lines() if x.startswith("data: ") and x != "data: [DONE]"]
         chunks = [_strict_json(x) for x in lines]
         assert sum(len(c["choices"][0]["logprobs"]["content"]) for c in chunks if c["choices"][0]["logprobs"]) == 4
+
+
+# ---- echo and prompt_logprobs: what lm-evaluation-harness's loglikelihood asks of a completions server ----
+LOGPROB_TOL = 1e-4  # fp32 logits of two implementations of one model
+EVAL_TEXT = "The capital of France is Paris, and the capital of Spain is"
+
+
+@pytest.fixture(scope="module")
+def hf_model(server):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from minillm.model_zoo import resolve_model
+    return AutoModelForCausalLM.from_pretrained(resolve_model(MODEL), dtype=torch.float32).eval()
+
+
+def hf_logprobs(hf_model, ids: list[int]):
+    """log_softmax of transformers' logits at each position of ids: [len(ids), vocab] (row i scores ids[i + 1])."""
+    import torch
+    with torch.no_grad():
+        return torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+def check_prompt_logprobs(entries: list, ids: list[int], want, k: int) -> None:
+    """vLLM's prompt_logprobs JSON against transformers: None for the first token, then per token its own
+    logprob and rank first, and the k most likely beside it."""
+    assert len(entries) == len(ids) and entries[0] is None
+    for i in range(1, len(ids)):
+        row, entry = want[i - 1], entries[i]
+        assert next(iter(entry)) == str(ids[i])
+        assert entry[str(ids[i])]["logprob"] == pytest.approx(float(row[ids[i]]), abs=LOGPROB_TOL)
+        # a random tiny model's logits are nearly flat: its rank is fixed up to the tokens within the tolerance
+        v, rank = float(row[ids[i]]), entry[str(ids[i])]["rank"]
+        assert int((row > v + LOGPROB_TOL).sum()) + 1 <= rank <= int((row >= v - LOGPROB_TOL).sum())
+        top = [(t, e) for t, e in entry.items() if e["rank"] <= k]  # the k most likely, as this engine ranks them
+        assert len(top) == k and len(entry) <= k + 1
+        kth = float(row.topk(k).values[-1]) if k else float("inf")  # (near-ties may swap which token is kth)
+        for t, e in top:
+            assert e["logprob"] == pytest.approx(float(row[int(t)]), abs=LOGPROB_TOL)
+            assert e["logprob"] >= kth - LOGPROB_TOL
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(server, hf_model, hf_tokenizer):
+    """lm-evaluation-harness's loglikelihood request: the prompt as text or as token ids, echo, logprobs 1,
+    one greedy token. The answer starts with the prompt; its logprobs score every prompt token after the
+    first (null, as vLLM sends it) and the generated one, each as transformers' forward does."""
+    ids = hf_tokenizer(EVAL_TEXT)["input_ids"]
+    want = hf_logprobs(hf_model, ids)
+    greedy = int(want[-1].argmax())
+    for prompt in (EVAL_TEXT, ids):
+        r = httpx.post(f"{server.base_url}/v1/completions", timeout=TIMEOUT, json={
+            "prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["text"] == hf_tokenizer.decode(ids) + hf_tokenizer.decode([greedy])
+        lp = choice["logprobs"]
+        assert lp["tokens"] == [hf_tokenizer.decode([t]) for t in ids + [greedy]]
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert lp["token_logprobs"][1:] == pytest.approx(
+            [float(want[i - 1][t]) for i, t in enumerate(ids + [greedy]) if i > 0], abs=LOGPROB_TOL)
+        for i in range(1, len(ids) + 1):  # each position: its token and the most likely one (near-ties may swap it)
+            top = lp["top_logprobs"][i]
+            assert lp["tokens"][i] in top and len(top) <= 2
+            assert max(top.values()) == pytest.approx(float(want[i - 1].max()), abs=LOGPROB_TOL)
+        assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(ids) + 1)]
+        check_prompt_logprobs(choice["prompt_logprobs"], ids, want, 1)  # vLLM's field, there too
+        assert r.json()["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
+
+
+def test_echo_alone_and_echo_without_logprobs(server, client, hf_tokenizer):
+    """echo with max_tokens 0 answers the prompt alone, no completion tokens (the openai client); echo
+    without logprobs puts the prompt before the same text a plain request gets, and computes no
+    prompt logprobs."""
+    n_ids = len(hf_tokenizer(EVAL_TEXT)["input_ids"])
+    r = client.completions.create(model=MODEL, prompt=EVAL_TEXT, echo=True, max_tokens=0, logprobs=0)
+    assert r.choices[0].text == EVAL_TEXT and r.choices[0].finish_reason == "length"
+    assert len(r.choices[0].logprobs.tokens) == n_ids and r.choices[0].logprobs.token_logprobs[0] is None
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (n_ids, 0)
+    greedy = dict(prompt=EVAL_TEXT, max_tokens=5, temperature=0, ignore_eos=True)
+    plain = httpx.post(f"{server.base_url}/v1/completions", json=greedy, timeout=TIMEOUT).json()["choices"][0]
+    echoed = httpx.post(f"{server.base_url}/v1/completions", json={**greedy, "echo": True},
+                        timeout=TIMEOUT).json()["choices"][0]
+    assert echoed["text"] == EVAL_TEXT + plain["text"] and echoed["logprobs"] is None
+    assert "prompt_logprobs" not in echoed
+
+
+def test_streamed_echo_starts_each_choice_with_its_prompt(server):
+    """Streamed, echo puts each choice's prompt (and, with logprobs, its tokens' logprobs) in that
+    choice's first chunk: the chunks join to the non-streamed answer, two prompts of two samples each."""
+    body = {"prompt": [EVAL_TEXT, "Once upon a time"], "n": 2, "echo": True, "logprobs": 2, "max_tokens": 4,
+            "temperature": 1.0, "seed": 11, "ignore_eos": True}
+    whole = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=TIMEOUT).json()["choices"]
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json={**body, "stream": True},
+                      timeout=TIMEOUT) as r:
+        chunks = [c for e in sse_events(r) if e != "[DONE]" for c in e["choices"]]
+    assert r.status_code == 200 and sorted(c["index"] for c in whole) == [0, 1, 2, 3]
+    for want in whole:
+        mine = [c for c in chunks if c["index"] == want["index"]]
+        assert "".join(c["text"] for c in mine) == want["text"]
+        assert want["text"].startswith((EVAL_TEXT, "Once upon a time")[want["index"] // 2])
+        for key in ("tokens", "token_logprobs", "text_offset"):
+            assert [x for c in mine for x in c["logprobs"][key]] == want["logprobs"][key]
+
+
+def test_prompt_logprobs_as_vllm_sends_them(server, hf_model, hf_tokenizer):
+    """vLLM's prompt_logprobs field: on each completion choice, and beside the chat response's choices
+    (the chat template's tokens), each against transformers' forward."""
+    ids = hf_tokenizer(EVAL_TEXT)["input_ids"]
+    r = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": ids, "prompt_logprobs": 2, "max_tokens": 2},
+                   timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    check_prompt_logprobs(r.json()["choices"][0]["prompt_logprobs"], ids, hf_logprobs(hf_model, ids), 2)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    chat_ids = hf_tokenizer(hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                            add_special_tokens=False)["input_ids"]
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=TIMEOUT,
+                   json={"messages": messages, "prompt_logprobs": 0, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    check_prompt_logprobs(r.json()["prompt_logprobs"], chat_ids, hf_logprobs(hf_model, chat_ids), 0)
+    assert "prompt_logprobs" not in r.json()["choices"][0]
+
+
+@pytest.mark.parametrize("engine_core", ["thread", "process"])
+def test_async_llm_yields_prompt_logprobs_as_vllm(engine_core, offline):
+    """AsyncLLM.generate with SamplingParams.prompt_logprobs, the engine in this process or its own: the
+    first output after the prompt ran carries them (DELTA: only that one), CUMULATIVE and FINAL_ONLY
+    outputs carry them whole; equal to offline generate's."""
+    from serving_helpers import engine_client
+    base = params_for(offline, max_tokens=6, prompt_logprobs=2, ignore_eos=True)
+    want = offline.generate(PROMPTS[4], base, use_tqdm=False)[0].prompt_logprobs
+    async_llm = engine_client(MODEL, engine_core, **ARGS)
+
+    async def outputs(kind):
+        return [out async for out in async_llm.generate(PROMPTS[4], dataclasses.replace(base, output_kind=kind))]
+
+    try:
+        runs = {kind: asyncio.run(asyncio.wait_for(outputs(kind), 60)) for kind in RequestOutputKind}
+    finally:
+        async_llm.shutdown()
+    cumulative, deltas, only = (runs[k] for k in RequestOutputKind)
+    assert all(o.prompt_logprobs == want for o in cumulative) and only[0].prompt_logprobs == want
+    assert deltas[0].prompt_logprobs == want and all(o.prompt_logprobs is None for o in deltas[1:])
 
 
 # ---- /metrics and / ------------------------------------------------------------------------------

@@ -526,14 +526,17 @@ class LLMEngine:
         metrics = RequestMetrics(arrival_time=seq.arrival_time, first_scheduled_time=seq.first_scheduled_time,
                                  first_token_time=min(firsts, default=None),
                                  finished_time=None if None in ends else max(ends))
-        prompt_logprobs = None
-        if seq.params.prompt_logprobs is not None:
-            prompt_logprobs = [None if d is None else self._logprob_objects(d, seq.params.detokenize)
-                               for d in seq.prompt_logprobs]
         return RequestOutput(request_id=str(seq.seq_id), prompt=prompt, prompt_token_ids=seq.prompt_token_ids,
-                             prompt_logprobs=prompt_logprobs, outputs=[self.completion(s) for s in samples],
+                             prompt_logprobs=self.prompt_logprobs(seq), outputs=[self.completion(s) for s in samples],
                              finished=all(s.is_finished for s in samples), metrics=metrics,
                              num_cached_tokens=seq.num_prefix_cache_hits)
+
+    def prompt_logprobs(self, seq: Sequence) -> list[dict | None] | None:
+        """RequestOutput.prompt_logprobs of a request (seq: its sample 0) so far: None without
+        SamplingParams.prompt_logprobs, else None for the first token and {token: Logprob} for each scored one."""
+        if seq.params.prompt_logprobs is None:
+            return None
+        return [None if d is None else self._logprob_objects(d, seq.params.detokenize) for d in seq.prompt_logprobs]
 
     def _logprob_objects(self, entry: dict[int, tuple[float, int]], detokenize: bool = True) -> dict:
         """{token: Logprob}, each with its token's own text, a special token's included (vLLM's decoded_token,

@@ -92,7 +92,8 @@ def merged(first: RequestOutput, then: RequestOutput) -> RequestOutput:
     outs: dict[int, CompletionOutput] = {}
     merge(outs, first.outputs)
     merge(outs, then.outputs)
-    return dataclasses.replace(then, outputs=list(outs.values()))
+    return dataclasses.replace(then, outputs=list(outs.values()),
+                               prompt_logprobs=first.prompt_logprobs or then.prompt_logprobs)
 
 
 class _Outputs:
@@ -144,6 +145,7 @@ class _Request:
     seq: Sequence | None = None
     samples: list[_SampleText] = field(default_factory=list)
     waiting: bool = True  # counted against max_waiting until its first step
+    prompt_logprobs_sent: bool = False  # params.prompt_logprobs: they went out with a delta
     aborted: bool = False
     # vLLM's arrival_time: when the server accepted it (the engine's Sequence is made a turn later)
     arrival_time: float = field(default_factory=time.time)
@@ -227,10 +229,11 @@ class AsyncStream:
 
     def __init__(self, async_llm: "EngineClient", request: _Request):
         self._llm, self._req, self.request_id = async_llm, request, request.request_id
-        self.prompt_token_ids = request.prompt_ids
+        self.prompt, self.prompt_token_ids = request.prompt, request.prompt_ids  # (prompt: None for token ids)
         self.finished = False
         self._kind = request.params.output_kind
         self._so_far: dict[int, CompletionOutput] = {}  # each sample's output so far, by index (not for DELTA)
+        self._prompt_logprobs = None  # the delta that carried them is gone: every later output repeats them
 
     def __aiter__(self) -> "AsyncStream":
         return self
@@ -246,13 +249,14 @@ class AsyncStream:
             if isinstance(item, BaseException):
                 self.finished = True
                 raise item
-            if self._kind == RequestOutputKind.DELTA:
+            if self._kind == RequestOutputKind.DELTA:  # prompt_logprobs in the first delta after the prompt ran
                 return item
             merge(self._so_far, item.outputs)
+            self._prompt_logprobs = item.prompt_logprobs or self._prompt_logprobs
             if item.finished or self._kind == RequestOutputKind.CUMULATIVE:
                 # copies: what was yielded before must not change under its reader
                 outputs = [dataclasses.replace(c) for _, c in sorted(self._so_far.items())]
-                return dataclasses.replace(item, outputs=outputs)
+                return dataclasses.replace(item, outputs=outputs, prompt_logprobs=self._prompt_logprobs)
 
     def abort(self) -> None:
         """End the request now (its KV blocks are freed before the engine's next step). Idempotent."""
@@ -502,6 +506,16 @@ class AsyncLLM(EngineClient):
             req.samples = [_SampleText(s, self.tokenizer) for s in req.seq.samples]
             self._live.append(req)
 
+    def _prompt_logprobs(self, req: _Request) -> list | None:
+        """A request's prompt_logprobs (SamplingParams.prompt_logprobs), once: in the step that scored its
+        prompt's last position (the one that samples its first token), as vLLM's first output carries them."""
+        if req.params.prompt_logprobs is None or req.prompt_logprobs_sent:
+            return None
+        if len(req.seq.prompt_logprobs) < len(req.seq.prompt_token_ids):  # a prefill chunk short of the end
+            return None
+        req.prompt_logprobs_sent = True
+        return self.engine.prompt_logprobs(req.seq)
+
     def _publish(self) -> None:
         """Send every request what is new since the last step; finish those that are done."""
         still, new_tokens = [], 0
@@ -514,11 +528,12 @@ class AsyncLLM(EngineClient):
             deltas = [d for d in (s.delta(self.engine) for s in req.samples if not s.done) if d is not None]
             new_tokens += sum(len(d.token_ids) for d in deltas)
             finished = all(s.done for s in req.samples)
-            if deltas or finished:
+            prompt_logprobs = self._prompt_logprobs(req)
+            if deltas or finished or prompt_logprobs:
                 full = self.engine.request_output(req.seq, req.prompt) if finished else None
                 req.outputs.unread = True
                 req.put(RequestOutput(request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_ids,
-                                      prompt_logprobs=None, outputs=deltas, finished=finished,
+                                      prompt_logprobs=prompt_logprobs, outputs=deltas, finished=finished,
                                       metrics=full.metrics if full else None))
             if finished:
                 self.metrics.observe_finished(full)

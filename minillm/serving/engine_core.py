@@ -45,7 +45,8 @@ def _pack(item) -> tuple | str:
         return ("error", str(item))
     if isinstance(item, RequestOutput):
         return ("out", item.finished, [(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs,
-                                        c.finish_reason, c.stop_reason) for c in item.outputs], item.metrics)
+                                        c.finish_reason, c.stop_reason) for c in item.outputs], item.metrics,
+                item.prompt_logprobs)
     return item  # STARTED
 
 
@@ -53,10 +54,10 @@ def _unpack(req: _Request, event: tuple) -> RequestOutput | EngineError:
     """The API process's side: an ("out", ...) or ("error", ...) event as what its stream yields."""
     if event[0] == "error":
         return EngineError(event[1])
-    _, finished, outputs, metrics = event
+    _, finished, outputs, metrics, prompt_logprobs = event
     return RequestOutput(request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_ids,
-                         prompt_logprobs=None, outputs=[CompletionOutput(*o) for o in outputs], finished=finished,
-                         metrics=metrics)
+                         prompt_logprobs=prompt_logprobs, outputs=[CompletionOutput(*o) for o in outputs],
+                         finished=finished, metrics=metrics)
 
 
 class _EngineCore(AsyncLLM):

@@ -20,9 +20,9 @@ MAX_BODY_BYTES = 1 << 20  # a larger request body is a 413
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
                    "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
                    "include_stop_str_in_output", "allowed_token_ids", "bad_words", "truncate_prompt_tokens",
-                   "skip_special_tokens")
+                   "skip_special_tokens", "prompt_logprobs")
 COMMON_FIELDS = {"model", "stream", "stream_options", "logit_bias", "user", *SAMPLING_FIELDS}
-COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs"}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs", "echo"}
 # vLLM's chat template options, as LLM.chat takes them (minillm.tokenizer.chat_template_options)
 TEMPLATE_FIELDS = ("chat_template_kwargs", "add_generation_prompt", "continue_final_message")
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", *TEMPLATE_FIELDS}
@@ -43,7 +43,6 @@ def _off(*values):
 # holding one of those, as vLLM accepts them; any other value is a 400 naming the field. A field in neither
 # table is a 400 too (a typo must not be dropped silently).
 COMPLETION_UNUSED = {
-    "echo": (_off(None, False), "false"),
     "suffix": (_off(None, ""), "null"),
     "best_of": (lambda v, body: v is None or (type(v) is int and v == (body.get("n") or 1)), "null, or equal to n"),
 }
@@ -166,11 +165,25 @@ def sampling_params(body: dict, defaults: SamplingParams, chat: bool) -> Samplin
             raise bad_request(f"logit_bias must map token ids (as strings) to numbers, got {bias!r:.80}",
                               param="logit_bias")
         changes["logit_bias"] = {int(k): v for k, v in bias.items()}
+    if not chat and flag(body, "echo"):
+        if body.get("max_tokens") == 0:  # OpenAI's echo of the prompt alone: one token runs, none is returned
+            changes["max_tokens"] = 1
+        if changes.get("logprobs") is not None and changes.get("prompt_logprobs") is None:
+            changes["prompt_logprobs"] = changes["logprobs"]  # the echoed prompt's logprobs (vLLM's rule)
     changes["output_kind"] = RequestOutputKind.DELTA  # the server sends each chunk's new part (or gathers them)
+    if body.get("prompt_logprobs") is not None and flag(body, "stream"):
+        raise bad_request("prompt_logprobs is not available with stream: true (vLLM refuses it too): send stream: "
+                          "false, or on /v1/completions echo: true with logprobs, whose first chunk carries the "
+                          "prompt's logprobs", param="prompt_logprobs")
     try:
         return dataclasses.replace(defaults, **changes)
     except ValueError as e:
         raise bad_request(str(e), param=param_of(e, renamed)) from None
+
+
+def echo_only(body: dict) -> bool:
+    """A completion that echoes its prompt and generates nothing (echo: true, max_tokens: 0)."""
+    return flag(body, "echo") and body.get("max_tokens") == 0
 
 
 def template_options(body: dict) -> dict:
@@ -255,20 +268,39 @@ def _json_logprob(value: float) -> float:
     return max(value, MIN_LOGPROB)
 
 
-def completion_logprobs(c: CompletionOutput, k: int, offset: int = 0) -> dict | None:
-    """OpenAI's legacy logprobs object: tokens, token_logprobs, top_logprobs, text_offset."""
-    if c.logprobs is None:
+def completion_logprobs(token_ids: list[int], positions: list | None, k: int, offset: int = 0,
+                        first_token: str = "") -> dict | None:
+    """OpenAI's legacy logprobs object (tokens, token_logprobs, top_logprobs, text_offset) of token_ids, each
+    scored by its position's {token id: Logprob}; positions None: no logprobs were asked for. A position of
+    None is an echoed prompt's first token, which nothing before it scores: it reads `first_token`, with
+    null logprobs (as vLLM sends it)."""
+    if positions is None:
         return None
     tokens, lps, tops, offsets = [], [], [], []
-    for t, position in zip(c.token_ids, c.logprobs):
-        chosen = position[t]
-        tokens.append(chosen.decoded_token or "")
-        lps.append(_json_logprob(chosen.logprob))
-        # the legacy API's top_logprobs: "the logprobs most likely tokens, as well the chosen tokens" (vLLM's too)
-        tops.append({lp.decoded_token or "": _json_logprob(lp.logprob) for _, lp in _top(position, k, chosen=t)})
+    for t, position in zip(token_ids, positions):
+        if position is None:
+            tokens.append(first_token)
+            lps.append(None)
+            tops.append(None)
+        else:
+            chosen = position[t]
+            tokens.append(chosen.decoded_token or "")
+            lps.append(_json_logprob(chosen.logprob))
+            # the legacy API's top_logprobs: "the logprobs most likely tokens, as well the chosen tokens" (vLLM's)
+            tops.append({lp.decoded_token or "": _json_logprob(lp.logprob) for _, lp in _top(position, k, chosen=t)})
         offsets.append(offset)
         offset += len(tokens[-1])
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def prompt_logprobs_json(positions: list | None) -> list | None:
+    """vLLM's prompt_logprobs field: per prompt token None (the first) or {"token id": {"logprob", "rank",
+    "decoded_token"}}, the prompt's own token first, then the k most likely."""
+    if positions is None:
+        return None
+    return [None if p is None else {str(t): {"logprob": _json_logprob(lp.logprob), "rank": lp.rank,
+                                             "decoded_token": lp.decoded_token} for t, lp in p.items()}
+            for p in positions]
 
 
 def chat_logprobs(c: CompletionOutput, k: int) -> dict | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -35,8 +36,9 @@ from minillm.serving.async_engine import AsyncStream, EngineClient, EngineError,
 from minillm.serving.protocol import (CHAT_FIELDS, CHAT_UNUSED, COMPLETION_FIELDS, COMPLETION_UNUSED,
                                       DETOKENIZE_FIELDS, MAX_BODY_BYTES, TOKENIZE_CHAT_FIELDS, TOKENIZE_CHAT_UNUSED,
                                       TOKENIZE_FIELDS, APIError, bad_request, chat_logprobs, chat_messages,
-                                      check_fields, completion_logprobs, completion_prompts, flag, merge, param_of,
-                                      sampling_params, stream_flags, template_options, token_id_list, usage)
+                                      check_fields, completion_logprobs, completion_prompts, echo_only, flag, merge,
+                                      param_of, prompt_logprobs_json, sampling_params, stream_flags,
+                                      template_options, token_id_list, usage)
 from minillm.sampling_params import describe
 from minillm.serving.sse import sse_event
 
@@ -131,14 +133,16 @@ async def _until_disconnect(request: Request) -> None:
         pass
 
 
-async def _collect(streams: list[AsyncStream], request: Request) -> list[dict] | None:
-    """Every output of non-streaming requests (one per prompt), each merged by sample index; None when
-    the client went away first (the requests are aborted)."""
-    async def consume(stream: AsyncStream) -> dict:
+async def _collect(streams: list[AsyncStream], request: Request) -> list[tuple[dict, list | None]] | None:
+    """Every output of non-streaming requests (one per prompt): (its samples merged by index, its
+    prompt_logprobs or None); None when the client went away first (the requests are aborted)."""
+    async def consume(stream: AsyncStream) -> tuple[dict, list | None]:
         outs: dict = {}
+        prompt_logprobs = None
         async for out in stream:
             merge(outs, out.outputs)
-        return outs
+            prompt_logprobs = out.prompt_logprobs or prompt_logprobs
+        return outs, prompt_logprobs
 
     done_task = asyncio.ensure_future(asyncio.gather(*(consume(s) for s in streams)))
     gone_task = asyncio.ensure_future(_until_disconnect(request))
@@ -242,14 +246,40 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
         except EngineError as e:
             raise APIError(503, str(e), type="service_unavailable") from None
 
+    def echo_texts(streams: list[AsyncStream], params) -> list[str]:
+        """What echo puts before each prompt's completions: the prompt as given, or the text of its token ids
+        (special tokens kept; also for a text prompt that truncate_prompt_tokens cut)."""
+        return [s.prompt if s.prompt is not None and params.truncate_prompt_tokens is None
+                else async_llm.tokenizer.decode(s.prompt_token_ids, skip_special_tokens=False) for s in streams]
+
+    def completion_choice(index: int, c, k: int | None, offset: int = 0, echo: str | None = None,
+                          prompt_ids: list[int] | None = None, prompt_logprobs: list | None = None) -> dict:
+        """One /v1/completions choice (or its chunk) of sample c; echo: the prompt's text, put before c's text,
+        and its tokens before c's in the logprobs (scored by prompt_logprobs)."""
+        text, ids, positions = c.text, c.token_ids, c.logprobs
+        first = ""
+        if echo is not None:
+            text, ids = echo + text, prompt_ids + ids
+            if positions is not None:
+                positions = prompt_logprobs + positions
+                first = async_llm.tokenizer.decode(prompt_ids[:1], skip_special_tokens=False)
+        return {"index": index, "text": text, "logprobs": completion_logprobs(ids, positions, k, offset, first)}
+
+    def quiet(c):
+        """echo with max_tokens 0: the one token the engine ran for it is not part of the answer."""
+        return dataclasses.replace(c, text="", token_ids=[], logprobs=None if c.logprobs is None else [])
+
     async def run(request: Request, streams: list[AsyncStream], params, chat: bool, stream_mode: bool,
-                  include_usage: bool):
+                  include_usage: bool, echo: bool = False, only_echo: bool = False):
         """The response to one or more requests (a completion's list of prompts); the choices of prompt p
-        are numbered p * n + i, as OpenAI numbers them."""
+        are numbered p * n + i, as OpenAI numbers them. echo (completions): each choice starts with its
+        prompt; only_echo: and holds nothing else."""
         rid = ("chatcmpl-" if chat else "cmpl-") + streams[0].request_id
         kind = "chat.completion" if chat else "text_completion"
         k, n = params.logprobs, params.n
         n_prompt = sum(len(s.prompt_token_ids) for s in streams)
+        echoes = echo_texts(streams, params) if echo else [None] * len(streams)
+        with_prompt_logprobs = params.prompt_logprobs is not None  # asked for, or by echo with logprobs
         if not stream_mode:
             try:
                 results = await _collect(streams, request)
@@ -258,25 +288,33 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
             if results is None:  # the client has gone: nobody reads this
                 return JSONResponse({}, status_code=499)
             choices = []
-            for p, outs in enumerate(results):
+            for p, (outs, prompt_logprobs) in enumerate(results):
                 for i in sorted(outs):
-                    c = outs[i]
+                    c = quiet(outs[i]) if only_echo else outs[i]
                     if chat:
                         choices.append({"index": i, "message": {"role": "assistant", "content": c.text},
                                         "logprobs": chat_logprobs(c, k), "finish_reason": c.finish_reason,
                                         "stop_reason": c.stop_reason})
-                    else:
-                        choices.append({"index": p * n + i, "text": c.text, "logprobs": completion_logprobs(c, k),
-                                        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
-            n_tokens = sum(len(c.token_ids) for outs in results for c in outs.values())
-            return JSONResponse({"id": rid, "object": kind, "created": int(time.time()), "model": model_name,
-                                 "choices": choices, "usage": usage(n_prompt, n_tokens)})
+                        continue
+                    choice = completion_choice(p * n + i, c, k, 0, echoes[p], streams[p].prompt_token_ids,
+                                               prompt_logprobs)
+                    choices.append(dict(choice, finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+                    if with_prompt_logprobs:  # vLLM's: on each completion choice
+                        choices[-1]["prompt_logprobs"] = prompt_logprobs_json(prompt_logprobs)
+                if only_echo:
+                    outs.clear()  # counted below as no completion tokens
+            n_tokens = sum(len(c.token_ids) for outs, _ in results for c in outs.values())
+            answer = {"id": rid, "object": kind, "created": int(time.time()), "model": model_name,
+                      "choices": choices, "usage": usage(n_prompt, n_tokens)}
+            if chat and with_prompt_logprobs:  # vLLM's: on the chat response, beside its choices
+                answer["prompt_logprobs"] = prompt_logprobs_json(results[0][1])
+            return JSONResponse(answer)
 
         async def events():
             head = {"id": rid, "object": kind + ".chunk" if chat else kind, "created": int(time.time()),
                     "model": model_name}
             extra = {"usage": None} if include_usage else {}
-            n_tokens, offsets = 0, {}
+            n_tokens, offsets, prompt_logprobs = 0, {}, {}
             try:
                 if chat:
                     for i in range(params.n):
@@ -284,16 +322,21 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
                                                          "logprobs": None, "finish_reason": None,
                                                          "stop_reason": None}], **extra})
                 async for p, out in _outputs(streams):
+                    if out.prompt_logprobs:  # (they come with the prompt's first token, before any echo needs them)
+                        prompt_logprobs[p] = out.prompt_logprobs
                     for c in out.outputs:
+                        c = quiet(c) if only_echo else c
                         n_tokens += len(c.token_ids)
                         if chat:
                             choice = {"index": c.index, "delta": {"content": c.text} if c.text else {},
                                       "logprobs": chat_logprobs(c, k)}
                         else:
                             index = p * n + c.index
-                            choice = {"index": index, "text": c.text,
-                                      "logprobs": completion_logprobs(c, k, offsets.get(index, 0))}
-                            offsets[index] = offsets.get(index, 0) + len(c.text)
+                            first = echo and index not in offsets  # the choice's first chunk starts with the prompt
+                            choice = completion_choice(index, c, k, offsets.get(index, 0),
+                                                       echoes[p] if first else None, streams[p].prompt_token_ids,
+                                                       prompt_logprobs.get(p))
+                            offsets[index] = offsets.get(index, 0) + len(choice["text"])
                         # vLLM's stop_reason: the stop string or token id that ended it (None for EOS; until the end)
                         choice["finish_reason"], choice["stop_reason"] = c.finish_reason, c.stop_reason
                         yield _sse({**head, "choices": [choice], **extra})
@@ -310,8 +353,12 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
         body = await parse(request, COMPLETION_FIELDS, COMPLETION_UNUSED)
         stream_mode, include_usage = stream_flags(body)
         params = sampling_params(body, async_llm.default_sampling_params(), chat=False)
+        if flag(body, "echo") and async_llm.tokenizer is None:
+            raise bad_request("echo needs the model's tokenizer to write the prompt as text, and this model has "
+                              "no tokenizer.json: leave echo out", param="echo")
         streams = submit(completion_prompts(body), params, body, chat=False)
-        return await run(request, streams, params, False, stream_mode, include_usage)
+        return await run(request, streams, params, False, stream_mode, include_usage, echo=flag(body, "echo"),
+                         only_echo=echo_only(body))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
