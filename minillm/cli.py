@@ -47,8 +47,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="accepted as vLLM takes it; minillm runs no code from a checkpoint, so it allows nothing")
     p.add_argument("--logprobs-mode", default=None,
                    choices=["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"],
-                   help="what logprobs report (vLLM's): raw_logprobs (default), the model's own distribution; "
-                        "processed_*: after penalties, temperature, min_p, top-k and top-p; *_logits: logits")
+                   help="what logprobs report (vLLM's; generate and chat print them with --logprobs K): "
+                        "raw_logprobs (default), the model's own distribution; processed_*: after penalties, "
+                        "temperature, min_p, top-k and top-p; *_logits: logits")
 
 
 def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -57,6 +58,10 @@ def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--seed", type=int, default=None)
+    from minillm.sampling_params import MAX_LOGPROBS
+    p.add_argument("--logprobs", type=int, default=None, metavar="K",
+                   help=f"after the text, a table of each generated token's logprob, its rank and the K most likely "
+                        f"tokens' (K in [0, {MAX_LOGPROBS}]; --logprobs-mode picks the values)")
 
 
 def _llm_args(args, **more) -> dict:
@@ -78,21 +83,48 @@ def _make_llm(args):
 
 def _params(args):
     from minillm import SamplingParams
+    if args.logprobs_mode is not None and args.logprobs is None:  # generate and chat print logprobs only then
+        raise ValueError(f"--logprobs-mode {args.logprobs_mode} picks what --logprobs K prints; give --logprobs too")
     return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                          max_tokens=args.max_tokens, seed=args.seed)
+                          max_tokens=args.max_tokens, seed=args.seed, logprobs=args.logprobs)
 
 
 def _stream(llm, prompt, params) -> str:
-    """Print the reply as it is generated, then its token count and speed. -> the reply text."""
+    """Print the reply as it is generated, then its token count and speed, then (params.logprobs set) its
+    logprobs table. -> the reply text."""
     t0, text = time.perf_counter(), []
     with llm.stream(prompt, params) as stream:
         for delta in stream:
             text.append(delta)
             print(delta, end="", flush=True)
     dt = time.perf_counter() - t0
-    n = len(stream.output.outputs[0].token_ids)
+    completion = stream.output.outputs[0]
+    n = len(completion.token_ids)
     print(f"\n[{n} tokens in {dt:.2f} s, {n / dt:.1f} tokens/s]", file=sys.stderr)
+    if params.logprobs is not None:
+        print("\n" + logprobs_table(completion.logprobs, params.logprobs, llm.config.logprobs_mode), flush=True)
     return "".join(text)
+
+
+def logprobs_table(logprobs: list[dict], k: int, mode: str) -> str:
+    """A completion's logprobs (one {token id: Logprob} per generated token, the chosen token first) as text:
+    a header naming `mode` (what the values are: logprobs or logits), then a row per token with its
+    position, its text (repr: spaces and newlines show), its value, its rank and the k most likely tokens
+    with theirs."""
+    rows = []
+    for pos, entry in enumerate(logprobs):
+        chosen = next(iter(entry.values()))
+        top = sorted(entry.values(), key=lambda lp: lp.rank)[:k]
+        rows.append((str(pos), repr(chosen.decoded_token), f"{chosen.logprob:.4f}", str(chosen.rank),
+                     "  ".join(f"{lp.decoded_token!r} {lp.logprob:.4f}" for lp in top)))
+    value = "logit" if mode.endswith("_logits") else "logprob"
+    header = ("#", "token", value, "rank", f"top {k}" if k else "")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(4)]
+    lines = [f"{mode} of the {len(rows)} generated tokens:"]
+    for row in [header, *rows]:  # numbers right-aligned, text left
+        lines.append(f"{row[0]:>{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:>{widths[2]}}  {row[3]:>{widths[3]}}  "
+                     f"{row[4]}".rstrip())
+    return "\n".join(lines)
 
 
 def _turns(args):

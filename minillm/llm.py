@@ -70,7 +70,8 @@ class LLM:
         """The tokenizer generate, chat and stream use (vLLM's LLM.get_tokenizer, there a transformers
         tokenizer): tokenizer(text) -> {"input_ids", "attention_mask"}, encode, decode, batch_decode,
         apply_chat_template (tokenize=True: ids), convert_tokens_to_ids, convert_ids_to_tokens, tokenize,
-        get_vocab, len(), eos_token_id and bos_token_id, as transformers' tokenizer of the same folder gives them."""
+        get_vocab, len(), vocab_size (without added tokens), the special tokens and their ids, special_tokens_map,
+        all_special_tokens/ids, as transformers' tokenizer of the same folder gives them."""
         return self._need_tokenizer()
 
     @staticmethod

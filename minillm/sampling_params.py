@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import enum
 import functools
+import logging
 import math
 import numbers
 from dataclasses import dataclass, field, fields
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 # Seeds, top-k and token ids end up in int64 tensors (or seed a torch.Generator): larger values overflow.
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
@@ -33,6 +36,9 @@ PENALTY_LIMIT = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's
 LOGIT_BIAS_LIMIT = 100.0  # a logit bias is clamped to [-100, 100], as OpenAI's API does
 MAX_N = 128  # completions per prompt: each is a running sequence
 MAX_LOGPROBS = 20  # top tokens per position (OpenAI's API allows 20)
+# the smallest temperature above 0 (vLLM's _MAX_TEMP): a lower one is raised to it, with a warning, since
+# logits divided by it blow up (a processed logprob read -32254.7 at 1e-6; bf16 logits overflow); 0 stays greedy
+MIN_TEMPERATURE = 1e-2
 # a request's bad words as token sequences, and their tokens together: vLLM's defaults of
 # VLLM_MAX_NUM_BAD_WORDS and VLLM_MAX_BAD_WORDS_TOTAL_TOKENS (each step's inputs grow with them)
 MAX_BAD_WORDS = 128
@@ -58,7 +64,8 @@ class RequestOutputKind(enum.IntEnum):
 
 @dataclass
 class SamplingParams:
-    """temperature 0 is greedy; top_k -1 (or 0, vLLM's other spelling), top_p 1.0 and min_p 0.0 keep the
+    """temperature 0 is greedy, and one in (0, 0.01) is raised to 0.01 (MIN_TEMPERATURE) with a logged
+    warning, as vLLM does; top_k -1 (or 0, vLLM's other spelling), top_p 1.0 and min_p 0.0 keep the
     whole vocabulary.
 
     `seed` gives the request its own random stream, so its tokens do not depend on what else is in
@@ -145,6 +152,10 @@ class SamplingParams:
 
         t, p, k = self.temperature, self.top_p, self.top_k
         need(is_real(t) and math.isfinite(t) and t >= 0, "temperature", "a finite number >= 0 (0 means greedy)", t)
+        if 0 < t < MIN_TEMPERATURE:
+            logger.warning("SamplingParams.temperature %s is below %s, which may give nan or inf in the logits: "
+                           "raised to %s, as vLLM does (0 is greedy)", t, MIN_TEMPERATURE, MIN_TEMPERATURE)
+            t = MIN_TEMPERATURE
         need(is_real(p) and math.isfinite(p) and 0.0 < p <= 1.0, "top_p", "a number in (0, 1] (1 keeps every token)", p)
         need(is_integer(k) and -1 <= k <= INT64_MAX, "top_k", "-1 or 0 (off) or an integer in [1, 2**63 - 1]", k)
         k = -1 if k == 0 else k  # vLLM's two spellings of "off"; the sampler sees one

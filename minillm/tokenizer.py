@@ -84,15 +84,17 @@ class Tokenizer:
         jinja_file = os.path.join(path, "chat_template.jinja")  # transformers 5 writes it beside
         if self.chat_template is None and os.path.lexists(jinja_file):
             self.chat_template = read_text(jinja_file)
-        self.bos_token = _token_str(cfg.get("bos_token"), "bos_token", cfg_file)
-        self.eos_token = _token_str(cfg.get("eos_token"), "eos_token", cfg_file)
+        # the named special tokens as transformers reads them from tokenizer_config.json (plain attributes: code
+        # written for transformers sets them, e.g. tok.pad_token = tok.eos_token, and the *_id properties follow)
+        (self.bos_token, self.eos_token, self.unk_token, self.sep_token, self.pad_token, self.cls_token,
+         self.mask_token) = (_token_str(cfg.get(key), key, cfg_file) for key in NAMED_SPECIAL_TOKENS)
+        self.extra_special_tokens = _extra_special_tokens(cfg, cfg_file)
         text = read_text(tok_file)
         try:
             self._tok = HFTokenizer.from_str(text)
         except Exception as e:  # noqa: BLE001 -- the tokenizers library raises a bare Exception
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ValueError(f"{tok_file} is not a valid tokenizer.json ({reason})") from None
-        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         added = self._tok.get_added_tokens_decoder()
         self.special_ids = {i for i, t in added.items() if t.special}
 
@@ -103,7 +105,9 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return self._tok.get_vocab_size(with_added_tokens=True)
+        """The base vocabulary, added tokens left out (transformers' vocab_size: 151643 for Qwen3). len(tokenizer)
+        counts them too (151669): the ids a tokenizer can decode are range(len(tokenizer))."""
+        return self._tok.get_vocab_size(with_added_tokens=False)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(check_text(text), add_special_tokens=add_special_tokens).ids
@@ -119,8 +123,9 @@ class Tokenizer:
         rows = sequences.tolist() if hasattr(sequences, "tolist") else sequences
         return [self.decode(ids, skip_special_tokens) for ids in rows]
 
-    def __len__(self) -> int:  # transformers' len(tokenizer): the vocabulary, added tokens included
-        return self.vocab_size
+    def __len__(self) -> int:
+        """transformers' len(tokenizer): the whole vocabulary, added tokens included (151669 for Qwen3)."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
@@ -147,9 +152,57 @@ class Tokenizer:
         """{token: id}, added tokens included (transformers' get_vocab)."""
         return self._tok.get_vocab(with_added_tokens=True)
 
+    # ---- the special tokens, as transformers names them (a token the folder does not set: None)
     @property
     def bos_token_id(self) -> int | None:
-        return self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        return self._token_id(self.bos_token)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._token_id(self.eos_token)
+
+    @property
+    def unk_token_id(self) -> int | None:
+        return self._token_id(self.unk_token)
+
+    @property
+    def sep_token_id(self) -> int | None:
+        return self._token_id(self.sep_token)
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._token_id(self.pad_token)
+
+    @property
+    def cls_token_id(self) -> int | None:
+        return self._token_id(self.cls_token)
+
+    @property
+    def mask_token_id(self) -> int | None:
+        return self._token_id(self.mask_token)
+
+    def _token_id(self, token: str | None) -> int | None:
+        return None if token is None else self._tok.token_to_id(token)
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """{"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", ...}: the named special tokens that are set."""
+        return {key: getattr(self, key) for key in NAMED_SPECIAL_TOKENS if getattr(self, key) is not None}
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        """The named special tokens, then extra_special_tokens, each once (transformers' order)."""
+        return list(dict.fromkeys([*self.special_tokens_map.values(), *self.extra_special_tokens]))
+
+    @property
+    def all_special_ids(self) -> list[int | None]:
+        """all_special_tokens' ids, in the same order."""
+        return self.convert_tokens_to_ids(self.all_special_tokens)
+
+    @property
+    def max_token_id(self) -> int:
+        """The largest id in the vocabulary (vLLM's get_tokenizer() has it)."""
+        return max(self._tok.get_vocab(with_added_tokens=True).values())
 
     def __call__(self, text, add_special_tokens: bool = True, return_tensors: str | None = None, **unsupported):
         """transformers' tokenizer(text) for a string or a list of strings -> {"input_ids", "attention_mask"}
@@ -242,6 +295,11 @@ class Tokenizer:
         # the rendered template already holds every special token: add none
         return self.encode(self.apply_chat_template(messages, **template_options, tokenize=False),
                            add_special_tokens=False)
+
+
+# transformers' named special tokens (its SPECIAL_TOKENS_ATTRIBUTES), in its order: all_special_tokens lists them
+# first, then the extra ones
+NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 # transformers' apply_chat_template options that minillm's does not do (it neither pads nor truncates nor
@@ -339,6 +397,19 @@ def _token_str(tok, key: str, source: str) -> str | None:
     if text is not None and not isinstance(text, str):
         raise ValueError(f"{source}: {key} must be a string, {{\"content\": string}} or null, got {tok!r:.80}")
     return text
+
+
+def _extra_special_tokens(cfg: dict, source: str) -> list[str]:
+    """tokenizer_config.json's further special tokens: transformers 5's extra_special_tokens (a list, or a dict of
+    named ones) or else transformers 4's additional_special_tokens (a list); each "<tok>" or {"content": "<tok>"}."""
+    key = "extra_special_tokens" if "extra_special_tokens" in cfg else "additional_special_tokens"  # as 5 does
+    tokens = cfg.get(key) or []
+    if isinstance(tokens, dict):
+        tokens = list(tokens.values())
+    if not isinstance(tokens, list):
+        raise ValueError(f"{source}: {key} must be a list of tokens, got {type(tokens).__name__}")
+    texts = [_token_str(t, key, source) for t in tokens]
+    return [t for t in texts if t is not None]
 
 
 # >>> exercise 6.2 | notebooks/06_serving.ipynb | 2. Streaming text: incremental detokenization

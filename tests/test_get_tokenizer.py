@@ -2,6 +2,9 @@
 a vLLM user makes in the first hour give what transformers' AutoTokenizer of the same folder gives."""
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -120,3 +123,83 @@ def test_logprobs_name_special_tokens_by_their_text(llm, tok):
     out = llm.generate("Hi", params, use_tqdm=False)[0].outputs[0]
     assert out.token_ids == [im_end]
     assert out.logprobs[0][im_end].decoded_token == "<|im_end|>"
+
+
+# what code written for vLLM reads off its tokenizer besides encode and decode (transformers' attributes)
+SPECIAL_ATTRIBUTES = ["vocab_size", "bos_token", "bos_token_id", "eos_token", "eos_token_id", "unk_token",
+                      "unk_token_id", "sep_token", "sep_token_id", "pad_token", "pad_token_id", "cls_token",
+                      "cls_token_id", "mask_token", "mask_token_id", "all_special_tokens", "all_special_ids",
+                      "special_tokens_map"]
+# Qwen3's tokenizer_config.json on the hub (its special-token keys): transformers 4's additional_special_tokens,
+# bos and unk null; the embedded qwen3-tiny's config (written by transformers 5) sets only eos and pad
+QWEN3_HUB_CONFIG = {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None,
+                    "additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
+                                                  "<|object_ref_end|>", "<|box_start|>", "<|box_end|>"]}
+# transformers 5's spelling (extra_special_tokens, which wins over additional_special_tokens) and the
+# serialized AddedToken form of a token
+ADDED = dict(__type="AddedToken", lstrip=False, rstrip=False, normalized=False, single_word=False, special=True)
+V5_CONFIG = {"eos_token": dict(ADDED, content="<|im_end|>"), "unk_token": "<|endoftext|>", "bos_token": "<|im_start|>",
+             "extra_special_tokens": ["<tool_call>", dict(ADDED, content="</tool_call>")],
+             "additional_special_tokens": ["<think>"]}
+
+
+def assert_special_tokens_equal(tok, hf) -> None:
+    for name in SPECIAL_ATTRIBUTES:
+        assert getattr(tok, name) == getattr(hf, name), name
+    assert len(tok) == len(hf) and tok.max_token_id == max(hf.get_vocab().values())
+
+
+def test_the_sizes_and_special_tokens_equal_transformers(tok, hf):
+    """vocab_size is the base vocabulary (Qwen3: 151643, its special tokens left out), len() all of it."""
+    assert_special_tokens_equal(tok, hf)
+    assert (tok.vocab_size, len(tok), tok.pad_token_id) == (151643, 151669, 151643)
+
+
+@pytest.mark.parametrize("config", [QWEN3_HUB_CONFIG, V5_CONFIG, "smollm2-135m"], ids=["qwen3-hub", "v5", "smollm2"])
+def test_every_folders_special_tokens_equal_transformers(tmp_path, config):
+    """Other tokenizer_config.json files: Qwen3's from the hub, transformers 5's extra_special_tokens, SmolLM2's
+    (bos, eos, unk and pad all set)."""
+    from minillm.tokenizer import Tokenizer
+    if isinstance(config, str):
+        folder = resolve_model(config)
+    else:
+        folder = str(tmp_path)
+        os.symlink(os.path.join(resolve_model("qwen3-tiny"), "tokenizer.json"), tmp_path / "tokenizer.json")
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(dict(config, tokenizer_class="TokenizersBackend")))
+    assert_special_tokens_equal(Tokenizer(folder), AutoTokenizer.from_pretrained(folder))
+
+
+def test_setting_a_special_token_moves_its_id_as_in_transformers():
+    """transformers code's habit `tok.pad_token = tok.eos_token`: the id and the lists follow the token."""
+    from minillm.tokenizer import Tokenizer
+    folder = resolve_model("qwen3-tiny")
+    tok, hf = Tokenizer(folder), AutoTokenizer.from_pretrained(folder)
+    for t in (tok, hf):
+        t.pad_token = t.eos_token
+        t.unk_token = "<|endoftext|>"
+    assert_special_tokens_equal(tok, hf)
+    assert tok.pad_token_id == tok.eos_token_id == 151645
+
+
+def test_added_tokens_past_vocab_size_are_still_prompt_ids_and_logit_bias_keys(llm, tok):
+    """vocab_size leaves the added tokens out: the engine's checks go by the model's vocabulary, so the ids
+    from vocab_size to len(tok) - 1 (<think>, <|im_end|>, ...) stay good prompt ids and logit_bias keys."""
+    from minillm import SamplingParams
+    last = len(tok) - 1
+    assert last >= tok.vocab_size and tok.decode([last], skip_special_tokens=False) == "</think>"
+    params = SamplingParams(temperature=0.0, max_tokens=1, logit_bias={last: 100.0}, ignore_eos=True)
+    out = llm.generate({"prompt_token_ids": [tok.vocab_size, last]}, params, use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == [last]
+
+
+@pytest.mark.parametrize("config, phrase", [
+    ({"pad_token": 5}, "pad_token must be a string"),
+    ({"additional_special_tokens": "<think>"}, "additional_special_tokens must be a list of tokens"),
+    ({"extra_special_tokens": ["<think>", 7]}, "extra_special_tokens must be a string"),
+], ids=["pad-int", "additional-str", "extra-int"])
+def test_a_bad_special_token_in_tokenizer_config_is_a_value_error_naming_it(tmp_path, config, phrase):
+    from minillm.tokenizer import Tokenizer
+    os.symlink(os.path.join(resolve_model("qwen3-tiny"), "tokenizer.json"), tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"tokenizer_config.json: {phrase}"):
+        Tokenizer(str(tmp_path))
