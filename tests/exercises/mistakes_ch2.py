@@ -5,6 +5,7 @@ one thing that differs from the right version. The hints are what the grader pri
 """
 from __future__ import annotations
 
+import os
 import types
 
 import torch
@@ -943,6 +944,141 @@ def matmul_acc_overwritten(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, s
                     BLOCK_M, BLOCK_N, BLOCK_K, False, False, False, True)
 
 
+# fp16 accumulation, spelled the ways students write it. The two that the GPU compiler refuses are written out whole:
+# test_compiles.py compares the compiler's last line, and an error inside a helper ends in its source's caret line.
+# The sums of fp16 products (no tl.dot) are interpreted only: compiled for a GPU, Triton's passes fail on an fp16 sum
+# of a [BLOCK_M, BLOCK_K, BLOCK_N] product ("PassManager::run failed", which says nothing of the bug, and other
+# kernels end in it too), so there they compute tl.dot instead and compile, and the compile test names no bug for it.
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
+
+
+@triton.jit
+def matmul_acc_zeros_fp16(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                          stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc = tl.zeros(..., dtype=tl.float16) with acc += tl.dot(a, b): the interpreter promotes acc to fp32 at the
+    first tile (the result is right there); Triton's GPU compiler refuses a loop-carried variable that changes type
+    (for fp32 inputs and fp16 ones alike)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float16)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=mask_m[:, None] & (k < K)[None, :], other=0.0)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=(k < K)[:, None] & mask_n[None, :], other=0.0)
+        acc += tl.dot(a, b)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def matmul_dot_out_fp16(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                        stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc = tl.zeros(..., dtype=tl.float16) with acc += tl.dot(a, b, out_dtype=tl.float16): for fp16 inputs each
+    tile's product and the running sum are fp16 (a true half-precision accumulator); for fp32 ones tl.dot ignores
+    out_dtype, and acc becomes fp32 at the first tile (right in the interpreter, refused by the compiler)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float16)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=mask_m[:, None] & (k < K)[None, :], other=0.0)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=(k < K)[:, None] & mask_n[None, :], other=0.0)
+        acc += tl.dot(a, b, out_dtype=tl.float16)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _matmul_fp16_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                         stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         HOW: tl.constexpr):
+    """The right matmul but for how it accumulates: HOW names the wrong spelling (see the wrappers below)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    if HOW == "fp16_acc" or HOW == "fp16_acc_fp16_tiles" or HOW == "fp16_products":
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float16)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=mask_m[:, None] & (k < K)[None, :], other=0.0)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=(k < K)[:, None] & mask_n[None, :], other=0.0)
+        if HOW == "tile_to_fp16" or HOW == "fp16_acc_fp16_tiles":
+            acc += tl.dot(a, b).to(tl.float16)
+        elif HOW == "acc_to_fp16":
+            acc = acc.to(tl.float16) + tl.dot(a, b)
+        elif HOW == "fp16_acc":
+            acc = (acc + tl.dot(a, b)).to(tl.float16)
+        elif INTERPRETED:  # "fp16_products", "fp16_tile_sums": no tl.dot, a sum of the tiles' products in fp16
+            acc += tl.sum(a.to(tl.float16)[:, :, None] * b.to(tl.float16)[None, :, :], axis=1)
+        else:  # (compiled for a GPU by test_compiles.py: see INTERPRETED)
+            acc += tl.dot(a, b).to(acc.dtype)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def matmul_tile_to_fp16(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                        stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += tl.dot(a, b).to(tl.float16): each tile's product rounded to fp16, whatever C's dtype (fp32 too)."""
+    _matmul_fp16_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                         stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, "tile_to_fp16")
+
+
+@triton.jit
+def matmul_acc_to_fp16(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                       stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc = acc.to(tl.float16) + tl.dot(a, b): the running sum rounded to fp16 before each tile is added."""
+    _matmul_fp16_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                         stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, "acc_to_fp16")
+
+
+@triton.jit
+def matmul_fp16_acc(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                    stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc = tl.zeros(..., dtype=tl.float16), acc = (acc + tl.dot(a, b)).to(tl.float16): an fp16 running sum,
+    whatever C's dtype (fp32 too)."""
+    _matmul_fp16_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                         stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, "fp16_acc")
+
+
+@triton.jit
+def matmul_fp16_acc_fp16_tiles(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                               stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc = tl.zeros(..., dtype=tl.float16) with acc += tl.dot(a, b).to(tl.float16) (what makes the compiler accept
+    an fp16 acc): each tile's product and the running sum rounded to fp16, whatever C's dtype."""
+    _matmul_fp16_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                         stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, "fp16_acc_fp16_tiles")
+
+
+@triton.jit
+def matmul_fp16_products(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                         stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """No tl.dot: acc (fp16) += tl.sum(a.to(tl.float16)[:, :, None] * b.to(tl.float16)[None, :, :], axis=1)."""
+    _matmul_fp16_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                         stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, "fp16_products")
+
+
+@triton.jit
+def matmul_fp16_tile_sums(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                          stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """No tl.dot: acc (fp32) += tl.sum(a.to(tl.float16)[:, :, None] * b.to(tl.float16)[None, :, :], axis=1)."""
+    _matmul_fp16_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                         stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, "fp16_tile_sums")
+
+
 @triton.jit
 def _online_softmax_variant(scores_ptr, values_ptr, out_ptr, n_keys, head_dim, stride_s, stride_v, stride_out,
                             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, RESCALE_SUM: tl.constexpr,
@@ -1862,6 +1998,66 @@ MISTAKES: list[Mistake] = [
             "refuses it. Start it as the fp32 accumulator it becomes, acc = tl.zeros([BLOCK_M, BLOCK_N], "
             "dtype=tl.float32), and cast to C's dtype at the store", "test_compiles.py::test_kernel_compiles_for_a_gpu",
             {"kernel": "matmul_kernel"}),
+    # fp16 accumulation in the other spellings students write (the two above: C's dtype)
+    Mistake("ch2_primer_matmul_acc_zeros_fp16", "2.10",
+            {"matmul_kernel": matmul_acc_zeros_fp16,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_acc_zeros_fp16)},
+            "acc starts as an fp16 accumulator (acc = tl.zeros(..., dtype=tl.float16)) and acc += tl.dot(a, b) makes "
+            "it fp32 (tl.dot returns fp32): the interpreter lets the type change (so the result is right here), "
+            "Triton's GPU compiler refuses it, for fp32 and fp16 inputs alike; kept fp16, it would round at every K "
+            "tile. Start it as acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), and cast to C's dtype once, at "
+            "the store", "test_compiles.py::test_kernel_compiles_for_a_gpu", {"kernel": "matmul_kernel"}),
+    Mistake("ch2_primer_matmul_dot_out_fp16", "2.10",
+            {"matmul_kernel": matmul_dot_out_fp16,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_dot_out_fp16)},
+            "the sum is accumulated in fp16: acc = tl.zeros(..., dtype=tl.float16) with tl.dot(a, b, "
+            "out_dtype=tl.float16) (or tl.dot(a, b, acc, out_dtype=tl.float16)) rounds each tile's product and the "
+            "running sum to fp16, so the error grows with K (sums near 128 move in steps of 0.125). Keep tl.dot's "
+            "default out_dtype (fp32), acc = tl.zeros(..., dtype=tl.float32), and cast to C's dtype once, at the store",
+            PRIMER + "test_matmul_fp16_accumulates_in_fp32"),
+    Mistake("ch2_primer_matmul_tile_to_fp16", "2.10",
+            {"matmul_kernel": matmul_tile_to_fp16,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_tile_to_fp16)},
+            "each K tile's product is cast to fp16 before it is added (acc += tl.dot(a, b).to(tl.float16)): every "
+            "partial sum keeps 11 bits whatever C's dtype, so even an fp32 matmul is off by 1e-3 and more. Add "
+            "tl.dot's fp32 result as it is, acc += tl.dot(a, b), and cast once, at the store, to C's dtype "
+            "(c_ptr.dtype.element_ty)",
+            MATMUL_GUARDED),
+    Mistake("ch2_primer_matmul_acc_to_fp16", "2.10",
+            {"matmul_kernel": matmul_acc_to_fp16,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_acc_to_fp16)},
+            "the running sum is rounded to fp16 before each K tile is added (acc = acc.to(tl.float16) + tl.dot(a, "
+            "b)): an fp16 accumulator in disguise, so even an fp32 matmul keeps 11 bits. Keep acc fp32 through the "
+            "loop, acc += tl.dot(a, b), and cast only at the store, to C's dtype (c_ptr.dtype.element_ty)",
+            MATMUL_GUARDED),
+    Mistake("ch2_primer_matmul_fp16_acc", "2.10",
+            {"matmul_kernel": matmul_fp16_acc,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_fp16_acc)},
+            "the accumulator is fp16 whatever C's dtype (acc = tl.zeros(..., dtype=tl.float16), or acc.to(tl.float16) "
+            "after each K tile): the running sum is rounded to 11 bits at every tile, so even an fp32 matmul is off "
+            "by 1e-3 and more. Keep acc = tl.zeros(..., dtype=tl.float32), acc += tl.dot(a, b), and cast to C's dtype "
+            "(c_ptr.dtype.element_ty) once, at the store", MATMUL_GUARDED),
+    Mistake("ch2_primer_matmul_fp16_acc_fp16_tiles", "2.10",
+            {"matmul_kernel": matmul_fp16_acc_fp16_tiles,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_fp16_acc_fp16_tiles)},
+            "the accumulator and each K tile's product are fp16 whatever C's dtype (acc = tl.zeros(..., "
+            "dtype=tl.float16) with acc += tl.dot(a, b).to(tl.float16)): both are rounded to 11 bits at every tile, "
+            "so even an fp32 matmul is off by 1e-3 and more. The compiler wants acc's type to stay the same, so make "
+            "it the type tl.dot returns: acc = tl.zeros(..., dtype=tl.float32), acc += tl.dot(a, b), and cast to "
+            "C's dtype (c_ptr.dtype.element_ty) once, at the store", MATMUL_GUARDED),
+    Mistake("ch2_primer_matmul_fp16_products", "2.10",
+            {"matmul_kernel": matmul_fp16_products,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_fp16_products)},
+            "the products are summed in fp16 into an fp16 acc (acc += tl.sum(a.to(tl.float16)[:, :, None] * "
+            "b.to(tl.float16)[None, :, :], axis=1)): every product, every tile's sum and the running sum are rounded "
+            "to 11 bits. Use acc += tl.dot(a, b) on the tiles as loaded (it multiplies and adds in fp32) into acc = "
+            "tl.zeros(..., dtype=tl.float32), and cast to C's dtype once, at the store", MATMUL_GUARDED),
+    Mistake("ch2_primer_matmul_fp16_tile_sums", "2.10",
+            {"matmul_kernel": matmul_fp16_tile_sums,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_fp16_tile_sums)},
+            "each K tile is summed in fp16 before it reaches the fp32 acc (acc += tl.sum(a.to(tl.float16)[:, :, None] "
+            "* b.to(tl.float16)[None, :, :], axis=1)): the products and their sum are rounded to 11 bits. Use acc += "
+            "tl.dot(a, b) on the tiles as loaded: it multiplies and adds in fp32", MATMUL_GUARDED),
     Mistake("ch2_primer_online_tile_max", "2.11",
             {"online_softmax_kernel": online_tile_max,
              "softmax_weighted_sum": with_kernel(primer.softmax_weighted_sum, "online_softmax_kernel",

@@ -3,7 +3,7 @@
 Each function below is an exercise function written the way students get it wrong: a CUDA-graph
 bucket rounded the wrong way or padding rows that keep an old step's inputs (5.1), a placeholder
 resolved at the wrong time (5.2), a Gumbel-max sampler whose distribution is off (5.3), a floor that
-counts the wrong bytes or FLOPs (5.4).
+counts the wrong bytes or FLOPs, or in the wrong units (5.4).
 """
 from __future__ import annotations
 
@@ -558,6 +558,140 @@ def workload_floor_lm_head_in_prefill(mc, dtype_bytes, prompt_lens, output_lens,
     return _floor7(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, lm_head_in_prefill=True)
 
 
+# ---- 5.4, round 8: the counts and units students get wrong ---------------------------------------------
+def _bytes8(mc, dtype_bytes, *, both_tables_when_untied=False, bytes_per_element=None, weights_in_elements=False,
+            kv_proj_heads="kv", kv_cache_heads="kv", kv_layers=True, mlp_matrices=3, layer_norms=True,
+            table_in_params=False):
+    """model_bytes with one of its counts changed (see the wrappers below)."""
+    h, i, L, d = mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, mc.head_dim
+    H, Hkv = mc.num_attention_heads, mc.num_key_value_heads
+    kv_proj = H if kv_proj_heads == "query" else Hkv
+    per_layer = h * (H + 2 * kv_proj) * d + H * d * h + mlp_matrices * h * i + (2 * h if layer_norms else 0)
+    per_layer += 2 * d * mc.qk_norm + (H + 2 * kv_proj) * d * mc.qkv_bias + h * mc.o_bias
+    non_embedding = L * per_layer + h
+    tables = 2 if both_tables_when_untied and not mc.tie_word_embeddings else 1
+    per_element = dtype_bytes if bytes_per_element is None else bytes_per_element
+    weights = (non_embedding + tables * mc.vocab_size * h) * (1 if weights_in_elements else per_element)
+    kv_per_token = 2 * (L if kv_layers else 1) * (H if kv_cache_heads == "query" else Hkv) * d * per_element
+    return weights, kv_per_token, non_embedding + (mc.vocab_size * h if table_in_params else 0)
+
+
+def model_bytes_both_tables_when_untied(mc, dtype_bytes):
+    return _bytes8(mc, dtype_bytes, both_tables_when_untied=True)  # the bug: untied, the embedding is read too
+
+
+def model_bytes_four_bytes_an_element(mc, dtype_bytes):
+    return _bytes8(mc, dtype_bytes, bytes_per_element=4)  # the bug: bf16 taken as 4 bytes (dtype_bytes unused)
+
+
+def model_bytes_two_bytes_an_element(mc, dtype_bytes):
+    return _bytes8(mc, dtype_bytes, bytes_per_element=2)  # the bug: 2 bytes (bf16) whatever dtype_bytes says
+
+
+def model_bytes_weights_in_elements(mc, dtype_bytes):
+    return _bytes8(mc, dtype_bytes, weights_in_elements=True)  # the bug: the weights not times dtype_bytes
+
+
+def model_bytes_kv_proj_of_query_heads(mc, dtype_bytes):
+    return _bytes8(mc, dtype_bytes, kv_proj_heads="query")  # the bug: k_proj, v_proj with H heads
+
+
+def model_bytes_query_heads_for_kv_heads(mc, dtype_bytes):
+    # the bug: Hkv = num_attention_heads, for k_proj and v_proj and for the cache
+    return _bytes8(mc, dtype_bytes, kv_proj_heads="query", kv_cache_heads="query")
+
+
+def model_bytes_kv_of_one_layer(mc, dtype_bytes):
+    return _bytes8(mc, dtype_bytes, kv_layers=False)  # the bug: the K/V per token of one layer
+
+
+def model_bytes_mlp_two_matrices(mc, dtype_bytes):
+    return _bytes8(mc, dtype_bytes, mlp_matrices=2)  # the bug: up and down, no gate
+
+
+def model_bytes_without_layer_norms(mc, dtype_bytes):
+    return _bytes8(mc, dtype_bytes, layer_norms=False)  # the bug: the two RMSNorms of each layer not counted
+
+
+def model_bytes_params_with_a_table(mc, dtype_bytes):
+    return _bytes8(mc, dtype_bytes, table_in_params=True)  # the bug: the embedding (or head) among the parameters
+
+
+def _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, *, bytes_per_gb=1e9,
+            flops_per_tflop=1e12, seconds=1.0, tokens="output", context="prompt+made", overlap=False,
+            attention_heads="query", attention_layers=True, flops_per_param=2, attention=True, finished_read=False):
+    """workload_floor with one of its details changed (see the wrappers below)."""
+    weights, kv_tok, params = right_model_bytes(mc, dtype_bytes)
+    p, o = np.asarray(list(prompt_lens), dtype=np.float64), np.asarray(list(output_lens))
+    decode_bytes = 0.0
+    for t in range(1, int(o.max())):
+        active = np.ones(len(o), dtype=bool) if finished_read else o > t
+        held = {"prompt+made": p[active] + t, "prompt": p[active], "made": np.full(active.sum(), float(t))}[context]
+        decode_bytes += weights + (held * kv_tok).sum()
+    H = mc.num_attention_heads if attention_heads == "query" else mc.num_key_value_heads
+    d, L = mc.head_dim, mc.num_hidden_layers
+    attention_flops = (2 * p ** 2 * H * d * (L if attention_layers else 1)).sum() if attention else 0.0
+    prefill_flops = flops_per_param * params * p.sum() + attention_flops
+    decode_s = decode_bytes / (copy_gbps * bytes_per_gb)
+    prefill_s = prefill_flops / (matmul_tflops * flops_per_tflop)
+    floor_s = max(decode_s, prefill_s) if overlap else decode_s + prefill_s
+    counted = {"output": o.sum(), "prompt+output": p.sum() + o.sum(), "decoded": (o - 1).sum()}[tokens]
+    return {"floor_s": floor_s * seconds, "floor_decode_s": decode_s * seconds, "floor_prefill_s": prefill_s * seconds,
+            "floor_tok_s": float(counted) / (floor_s * seconds)}
+
+
+def workload_floor_tok_s_of_every_token(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, tokens="prompt+output")
+
+
+def workload_floor_tok_s_of_decoded_tokens(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, tokens="decoded")
+
+
+def workload_floor_copy_rate_in_gib(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, bytes_per_gb=2 ** 30)
+
+
+def workload_floor_in_milliseconds(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, seconds=1e3)
+
+
+def workload_floor_overlapped(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, overlap=True)
+
+
+def workload_floor_prompt_kv_only(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, context="prompt")
+
+
+def workload_floor_generated_kv_only(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, context="made")
+
+
+def workload_floor_tflops_times_1e9(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, flops_per_tflop=1e9)
+
+
+def workload_floor_attention_of_kv_heads(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, attention_heads="kv")
+
+
+def workload_floor_attention_of_one_layer(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, attention_layers=False)
+
+
+def workload_floor_one_flop_per_parameter(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, flops_per_param=1)
+
+
+def workload_floor_without_attention(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, attention=False)
+
+
+def workload_floor_finished_requests_read(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, finished_read=True)
+
+
 
 MISTAKES = [
     # 5.1
@@ -871,5 +1005,103 @@ MISTAKES = [
             "prefill counts the LM head for every prompt token: the prefill FLOPs are 2 x the non-embedding "
             "parameters per prompt token, plus attention (the LM head scores the last prompt token only: counted "
             "as nothing)",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    # 5.4, round 8
+    Mistake("ch5_bytes_both_tables_when_untied", "5.4", {"model_bytes": model_bytes_both_tables_when_untied},
+            "with untied embeddings both vocab_size x hidden_size tables are counted as read: the LM head is read "
+            "whole every step, but the embedding table only at the B rows of the batch's tokens (counted as "
+            "nothing). Count vocab_size x hidden_size once, tied or not",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_bytes_four_bytes_an_element", "5.4", {"model_bytes": model_bytes_four_bytes_an_element},
+            "every element is counted as 4 bytes, whatever dtype_bytes: a bf16 weight or cached K/V element is 2 "
+            "bytes (fp32's 4 doubles the bf16 counts). Multiply the weights and the K/V by dtype_bytes",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_bytes_two_bytes_an_element", "5.4", {"model_bytes": model_bytes_two_bytes_an_element},
+            "every element is counted as 2 bytes (bf16's), whatever dtype_bytes: an fp32 model has 4 bytes an "
+            "element. Multiply the weights and the K/V by dtype_bytes, the argument",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_bytes_weights_in_elements", "5.4", {"model_bytes": model_bytes_weights_in_elements},
+            "the weight bytes are counted in elements, not bytes: multiply the weights a step reads (the "
+            "non-embedding parameters and the LM head) by dtype_bytes",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_bytes_kv_proj_of_query_heads", "5.4", {"model_bytes": model_bytes_kv_proj_of_query_heads},
+            "k_proj and v_proj are counted with num_attention_heads: with grouped-query attention each has "
+            "num_key_value_heads x head_dim outputs (Qwen3-0.6B: 8 x 128, not 16 x 128), so q, k and v together "
+            "are hidden_size x (H + 2 x Hkv) x head_dim (and their biases (H + 2 x Hkv) x head_dim)",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_bytes_query_heads_for_kv_heads", "5.4", {"model_bytes": model_bytes_query_heads_for_kv_heads},
+            "num_attention_heads is used for the K/V heads, in k_proj and v_proj and in the cache: with grouped-query "
+            "attention K and V have num_key_value_heads heads, each shared by H / Hkv query heads. Use "
+            "num_key_value_heads for k_proj, v_proj and the K/V bytes per token",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_kv_of_one_layer", "5.4", {"model_bytes": model_bytes_kv_of_one_layer},
+            "the K/V per token counts one layer: every layer caches its own key and value of each token, "
+            "2 x num_hidden_layers x kv heads x head_dim x bytes",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_bytes_mlp_two_matrices", "5.4", {"model_bytes": model_bytes_mlp_two_matrices},
+            "the MLP is counted as two matrices: SwiGLU has three, gate_proj and up_proj (hidden_size x "
+            "intermediate_size each) and down_proj (intermediate_size x hidden_size), 3 x h x i a layer",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_bytes_without_layer_norms", "5.4", {"model_bytes": model_bytes_without_layer_norms},
+            "the two RMSNorm weights of each layer (input_layernorm and post_attention_layernorm, hidden_size each) "
+            "are not counted: they are non-embedding weights every step reads, 2 x hidden_size a layer",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_params_with_a_table", "5.4", {"model_bytes": model_bytes_params_with_a_table},
+            "the non-embedding parameters include a vocab_size x hidden_size table (the embedding or the LM head): "
+            "they are the decoder layers' weights and the final norm only (prefill counts 2 FLOPs for each per "
+            "token); the LM head is added to the weight bytes a step reads, not to the parameters",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_floor_tok_s_of_every_token", "5.4", {"workload_floor": workload_floor_tok_s_of_every_token},
+            "floor_tok_s counts the prompt tokens too: it is the output rate, the total output tokens (sum of "
+            "o_r) / floor_s, as the bench's tok/s counts what the engine generates",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_tok_s_of_decoded_tokens", "5.4", {"workload_floor": workload_floor_tok_s_of_decoded_tokens},
+            "floor_tok_s counts only the tokens the decode steps make (o_r - 1 a request): the first token of each "
+            "request, made by its prefill, is an output token too: sum of o_r / floor_s",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_copy_rate_in_gib", "5.4", {"workload_floor": workload_floor_copy_rate_in_gib},
+            "copy_gbps is taken as GiB/s (x 2**30 bytes): it is GB/s, 1e9 bytes a second, so the decode floor is "
+            "decode bytes / (copy_gbps * 1e9) (GiB makes it 7% short)",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_in_milliseconds", "5.4", {"workload_floor": workload_floor_in_milliseconds},
+            "the floors are in milliseconds (x 1000, and floor_tok_s per ms): floor_s, floor_decode_s and "
+            "floor_prefill_s are seconds, bytes / (copy_gbps * 1e9) and FLOPs / (matmul_tflops * 1e12) as they are",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_overlapped", "5.4", {"workload_floor": workload_floor_overlapped},
+            "floor_s is the larger of the decode and prefill floors, as if they overlapped: the floor runs the "
+            "prefill FLOPs and the decode bytes one after the other, floor_s = floor_decode_s + floor_prefill_s",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_prompt_kv_only", "5.4", {"workload_floor": workload_floor_prompt_kv_only},
+            "decode step t reads the K/V of the prompt only (p_r tokens): a request also holds the t tokens made so "
+            "far, the one being decoded included, so step t reads p_r + t tokens' K/V",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_generated_kv_only", "5.4", {"workload_floor": workload_floor_generated_kv_only},
+            "decode step t reads the K/V of the t tokens made so far only: the prompt's K/V is in the cache too, and "
+            "every step attends to it, so step t reads p_r + t tokens' K/V for request r",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_tflops_times_1e9", "5.4", {"workload_floor": workload_floor_tflops_times_1e9},
+            "matmul_tflops is scaled by 1e9 (as copy_gbps is): it is TFLOP/s, 1e12 FLOPs a second, so the prefill "
+            "floor is prefill FLOPs / (matmul_tflops * 1e12), 1000x shorter",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_attention_of_kv_heads", "5.4", {"workload_floor": workload_floor_attention_of_kv_heads},
+            "prefill attention is counted with num_key_value_heads: every query head computes its own scores and "
+            "weighted sum (grouped-query attention shares K and V, not the work), 2 x p_r^2 x "
+            "num_attention_heads x head_dim per layer",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_attention_of_one_layer", "5.4", {"workload_floor": workload_floor_attention_of_one_layer},
+            "prefill attention is counted for one layer: every layer attends, 2 x p_r^2 x H x d x num_hidden_layers "
+            "for request r",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_one_flop_per_parameter", "5.4", {"workload_floor": workload_floor_one_flop_per_parameter},
+            "prefill counts one FLOP per parameter per token: each weight does a multiply and an add for every "
+            "token, 2 x the non-embedding parameters per prompt token",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_without_attention", "5.4", {"workload_floor": workload_floor_without_attention},
+            "prefill FLOPs leave attention out: besides 2 x the parameters per token, QK^T and PV cost "
+            "2 x p_r^2 x H x d per layer for request r (the causal half)",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_finished_requests_read", "5.4", {"workload_floor": workload_floor_finished_requests_read},
+            "every decode step reads the K/V of every request, finished or not: step t decodes only the requests "
+            "with o_r > t (one that has made its o_r tokens has left the batch), so only their K/V is read",
             "test_ch5.py::test_workload_floor_closed_form"),
 ]

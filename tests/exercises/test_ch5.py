@@ -35,7 +35,7 @@ from minillm import LLM, SamplingParams
 from minillm.config import ModelConfig
 from minillm.context import reset_context
 from minillm.course.exercises import use_impl
-from minillm.course.grading import check_close, check_equal, check_that, require_written
+from minillm.course.grading import Raised, check_close, check_equal, check_that, require_written
 from minillm.engine.cuda_graph import DecodeGraphs
 from minillm.engine.llm_engine import append_placeholders as right_append, fill_placeholders as right_fill
 from minillm.engine.sequence import PLACEHOLDER_TOKEN
@@ -835,8 +835,39 @@ def floor_cases():
             ("qwen3-8b", [100, 100, 3000], [1000, 1, 20], *H200)]
 
 
+class Floors(dict):
+    """Floors of workload_floor's result that equal another's key by key to within FLOAT_SUMS (the same sums in
+    another order): for the grader's second look at a known bug, more of its result than the one key that failed."""
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, dict) and self.keys() == other.keys()
+                and all(math.isclose(self[k], other[k], rel_tol=FLOAT_SUMS["rtol"], abs_tol=FLOAT_SUMS["atol"])
+                        for k in self))
+
+    __hash__ = None
+
+
+def floors(fn, args: tuple, keys) -> Floors | Raised:
+    """fn(*args)'s floors of these keys (or what it raised)."""
+    return outcome(lambda: Floors({k: float(fn(*args)[k]) for k in keys}))
+
+
+@functools.cache
+def floor_case_args() -> list[tuple]:
+    """workload_floor's arguments for each of floor_cases()."""
+    return [(configs(name, torch.bfloat16)[0], 2, list(prompt_lens), list(output_lens), copy_gbps, tflops)
+            for name, prompt_lens, output_lens, copy_gbps, tflops in floor_cases()]
+
+
+def floors_of_the_cases(fn) -> list:
+    """fn's decode and prefill floors of each of floor_cases() (or what it raised)."""
+    return [floors(fn, args, ("floor_decode_s", "floor_prefill_s")) for args in floor_case_args()]
+
+
 @pytest.mark.ex5_4
 def test_workload_floor_closed_form(impl):
+    # a second look before a bug is named: its result up to the key that failed, the keys checked before it (right in
+    # the code under test) included: a prefill floor 1000x too large is a floor in ms only where the decode floor is
+    # 1000x too, else it is another bug (TFLOP/s taken as 1e9 FLOP/s, say)
     for name, prompt_lens, output_lens, copy_gbps, tflops in floor_cases():
         mc, _ = configs(name, torch.bfloat16)
         args = (mc, 2, list(prompt_lens), list(output_lens), copy_gbps, tflops)
@@ -844,12 +875,15 @@ def test_workload_floor_closed_form(impl):
         want = floor_by_closed_form(name, prompt_lens, output_lens, copy_gbps, tflops)
         what = f"{name}, {len(prompt_lens)} requests ({sum(prompt_lens)} prompt, {sum(output_lens)} output tokens)"
         check_equal(sorted(got), sorted(want), "5.4", f"keys of workload_floor's result ({what})")
-        for key in want:
+        for n, key in enumerate(want):
+            checked = list(want)[:n + 1]
             check_close(torch.tensor(float(got[key]), dtype=torch.float64),
                         torch.tensor(want[key], dtype=torch.float64),
                         "5.4", f"{key} ({what}; vs the per-request closed form)", **FLOAT_SUMS,
                         suspects=suspects_of("workload_floor", lambda fn, key=key: torch.tensor(
-                            float(fn(*args)[key]), dtype=torch.float64)))
+                            float(fn(*args)[key]), dtype=torch.float64),
+                            agree=(lambda fn, checked=checked: floors(fn, args, checked),
+                                   lambda checked=checked: floors(impl.workload_floor, args, checked))))
 
 
 def counted_prefill_flops(name: str, prompt_len: int) -> float:
@@ -875,11 +909,14 @@ def test_prefill_flops_match_a_flop_counter(impl, name):
     mc = ModelConfig.from_folder(ref_path(name))
     args = (mc, 4, [prompt_len], [1], 1e-9, 1e-12)
     got = impl.workload_floor(*args)
+    # a second look before a bug is named: its decode and prefill floors of the closed-form test's workloads (a
+    # prefill alone cannot tell a floor in ms from TFLOP/s taken as 1e9 FLOP/s)
     check_close(torch.tensor(float(got["floor_prefill_s"]), dtype=torch.float64),
                 torch.tensor(counted_prefill_flops(name, prompt_len), dtype=torch.float64), "5.4",
                 f"prefill FLOPs of {prompt_len} tokens on {name} (vs torch's FLOP counter on transformers' forward)",
                 **FLOAT_SUMS, suspects=suspects_of("workload_floor", lambda fn: torch.tensor(
-                    float(fn(*args)["floor_prefill_s"]), dtype=torch.float64)))
+                    float(fn(*args)["floor_prefill_s"]), dtype=torch.float64),
+                    agree=(floors_of_the_cases, lambda: floors_of_the_cases(impl.workload_floor))))
     check_equal(float(got["floor_decode_s"]), 0.0, "5.4", "decode floor of requests of one output token each",
                 suspects=suspects_of("workload_floor", lambda fn: float(fn(*args)["floor_decode_s"])))
 
