@@ -69,6 +69,17 @@ class Encoding(dict):
             raise AttributeError(name) from None
 
 
+class _TokenId:
+    """A named special token's id (bos_token_id reads bos_token's), None where it is unset: computed on
+    each read, so setting the token (tok.pad_token = tok.eos_token) moves its id, as in transformers."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.token = name.removesuffix("_id")
+
+    def __get__(self, tok, owner=None) -> int | None:
+        return self if tok is None else tok._token_id(getattr(tok, self.token))
+
+
 class Tokenizer:
     """A model folder's tokenizer: encode, decode, chat template, EOS ids.
     A missing, unreadable or corrupt file raises ValueError naming it."""
@@ -153,33 +164,13 @@ class Tokenizer:
         return self._tok.get_vocab(with_added_tokens=True)
 
     # ---- the special tokens, as transformers names them (a token the folder does not set: None)
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._token_id(self.bos_token)
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._token_id(self.eos_token)
-
-    @property
-    def unk_token_id(self) -> int | None:
-        return self._token_id(self.unk_token)
-
-    @property
-    def sep_token_id(self) -> int | None:
-        return self._token_id(self.sep_token)
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._token_id(self.pad_token)
-
-    @property
-    def cls_token_id(self) -> int | None:
-        return self._token_id(self.cls_token)
-
-    @property
-    def mask_token_id(self) -> int | None:
-        return self._token_id(self.mask_token)
+    bos_token_id = _TokenId()
+    eos_token_id = _TokenId()
+    unk_token_id = _TokenId()
+    sep_token_id = _TokenId()
+    pad_token_id = _TokenId()
+    cls_token_id = _TokenId()
+    mask_token_id = _TokenId()
 
     def _token_id(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)
