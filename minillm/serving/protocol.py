@@ -166,7 +166,7 @@ def sampling_params(body: dict, defaults: SamplingParams, chat: bool) -> Samplin
                               param="logit_bias")
         changes["logit_bias"] = {int(k): v for k, v in bias.items()}
     if not chat and flag(body, "echo"):
-        if body.get("max_tokens") == 0:  # OpenAI's echo of the prompt alone: one token runs, none is returned
+        if echo_only(body):  # OpenAI's echo of the prompt alone: one token runs, none is returned
             changes["max_tokens"] = 1
         if changes.get("logprobs") is not None and changes.get("prompt_logprobs") is None:
             changes["prompt_logprobs"] = changes["logprobs"]  # the echoed prompt's logprobs (vLLM's rule)

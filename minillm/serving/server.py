@@ -353,11 +353,12 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
         body = await parse(request, COMPLETION_FIELDS, COMPLETION_UNUSED)
         stream_mode, include_usage = stream_flags(body)
         params = sampling_params(body, async_llm.default_sampling_params(), chat=False)
-        if flag(body, "echo") and async_llm.tokenizer is None:
+        echo = flag(body, "echo")
+        if echo and async_llm.tokenizer is None:
             raise bad_request("echo needs the model's tokenizer to write the prompt as text, and this model has "
                               "no tokenizer.json: leave echo out", param="echo")
         streams = submit(completion_prompts(body), params, body, chat=False)
-        return await run(request, streams, params, False, stream_mode, include_usage, echo=flag(body, "echo"),
+        return await run(request, streams, params, False, stream_mode, include_usage, echo=echo,
                          only_echo=echo_only(body))
 
     @app.post("/v1/chat/completions")
