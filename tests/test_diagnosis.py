@@ -72,6 +72,7 @@ SAME_SYMPTOM = {
     "ch5_kv_of_hidden_size": "ch5_kv_of_query_heads",  # a KV budget too large
     "ch5_graph_size_largest_when_too_big": "ch5_graph_size_rounds_down",  # a graph too small for the batch
     "ch6_sse_event_rstrips_newlines": "ch6_sse_event_splitlines",  # a reader gets other text at the line ends
+    "ch2_primer_matmul_dot_acc_fp16": "ch2_primer_matmul_dot_acc_out_fp16",  # tl.dot's bare AssertionError
 }
 
 

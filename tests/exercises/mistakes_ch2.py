@@ -997,6 +997,51 @@ def matmul_dot_out_fp16(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stri
 
 
 @triton.jit
+def matmul_dot_acc_out_fp16(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                            stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc = tl.zeros(..., dtype=tl.float16) with acc = tl.dot(a, b, acc, out_dtype=tl.float16): fp16 tiles accumulate
+    in fp16; fp32 tiles make tl.dot return fp32 whatever out_dtype says, so the second tile's acc is fp32 and Triton's
+    interpreter fails its check that acc's dtype is out_dtype (a bare AssertionError). Written out whole, as a
+    student writes it: an error raised in a helper kernel reaches the test wrapped once more."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float16)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=mask_m[:, None] & (k < K)[None, :], other=0.0)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=(k < K)[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, out_dtype=tl.float16)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def matmul_dot_acc_fp16(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                        stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc = tl.zeros(..., dtype=tl.float16) with acc = tl.dot(a, b, acc): tl.dot accumulates in its out_dtype,
+    fp32 by default, and refuses an fp16 acc at the first tile (the same bare AssertionError), fp16 tiles or fp32.
+    Written out whole (see above)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float16)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=mask_m[:, None] & (k < K)[None, :], other=0.0)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=(k < K)[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
 def _matmul_fp16_variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
                          stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          HOW: tl.constexpr):
@@ -2045,6 +2090,24 @@ MISTAKES: list[Mistake] = [
             "so even an fp32 matmul is off by 1e-3 and more. The compiler wants acc's type to stay the same, so make "
             "it the type tl.dot returns: acc = tl.zeros(..., dtype=tl.float32), acc += tl.dot(a, b), and cast to "
             "C's dtype (c_ptr.dtype.element_ty) once, at the store", MATMUL_GUARDED),
+    Mistake("ch2_primer_matmul_dot_acc_out_fp16", "2.10",
+            {"matmul_kernel": matmul_dot_acc_out_fp16,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_dot_acc_out_fp16)},
+            "the sum is accumulated in fp16 through tl.dot's acc argument (acc = tl.zeros(..., dtype=tl.float16), acc "
+            "= tl.dot(a, b, acc, out_dtype=tl.float16)): with fp32 tiles tl.dot returns fp32 whatever out_dtype says, "
+            "so from the second K tile on acc is fp32, not the out_dtype it is passed with, and Triton stops at its "
+            "check that the two agree (the bare AssertionError); with fp16 tiles it runs and rounds the running sum "
+            "to fp16 at every tile. Keep acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32) and tl.dot's default "
+            "out_dtype (acc = tl.dot(a, b, acc), or acc += tl.dot(a, b)), and cast to C's dtype once, at the store",
+            MATMUL_GUARDED),
+    Mistake("ch2_primer_matmul_dot_acc_fp16", "2.10",
+            {"matmul_kernel": matmul_dot_acc_fp16,
+             "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_dot_acc_fp16)},
+            "acc is fp16 (acc = tl.zeros(..., dtype=tl.float16)) and passed to tl.dot(a, b, acc), which accumulates "
+            "in its out_dtype, fp32 by default: Triton stops at its check that acc's dtype is that out_dtype (the "
+            "bare AssertionError), at the first K tile, whatever the tiles' dtype. Make acc = tl.zeros([BLOCK_M, "
+            "BLOCK_N], dtype=tl.float32) (an fp16 acc would round the sum at every tile anyway), and cast to C's "
+            "dtype once, at the store", MATMUL_GUARDED),
     Mistake("ch2_primer_matmul_fp16_products", "2.10",
             {"matmul_kernel": matmul_fp16_products,
              "tiled_matmul": with_kernel(primer.tiled_matmul, "matmul_kernel", matmul_fp16_products)},
