@@ -142,8 +142,12 @@ class Tokenizer:
         return self._tok.token_to_id(token)
 
     def convert_tokens_to_ids(self, tokens: str | list[str]):
-        """transformers' name: a token's id (None when it is not in the vocabulary), or a list of them."""
-        return self.token_to_id(tokens) if isinstance(tokens, str) else [self.token_to_id(t) for t in tokens]
+        """transformers' name: a token's id, or a list of them; a token not in the vocabulary gets unk_token_id
+        (None for a tokenizer without an unk token, as Qwen3's)."""
+        if isinstance(tokens, str):
+            found = self.token_to_id(tokens)
+            return self.unk_token_id if found is None else found
+        return [self.convert_tokens_to_ids(t) for t in tokens]
 
     # ---- transformers' names, so that code written for vLLM's get_tokenizer() (a transformers tokenizer) runs
     def convert_ids_to_tokens(self, ids, skip_special_tokens: bool = False):

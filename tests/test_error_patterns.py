@@ -173,3 +173,25 @@ def test_one_number_is_told_as_a_number():
     message = str(failure.value)
     assert "floor_decode_s is 3.56649, expected 3.5662: off by 0.00029" in message
     assert "1 of 1" not in message and "index ()" not in message
+
+
+def test_one_number_off_by_a_units_factor_is_named():
+    """One number has no shape, but a slip of units leaves an exact ratio: bytes given in GB, GB counted in GiB,
+    seconds in ms. Any other ratio (2: bf16 counted as 4 bytes; 7% off) says nothing and gets no pattern."""
+    nbytes = torch.empty(151936, 1024, dtype=torch.bfloat16, device="meta").nbytes  # an LM head's weights
+    assert "times 1e-09 (= 1 / 1e9: a decimal prefix" in describe_mismatch(nbytes / 1e9, nbytes)
+    assert "(= 1e9 / 2**30: binary units for decimal ones: GiB for GB" in describe_mismatch(
+        nbytes / 2 ** 30, nbytes / 1e9)
+    square = torch.empty(1024, 1024, dtype=torch.bfloat16, device="meta").nbytes  # 2 MiB
+    assert "(= 2**20: a binary prefix" in describe_mismatch(square, square // 2 ** 20)  # integers too
+    assert describe_mismatch(nbytes * 2, nbytes) is None  # twice: no unit
+    assert describe_mismatch(nbytes / 1e9 * 1.07, nbytes / 1e9) is None  # near GiB/GB (1.0737), 0.3% away
+    assert describe_mismatch(True, 1) is None and describe_mismatch(0.0, 1.0) is None
+    seconds = torch.tensor(nbytes / 4.2e12, dtype=torch.float64)  # a read at 4.2 TB/s
+    with pytest.raises(AssertionError) as failure:
+        check_close(seconds * 1e3, seconds, "5.4", "floor_decode_s", atol=0, rtol=1e-9)
+    assert "the error's pattern: your floor_decode_s is the reference times 1000 (= 1e3: a decimal prefix: ms for s" \
+        in str(failure.value), str(failure.value)
+    with pytest.raises(AssertionError) as failure:
+        check_equal(float(nbytes) / 1e9, float(nbytes), "5.4", "weight bytes")
+    assert "the error's pattern: your weight bytes is the reference times 1e-09" in str(failure.value)

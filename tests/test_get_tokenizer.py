@@ -147,6 +147,9 @@ def assert_special_tokens_equal(tok, hf) -> None:
     for name in SPECIAL_ATTRIBUTES:
         assert getattr(tok, name) == getattr(hf, name), name
     assert len(tok) == len(hf) and tok.max_token_id == max(hf.get_vocab().values())
+    tokens = ["<|im_end|>", "not-a-token-here"]  # unknown: unk_token_id (None without an unk token)
+    assert tok.convert_tokens_to_ids(tokens) == hf.convert_tokens_to_ids(tokens)
+    assert tok.convert_tokens_to_ids(tokens[1]) == hf.convert_tokens_to_ids(tokens[1])
 
 
 def test_the_sizes_and_special_tokens_equal_transformers(tok, hf):

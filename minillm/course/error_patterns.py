@@ -10,6 +10,7 @@ mistakes_chN.py). A bug outside that list still often leaves a recognisable shap
     the two halves of the last dimension swapped        the halves of a rotation in the wrong order
     right except at some rows / heads / positions       a loop bound, a mask, an offset
     every value off by the same amount (integers)       a start or base added twice or missed
+    one number times 1e3, 1e9, 1024 or 2**30 / 1e9      a unit: ms for s, GB for bytes, GiB for GB
 
 Each pattern is a fact about the two results, tested within a tolerance (FIT_RTOL); the cause after
 it is a suggestion. When no pattern fits (noise, or a bug with no simple shape) nothing is said.
@@ -18,10 +19,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 FIT_RTOL = 1e-2  # a pattern fits when it explains every element to within 1% (bf16 keeps ~3 digits)
 MAX_RANGES = 6  # index ranges named in one message
+NUMBER_RTOL = 1e-3  # one number's ratio to the reference names a unit within 0.1% (a slip of units is exact; 1%
+# would name GiB-for-GB for any result 6.4-8.4% too large)
+# a unit's factor between one number and the reference: (factor, its name, the slip it suggests); each also as 1/it
+UNIT_FACTORS = [(10.0 ** (3 * k), f"1e{3 * k}", "a decimal prefix: ms for s, GB for bytes, TFLOP/s for FLOP/s")
+                for k in range(1, 5)]
+UNIT_FACTORS += [(1024.0 ** k, f"2**{10 * k}", "a binary prefix: KiB, MiB or GiB for bytes") for k in range(1, 5)]
+UNIT_FACTORS += [(2.0 ** (10 * k) / 10.0 ** (3 * k), f"2**{10 * k} / 1e{3 * k}",
+                  "binary units for decimal ones: GiB for GB, MiB for MB") for k in range(1, 5)]
 
 
 def describe_error(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> str | None:
@@ -29,6 +39,8 @@ def describe_error(actual: torch.Tensor, expected: torch.Tensor, atol: float, rt
     if not (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)) or actual.shape != expected.shape:
         return None
     a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
+    if a.numel() == 1:
+        return describe_number(float(a), float(e))
     if a.numel() < 2 or not (torch.isfinite(a).all() and torch.isfinite(e).all()):
         return None
     slack = 10 * atol + 1e-9 * float(e.abs().max())
@@ -44,8 +56,25 @@ def describe_error(actual: torch.Tensor, expected: torch.Tensor, atol: float, rt
     return "; ".join(facts) or None
 
 
+def describe_number(actual: float, expected: float) -> str | None:
+    """The pattern of one number's error: the reference times a unit's factor (UNIT_FACTORS), or None. One number
+    has no shape, so any other ratio (2, 0.7, ...) says nothing about the bug."""
+    if not (math.isfinite(actual) and math.isfinite(expected)) or actual == 0 or expected == 0:
+        return None
+    ratio = actual / expected
+    for factor, name, slip in UNIT_FACTORS:
+        inverse = " / ".join(name.split(" / ")[::-1]) if " / " in name else f"1 / {name}"
+        for f, label in ((factor, name), (1 / factor, inverse)):
+            if abs(ratio / f - 1) <= NUMBER_RTOL:
+                return f"is the reference times {ratio:.4g} (= {label}: {slip}?)"
+    return None
+
+
 def describe_mismatch(actual, expected) -> str | None:
-    """The pattern of an exact result's mismatch (integer tensors, arrays or lists of one shape), or None."""
+    """The pattern of an exact result's mismatch (integer tensors, arrays or lists of one shape; or two numbers,
+    see describe_number), or None."""
+    if _is_number(actual) and _is_number(expected):
+        return describe_number(float(actual), float(expected))
     a, e = _as_int_tensor(actual), _as_int_tensor(expected)
     if a is None or e is None or a.shape != e.shape or a.numel() < 2:
         return None
@@ -199,3 +228,10 @@ def _as_int_tensor(x) -> torch.Tensor | None:
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
         return None
     return t.cpu().to(torch.int64)
+
+
+def _is_number(x) -> bool:
+    """A real number (a Python, numpy or 0-d torch one), not a bool."""
+    if isinstance(x, torch.Tensor):
+        return x.dim() == 0 and x.dtype != torch.bool and not x.dtype.is_complex
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
