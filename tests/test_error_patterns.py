@@ -187,6 +187,10 @@ def test_one_number_off_by_a_units_factor_is_named():
     assert describe_mismatch(nbytes * 2, nbytes) is None  # twice: no unit
     assert describe_mismatch(nbytes / 1e9 * 1.07, nbytes / 1e9) is None  # near GiB/GB (1.0737), 0.3% away
     assert describe_mismatch(True, 1) is None and describe_mismatch(0.0, 1.0) is None
+    # a floor that takes max(decode, prefill) instead of their sum, near 1e6 / 2**20 = 0.95367 by chance
+    assert describe_mismatch(0.9535, 1.0) is None and describe_mismatch(1 / 0.9536, 1.0) is None
+    kv = torch.tensor(28 * 8 * 128 * 2 * 2, dtype=torch.float32)  # a Qwen3-0.6B token's K/V bytes, in float32
+    assert "(= 1 / 2**10: a binary prefix" in describe_error(kv / 1024, kv, ATOL, RTOL)
     seconds = torch.tensor(nbytes / 4.2e12, dtype=torch.float64)  # a read at 4.2 TB/s
     with pytest.raises(AssertionError) as failure:
         check_close(seconds * 1e3, seconds, "5.4", "floor_decode_s", atol=0, rtol=1e-9)

@@ -24,8 +24,9 @@ import torch
 
 FIT_RTOL = 1e-2  # a pattern fits when it explains every element to within 1% (bf16 keeps ~3 digits)
 MAX_RANGES = 6  # index ranges named in one message
-NUMBER_RTOL = 1e-3  # one number's ratio to the reference names a unit within 0.1% (a slip of units is exact; 1%
-# would name GiB-for-GB for any result 6.4-8.4% too large)
+NUMBER_RTOL = 1e-5  # one number's ratio to the reference names a unit within 1e-5: a slip of units leaves an exact
+# ratio (float32 keeps ~7 digits), while other bugs land near a unit's factor by chance (0.1% named a floor that is
+# max() instead of a sum, 0.9535 of the reference, as MiB for MB: 0.95367)
 # a unit's factor between one number and the reference: (factor, its name, the slip it suggests); each also as 1/it
 UNIT_FACTORS = [(10.0 ** (3 * k), f"1e{3 * k}", "a decimal prefix: ms for s, GB for bytes, TFLOP/s for FLOP/s")
                 for k in range(1, 5)]
