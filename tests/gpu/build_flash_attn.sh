@@ -66,6 +66,9 @@ status() {
 build() {
     local flavour=$1 src
     set -e
+    # out of the folder that started it: a later device call replaces the carried tree, and a build whose working
+    # directory is gone fails at its end (os.getcwd() in torch's import: FileNotFoundError after 72 of 73 objects)
+    cd "$HOME_DIR"
     rm -rf "$HOME_DIR/src" "$HOME_DIR/site" "$HOME_DIR/dist"
     mkdir -p "$HOME_DIR/src" "$HOME_DIR/site" "$HOME_DIR/dist"
     tar -xzf "$SDIST" -C "$HOME_DIR/src"
