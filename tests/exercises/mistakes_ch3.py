@@ -221,6 +221,11 @@ def paged_decode_scale_from_head_dim(q, k_cache, v_cache, block_tables, context_
     return _paged_decode(q, k_cache, v_cache, block_tables, context_lens, q.shape[-1] ** -0.5)
 
 
+def paged_decode_scaled_twice(q, k_cache, v_cache, block_tables, context_lens, scale):
+    # the bug: q is scaled by hand (softmax(q k^T * scale)) and SDPA, given scale=, scales the scores again
+    return _paged_decode(q * scale, k_cache, v_cache, block_tables, context_lens, scale)
+
+
 # ---- running a buggy kernel through minillm's own launch wrapper -------------------------------------
 class _BuggyKernel:
     """Stands in for a @triton.jit kernel inside a launch wrapper: kernel[grid](...) runs `kernel`
@@ -324,7 +329,7 @@ store_kvcache_through_fp16 = _store_with(STORE_THROUGH_FP16)
 DECODE_HEADS_MODULO, DECODE_NO_RESCALE, DECODE_LSE_NATURAL_LOG = 1, 2, 3
 DECODE_MAX_FROM_ZERO, DECODE_EXP_NOT_EXP2, DECODE_UNMASKED_SCORES, DECODE_DIVIDES_BY_ZERO = 4, 5, 6, 7
 DECODE_OUT_AT_Q_STRIDES, DECODE_CHUNK_UNROUNDED, DECODE_Q_PAST_HEAD_DIM, DECODE_CHUNK_FLOOR = 8, 9, 10, 11
-DECODE_BLOCK_IDS_IN_INT32 = 12
+DECODE_BLOCK_IDS_IN_INT32, DECODE_SUM_NOT_RESCALED = 12, 13
 
 
 @triton.jit
@@ -405,6 +410,9 @@ def buggy_paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
         if BUG == DECODE_NO_RESCALE:  # the sums so far stay scaled to the old maximum
             l_i = l_i + tl.sum(p, 1)
             acc = acc + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        elif BUG == DECODE_SUM_NOT_RESCALED:  # acc is rescaled, the running sum l is not
+            l_i = l_i + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         else:
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
@@ -448,6 +456,7 @@ paged_decode_attention_chunk_floor = _decode_with(DECODE_CHUNK_FLOOR)
 paged_decode_attention_out_at_q_strides = _decode_with(DECODE_OUT_AT_Q_STRIDES)
 paged_decode_attention_chunk_unrounded = _decode_with(DECODE_CHUNK_UNROUNDED)
 paged_decode_attention_block_ids_in_int32 = _decode_with(DECODE_BLOCK_IDS_IN_INT32)
+paged_decode_attention_sum_not_rescaled = _decode_with(DECODE_SUM_NOT_RESCALED)
 
 
 # ---- 3.6 one scheduler step -----------------------------------------------------------------------------
@@ -456,7 +465,8 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
                    no_decode_first=False, spare_half_prefilled=False, victim_at_the_back=False,
                    budget_for_the_first=False, one_seq_too_many=False, chunk_runs_at_once=False, chunk_in_both=False,
                    decode_first_every_step=False, victim_stays_running=False, preempts_itself=False,
-                   budget_strict=False, never_chunks=False, victims_queued_last=False, joins_running_at_once=False):
+                   budget_strict=False, never_chunks=False, victims_queued_last=False, joins_running_at_once=False,
+                   tokens_not_summed=False):
     """schedule_step with one bug switched on."""
     scheduled, preempted, num_tokens = [], [], 0
     head = waiting[0] if waiting else None
@@ -484,7 +494,8 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
         n = left if never_chunks else min(left, max_num_batched_tokens - num_tokens)  # the bug: no cap
         seq.num_new_tokens = n
         seq.num_computed_tokens += n
-        num_tokens += n
+        if not tokens_not_summed:  # (the bug: the step's token count stays 0)
+            num_tokens += n
         scheduled.append(seq)
         if seq.num_computed_tokens < len(seq) and not chunk_runs_at_once:
             break
@@ -1017,6 +1028,11 @@ def schedule_step_preempts_itself_first(waiting, running, block_manager, max_num
     return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, preempts_itself=True)
 
 
+def schedule_step_tokens_not_summed(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens,
+                          tokens_not_summed=True)
+
+
 def fork_counts_table_positions(parent_table, blocks):
     for i in range(len(parent_table)):
         blocks[i].ref_count += 1  # the bug: the i-th block, not the block the table names
@@ -1127,6 +1143,12 @@ MISTAKES += [
             "the output of float16 inputs is float32: computed in float32 (for accuracy) and never cast back. "
             "Return q.dtype (.to(q.dtype) at the end)",
             "test_ch3.py::test_paged_decode_torch_matches_sdpa", {"dtype": torch.float16, "case": 0}),
+    Mistake("ch3_paged_decode_scaled_twice", "3.3", {"paged_decode_torch": paged_decode_scaled_twice},
+            "the scores are scaled twice: q is multiplied by scale and scaled_dot_product_attention(..., "
+            "scale=scale) multiplies q k^T by it again (without scale= it uses head_dim ** -0.5, a second factor "
+            "too). Scale once: pass the raw q and scale=scale to SDPA, or multiply q k^T by scale yourself and "
+            "do the softmax by hand",
+            "test_ch3.py::test_paged_decode_torch_matches_sdpa", F32_CASE_0),
     Mistake("ch3_paged_decode_squeezes_every_unit_axis", "3.3",
             {"paged_decode_torch": paged_decode_squeezes_every_unit_axis},
             "with one sequence (batch-1 decode, every token of a chat) the output is [H, D], not [1, H, D]: "
@@ -1206,6 +1228,13 @@ MISTAKES += [
             "every path that loads a block id)",
             "test_ch3.py::test_paged_decode_kernel_reads_a_cache_past_2_gib_elements",
             {"page": 16, "hkv": 2, "d": 32}),
+    Mistake("ch3_decode_kernel_sum_not_rescaled", "3.5",
+            {"paged_decode_attention": paged_decode_attention_sum_not_rescaled},
+            "the online softmax rescales acc but not the running sum l: when a tile raises the maximum m, l keeps "
+            "the earlier tiles' terms relative to the old maximum, so acc / l is divided by a sum too large (wrong "
+            "only where a later tile holds a larger score). l = l * alpha + tl.sum(p, 1), with the same "
+            "alpha = exp2(m_old - m_new) as acc",
+            "test_ch3.py::test_paged_decode_kernel_matches_sdpa", {**F32_CASE_0, "num_splits": 1}),
     # 3.6
     Mistake("ch3_schedule_budget_for_the_first", "3.6", {"schedule_step": schedule_step_budget_for_the_first},
             "the first sequence of a step must fit the token budget too, so a prompt longer than "
@@ -1259,6 +1288,12 @@ MISTAKES += [
             "last (a half-prefilled prompt at the front of `waiting`, else running.pop(), the right end); a "
             "sequence preempts itself only when no other is left",
             "test_ch3.py::test_schedule_step_preempts_the_newest"),
+    Mistake("ch3_schedule_tokens_not_summed", "3.6", {"schedule_step": schedule_step_tokens_not_summed},
+            "the step's token count never grows (the n of each admitted sequence is not added to `tokens`): "
+            "every sequence after the first is checked against an empty budget, so a step takes more than "
+            "max_num_batched_tokens tokens (a prompt beside the last chunk of another, whose chunk was the whole "
+            "budget). Add n to `tokens` as each sequence is taken",
+            "test_ch3.py::test_schedule_step_chunks_a_long_prompt"),
     # 3.7
     Mistake("ch3_fork_counts_table_positions", "3.7", {"fork_block_table": fork_counts_table_positions},
             "fork_block_table raises the ref_count of blocks 0 .. len(parent_table) - 1 (the positions in the "

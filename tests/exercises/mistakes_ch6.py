@@ -457,6 +457,14 @@ def admit_registers_before_the_queue_check(book, req):
     book.num_waiting += 1
 
 
+def admit_never_counts(book, req):
+    if book.num_waiting >= book.max_waiting:
+        raise QueueFullError(f"{book.num_waiting} requests are waiting (max_waiting={book.max_waiting})")
+    if req.request_id in book.requests:
+        raise ValueError(f"request id {req.request_id!r} is already in use")
+    book.requests[req.request_id] = req  # the bug: registered, but num_waiting not counted up
+
+
 def finish_leaves_waiting_flag(book, req):
     if book.requests.get(req.request_id) is not req:
         return False
@@ -831,6 +839,11 @@ MISTAKES = [
             "the request is registered before the queue check: a refused request (QueueFullError) stays in "
             "book.requests, its id taken for good. Check the queue, then the id, and register only an accepted "
             "request",
+            "test_ch6.py::test_admission_scenario"),
+    Mistake("ch6_admit_never_counts", "6.3", {"admit": admit_never_counts},
+            "admit registers the request but does not count it waiting: book.num_waiting stays where it was, so "
+            "the queue never fills (no QueueFullError, no 503) and start() or finish() then count it down below "
+            "the truth. Add book.num_waiting += 1 where an accepted request is registered",
             "test_ch6.py::test_admission_scenario"),
     Mistake("ch6_finish_leaves_waiting_flag", "6.3", {"finish": finish_leaves_waiting_flag},
             "finish counts a waiting request down but leaves req.waiting True: set req.waiting = False too (a "
