@@ -38,6 +38,11 @@ def slot_mapping_block_id_as_row(block_table, start, end, block_size):
     return block_table[pos // block_size].astype(np.int64) + pos % block_size  # the bug: no * block_size
 
 
+def slot_mapping_position_as_row(block_table, start, end, block_size):
+    pos = np.arange(start, end, dtype=np.int64)
+    return block_table[pos // block_size].astype(np.int64) * block_size + pos  # the bug: pos, not pos % block_size
+
+
 def slot_mapping_as_list(block_table, start, end, block_size):
     pos = np.arange(start, end, dtype=np.int64)
     return (block_table[pos // block_size].astype(np.int64) * block_size + pos % block_size).tolist()  # the bug
@@ -1091,6 +1096,11 @@ MISTAKES += [
             "the slots of large block ids overflow: block_table is int32, so block_table[pos // block_size] * "
             "block_size is computed (and wraps around) in int32 before your cast to int64. Cast the block ids "
             "first: block_table[pos // block_size].astype(np.int64) * block_size + pos % block_size",
+            "test_ch3.py::test_slot_mapping_for_positions", {"block_size": 16}),
+    Mistake("ch3_slot_mapping_position_as_row", "3.1", {"slot_mapping_for": slot_mapping_position_as_row},
+            "the row within the block is the whole position (block_table[pos // block_size] * block_size + pos): "
+            "right in the first block, then each later block's slots run past it into other blocks' rows. The "
+            "row is the position within its block, pos % block_size",
             "test_ch3.py::test_slot_mapping_for_positions", {"block_size": 16}),
     Mistake("ch3_slot_mapping_end_inclusive", "3.1", {"slot_mapping_for": slot_mapping_end_inclusive},
             "one slot too many: the positions run from start to end inclusive (np.arange(start, end + 1)). `end` "
