@@ -73,6 +73,8 @@ SAME_SYMPTOM = {
     "ch5_graph_size_largest_when_too_big": "ch5_graph_size_rounds_down",  # a graph too small for the batch
     "ch6_sse_event_rstrips_newlines": "ch6_sse_event_splitlines",  # a reader gets other text at the line ends
     "ch2_primer_matmul_dot_acc_fp16": "ch2_primer_matmul_dot_acc_out_fp16",  # tl.dot's bare AssertionError
+    "ch5_floor_attention_without_the_2": "ch5_floor_attention_of_kv_heads",  # one floor where H = 2 x Hkv
+    "ch1_header_big_endian": "ch1_header_rejects_a_header_ending_the_file",  # a file that is all header refused
 }
 
 

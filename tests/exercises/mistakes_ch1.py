@@ -173,6 +173,13 @@ def header_rejects_a_header_ending_the_file(data, file_size=None) -> tuple[dict,
     return right_parse_header(data, file_size=size - 1)  # the reference, told the file is one byte shorter
 
 
+def header_big_endian(data, file_size=None) -> tuple[dict, int]:
+    """Reads N big-endian (struct.unpack(">Q", ...), int.from_bytes(..., "big")): safetensors writes it
+    little-endian, so N comes out about 2**56 times too large and every file is refused as too short."""
+    swapped = bytes(data[:8])[::-1] + bytes(data[8:])  # the reference reading the reversed bytes reads N big-endian
+    return right_parse_header(swapped, file_size=file_size)
+
+
 def _read_tensor(buf, info: dict, data_start: int, name: str = "", *, size_check: str = "==",
                  empty_first: bool = False, end_from_data_start: bool = True) -> torch.Tensor:
     """read_tensor with one check changed: the byte range's size compared with ">=" (a longer one passes)
@@ -587,6 +594,11 @@ MISTAKES: list[Mistake] = [
             "the length check refuses N == file_size - 8 (>= where the rule is >): a header may run to the file's "
             "last byte, and safetensors writes every file whose tensors hold no bytes (or that holds none) that "
             "way. Raise only when N > file_size - 8",
+            "test_ch1.py::test_header_of_a_file_that_is_all_header"),
+    Mistake("ch1_header_big_endian", "1.2", {"parse_safetensors_header": header_big_endian},
+            "the header's length N is read big-endian (struct.unpack('>Q', ...), or int.from_bytes(..., 'big')): "
+            "safetensors writes it little-endian, so N comes out about 2**56 times too large and every file is "
+            "refused as shorter than its header. Read it with struct.unpack('<Q', data[:8])",
             "test_ch1.py::test_header_of_a_file_that_is_all_header"),
     Mistake("ch1_read_tensor_size_at_least", "1.2", {"read_tensor": read_tensor_size_at_least},
             "read_tensor refuses a byte range shorter than the shape needs but accepts a longer one (<, not !=): "

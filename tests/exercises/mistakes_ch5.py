@@ -32,7 +32,7 @@ def graph_size_strictly_larger(sizes, batch_size):
 
 
 def _pad(input_ids, positions, slot_mapping, context_lens, block_tables, padded, out, *, pad_slot=-1,
-         pad_len=0, pad_rows=True, clear_columns=True):
+         pad_len=0, pad_rows=True, clear_columns=True, pad_table=-1):
     """pad_graph_inputs with one rule switched off."""
     ids, pos, slots, lens, tables = out
     bs = len(input_ids)
@@ -43,7 +43,7 @@ def _pad(input_ids, positions, slot_mapping, context_lens, block_tables, padded,
         tables[:bs, width:] = -1
     if pad_rows:
         ids[bs:padded], pos[bs:padded], slots[bs:padded], lens[bs:padded] = 0, 0, pad_slot, pad_len
-        tables[bs:padded] = -1
+        tables[bs:padded] = pad_table
 
 
 def pad_graph_inputs_slot_zero(input_ids, positions, slot_mapping, context_lens, block_tables, padded, out):
@@ -60,6 +60,15 @@ def pad_graph_inputs_stale_rows(input_ids, positions, slot_mapping, context_lens
 
 def pad_graph_inputs_stale_columns(input_ids, positions, slot_mapping, context_lens, block_tables, padded, out):
     _pad(input_ids, positions, slot_mapping, context_lens, block_tables, padded, out, clear_columns=False)
+
+
+def pad_graph_inputs_tables_zero(input_ids, positions, slot_mapping, context_lens, block_tables, padded, out):
+    _pad(input_ids, positions, slot_mapping, context_lens, block_tables, padded, out, pad_table=0)
+
+
+def graph_batch_sizes_duplicates(max_num_seqs):
+    sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs] + list(range(16, max_num_seqs + 1, 16))
+    return sorted(sizes + [max_num_seqs])  # the bug: no set(), so a multiple of 16 is listed twice
 
 
 # ---- 5.2 async placeholders ---------------------------------------------------------------------------
@@ -79,6 +88,16 @@ def top_k_top_p_kth_value(logits, top_k, top_p):
     sorted_logits, _ = logits.sort(dim=-1, descending=True)
     kth = sorted_logits.gather(-1, (top_k[:, None] - 1).long())
     return right_top_k_top_p(logits.masked_fill(logits < kth, float("-inf")), None, top_p)
+
+
+def append_placeholders_max_tokens_strict(token_lists, num_prompt_tokens, max_tokens, max_model_len):
+    positions, at_limit = [], []
+    for tokens, prompt_len, limit in zip(token_lists, num_prompt_tokens, max_tokens):
+        positions.append(len(tokens))
+        tokens.append(PLACEHOLDER_TOKEN)
+        # the bug: > max_tokens, so a request's placeholder that makes max_tokens tokens is not its last
+        at_limit.append(len(tokens) - prompt_len > limit or len(tokens) >= max_model_len)
+    return positions, at_limit
 
 
 def append_placeholders_model_len_strict(token_lists, num_prompt_tokens, max_tokens, max_model_len):
@@ -619,7 +638,8 @@ def model_bytes_params_with_a_table(mc, dtype_bytes):
 
 def _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, *, bytes_per_gb=1e9,
             flops_per_tflop=1e12, seconds=1.0, tokens="output", context="prompt+made", overlap=False,
-            attention_heads="query", attention_layers=True, flops_per_param=2, attention=True, finished_read=False):
+            attention_heads="query", attention_layers=True, flops_per_param=2, attention=True, finished_read=False,
+            attention_factor=2):
     """workload_floor with one of its details changed (see the wrappers below)."""
     weights, kv_tok, params = right_model_bytes(mc, dtype_bytes)
     p, o = np.asarray(list(prompt_lens), dtype=np.float64), np.asarray(list(output_lens))
@@ -630,7 +650,7 @@ def _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops,
         decode_bytes += weights + (held * kv_tok).sum()
     H = mc.num_attention_heads if attention_heads == "query" else mc.num_key_value_heads
     d, L = mc.head_dim, mc.num_hidden_layers
-    attention_flops = (2 * p ** 2 * H * d * (L if attention_layers else 1)).sum() if attention else 0.0
+    attention_flops = (attention_factor * p ** 2 * H * d * (L if attention_layers else 1)).sum() if attention else 0.0
     prefill_flops = flops_per_param * params * p.sum() + attention_flops
     decode_s = decode_bytes / (copy_gbps * bytes_per_gb)
     prefill_s = prefill_flops / (matmul_tflops * flops_per_tflop)
@@ -638,6 +658,10 @@ def _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops,
     counted = {"output": o.sum(), "prompt+output": p.sum() + o.sum(), "decoded": (o - 1).sum()}[tokens]
     return {"floor_s": floor_s * seconds, "floor_decode_s": decode_s * seconds, "floor_prefill_s": prefill_s * seconds,
             "floor_tok_s": float(counted) / (floor_s * seconds)}
+
+
+def workload_floor_attention_without_the_2(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
+    return _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, attention_factor=1)
 
 
 def workload_floor_tok_s_of_every_token(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops):
@@ -756,6 +780,15 @@ MISTAKES = [
             "`out` are never written, so the graph replays the previous step's inputs. Write into them by slice "
             "assignment (ids[:bs] = input_ids, ids[bs:padded] = 0, ...)",
             "test_ch5.py::test_pad_graph_inputs"),
+    Mistake("ch5_graph_sizes_duplicates", "5.1", {"graph_batch_sizes": graph_batch_sizes_duplicates},
+            "max_num_seqs is listed twice when it is already a multiple of 16 (16 gives [1, 2, 4, 8, 16, 16]): "
+            "each size is captured once. Remove the duplicate: sorted(set(sizes + [max_num_seqs]))",
+            "test_ch5.py::test_graph_batch_sizes"),
+    Mistake("ch5_pad_tables_zero", "5.1", {"pad_graph_inputs": pad_graph_inputs_tables_zero},
+            "the padding rows' block tables are filled with 0, like their tokens and positions: block 0 is a real "
+            "sequence's cache block. A padding row points at no block, as at capture: tables[bs:padded] = "
+            "PAD_BLOCK (-1)",
+            "test_ch5.py::test_pad_graph_inputs"),
     # 5.2
     Mistake("ch5_append_limit_before_placeholder", "5.2", {"append_placeholders": append_placeholders_limit_before},
             "at_limit lags one token, so a request gets max_tokens + 1 tokens: it is decided before the "
@@ -803,6 +836,11 @@ MISTAKES = [
             "at_limit compares the length with > max_model_len: a sequence whose placeholder makes it exactly "
             "max_model_len tokens long is at its limit (one more token would not fit), so len(tokens) >= "
             "max_model_len after appending",
+            "test_ch5.py::test_append_placeholders"),
+    Mistake("ch5_append_max_tokens_strict", "5.2", {"append_placeholders": append_placeholders_max_tokens_strict},
+            "at_limit compares the completion length with > max_tokens (max_model_len is right): a placeholder "
+            "that makes the completion exactly max_tokens tokens long is its last, so the request gets one token "
+            "too many. len(tokens) - prompt length >= max_tokens after appending",
             "test_ch5.py::test_append_placeholders"),
     Mistake("ch5_append_ignores_max_model_len", "5.2",
             {"append_placeholders": append_placeholders_ignores_max_model_len},
@@ -1086,6 +1124,12 @@ MISTAKES = [
     Mistake("ch5_floor_attention_of_kv_heads", "5.4", {"workload_floor": workload_floor_attention_of_kv_heads},
             "prefill attention is counted with num_key_value_heads: every query head computes its own scores and "
             "weighted sum (grouped-query attention shares K and V, not the work), 2 x p_r^2 x "
+            "num_attention_heads x head_dim per layer",
+            "test_ch5.py::test_workload_floor_closed_form"),
+    Mistake("ch5_floor_attention_without_the_2", "5.4",
+            {"workload_floor": workload_floor_attention_without_the_2},
+            "prefill attention is counted as p_r^2 x H x d per layer, without its factor 2: QK^T and PV over the "
+            "causal half are two matmuls of p^2/2 x d multiply-adds for each head, 2 FLOPs each, so 2 x p_r^2 x "
             "num_attention_heads x head_dim per layer",
             "test_ch5.py::test_workload_floor_closed_form"),
     Mistake("ch5_floor_attention_of_one_layer", "5.4", {"workload_floor": workload_floor_attention_of_one_layer},

@@ -867,7 +867,9 @@ def floors_of_the_cases(fn) -> list:
 def test_workload_floor_closed_form(impl):
     # a second look before a bug is named: its result up to the key that failed, the keys checked before it (right in
     # the code under test) included: a prefill floor 1000x too large is a floor in ms only where the decode floor is
-    # 1000x too, else it is another bug (TFLOP/s taken as 1e9 FLOP/s, say)
+    # 1000x too, else it is another bug (TFLOP/s taken as 1e9 FLOP/s, say); and its floors of every case (on
+    # qwen3-0.6b, whose query heads are twice its KV heads, attention counted with the KV heads and attention
+    # without its factor 2 give one floor; qwen3-8b's 4 to 1 tells them apart)
     for name, prompt_lens, output_lens, copy_gbps, tflops in floor_cases():
         mc, _ = configs(name, torch.bfloat16)
         args = (mc, 2, list(prompt_lens), list(output_lens), copy_gbps, tflops)
@@ -882,8 +884,9 @@ def test_workload_floor_closed_form(impl):
                         "5.4", f"{key} ({what}; vs the per-request closed form)", **FLOAT_SUMS,
                         suspects=suspects_of("workload_floor", lambda fn, key=key: torch.tensor(
                             float(fn(*args)[key]), dtype=torch.float64),
-                            agree=(lambda fn, checked=checked: floors(fn, args, checked),
-                                   lambda checked=checked: floors(impl.workload_floor, args, checked))))
+                            agree=(lambda fn, checked=checked: (floors(fn, args, checked), floors_of_the_cases(fn)),
+                                   lambda checked=checked: (floors(impl.workload_floor, args, checked),
+                                                            floors_of_the_cases(impl.workload_floor)))))
 
 
 def counted_prefill_flops(name: str, prompt_len: int) -> float:
