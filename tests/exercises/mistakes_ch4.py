@@ -48,6 +48,11 @@ def shard_packed_on_columns(weight, output_sizes, rank, world_size):
     return torch.cat([right_shard_weight(part, 1, rank, world_size) for part in weight.split(output_sizes)])
 
 
+def shard_packed_without_row_check(weight, output_sizes, rank, world_size):
+    # the bug: no check that weight holds sum(output_sizes) rows; torch's split raises a RuntimeError instead
+    return torch.cat([right_shard_weight(part, 0, rank, world_size) for part in weight.split(output_sizes)])
+
+
 # ---- 4.2 the row-parallel linear ---------------------------------------------------------------------
 def row_parallel_bias_on_every_rank(x, weight, bias, group):
     y = F.linear(x, weight, bias)  # the bug: every rank adds the bias, so the sum holds it p times
@@ -225,6 +230,11 @@ MISTAKES: list[Mistake] = [
     Mistake("ch4_shard_packed_on_columns", "4.1", {"shard_packed": shard_packed_on_columns},
             "shard_packed split the parts on dim 1 (the input features): q, k, v, gate and up are column-parallel, "
             "which splits their OUTPUT features, dim 0 of an nn.Linear weight [out, in]",
+            "test_ch4.py::test_shard_weight_and_packed_match_torch_chunk"),
+    Mistake("ch4_shard_packed_without_row_check", "4.1", {"shard_packed": shard_packed_without_row_check},
+            "shard_packed does not check that the packed tensor has sum(output_sizes) rows: torch's split then "
+            "raises a RuntimeError about split sizes, which names neither the tensor's rows nor the parts. Check "
+            "weight.shape[0] == sum(output_sizes) first and raise ValueError naming both",
             "test_ch4.py::test_shard_weight_and_packed_match_torch_chunk"),
     # 4.2
     Mistake("ch4_row_parallel_bias_on_every_rank", "4.2", {"row_parallel_linear": row_parallel_bias_on_every_rank},

@@ -533,6 +533,20 @@ def test_shard_weight_and_packed_match_torch_chunk(impl):
         check_equal(call_pure(impl.shard_packed, "shard_packed", "4.1", packed, [8, 4, 4], r, 2), want, "4.1",
                     f"shard_packed([q | k | v], rank={r}): rank r's heads of q, then of k, then of v",
                     suspects=suspects("shard_packed", packed, [8, 4, 4], r, 2))
+    too_long = torch.randn(17, 4)  # 17 rows for parts of [8, 4, 4]: a tensor of another layer, or a wrong config
+
+    def packed_refused(fn) -> str:
+        """What fn does with a packed tensor whose rows are not sum(output_sizes): the error's type, or the shape."""
+        got = outcome(lambda: fn(too_long.clone(), [8, 4, 4], 0, 2))
+        return got.split(":")[0] if isinstance(got, str) else f"returned a shard of shape {tuple(got.shape)}"
+    # a second look before a bug is named: its shard of a right packed tensor (a version that splits the columns
+    # fails here the same way, inside torch's split)
+    shard_of_packed = lambda fn: outcome(lambda: fn(packed.clone(), [8, 4, 4], 0, 2))  # noqa: E731
+    check_equal(packed_refused(impl.shard_packed), "raised ValueError", "4.1",
+                "shard_packed(a tensor of 17 rows, output_sizes=[8, 4, 4], rank=0, world_size=2): 17 rows cannot hold "
+                "parts of 8 + 4 + 4 = 16, and the docstring asks for a ValueError",
+                suspects=suspects_of("shard_packed", packed_refused,
+                                     agree=(shard_of_packed, lambda: shard_of_packed(impl.shard_packed))))
 
 
 @pytest.mark.ex4_1
