@@ -3,6 +3,7 @@ when start() returns, says why when it cannot start, and is gone after stop(); /
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sys
 
@@ -25,8 +26,10 @@ def test_parse_metrics_reads_samples_and_skips_comments():
 
 
 def test_a_server_that_cannot_start_says_why():
+    srv = Server("no-such-model", "--device", "cpu")
     with pytest.raises(RuntimeError, match=r"(?s)exited with status 2 .*error: .*no-such-model"):
-        Server("no-such-model", "--device", "cpu").start()
+        srv.start()
+    assert not os.path.exists(srv.log_path), "the failed server's log file was left behind"
 
 
 def test_start_serves_and_stop_ends_the_process():
@@ -50,6 +53,8 @@ def test_start_serves_and_stop_ends_the_process():
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", srv.port)) != 0, "the port still accepts connections"
     assert srv.stop() == srv.proc.returncode  # idempotent
+    # the log outlives the file: stop() kept its text and deleted it (a notebook run leaves no file)
+    assert not os.path.exists(srv.log_path) and "GET /health" in srv.log_tail(10**6)
 
 
 def test_use_my_code_starts_the_server_through_swap_in():

@@ -9,7 +9,8 @@ engine code: the engine and the server never import it.
     # a bounded wait, SIGKILL if it is stuck. Every wait here has a timeout: nothing hangs.
 
 The server's output goes to a log file (a pipe nobody reads would fill and block it); a server that
-exits or does not answer in time raises an error that quotes the log's end. A server is also
+exits or does not answer in time raises an error that quotes the log's end. stop() keeps the log's text
+(log_tail reads it after the stop too) and deletes the file, so a notebook run leaves no file behind. A server is also
 stopped when the notebook's kernel exits (atexit, and on Linux the kernel's death signals it), so a
 failed cell cannot leave one holding the GPU.
 
@@ -68,6 +69,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self.log_path = ""
+        self.log_text: str | None = None  # the whole log, kept by stop() when it deletes the file
         self.start_seconds = float("nan")  # from launching the process to /health answering
 
     @property
@@ -80,6 +82,7 @@ class Server:
     def start(self) -> "Server":
         import httpx
         fd, self.log_path = tempfile.mkstemp(prefix="minillm-serve-", suffix=".log")
+        self.log_text = None
         t0 = time.perf_counter()
         with os.fdopen(fd, "w") as log:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -88,6 +91,7 @@ class Server:
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             if self.proc.poll() is not None:
+                self.stop()
                 raise RuntimeError(f"the server exited with status {self.proc.returncode} before it answered:\n"
                                    f"{self.log_tail()}")
             try:
@@ -104,7 +108,8 @@ class Server:
         return self
 
     def stop(self) -> int | None:
-        """Terminate the server and wait for it (SIGKILL after STOP_TIMEOUT_S). -> its exit status."""
+        """Terminate the server and wait for it (SIGKILL after STOP_TIMEOUT_S), then move its log into
+        log_text and delete the file. -> its exit status."""
         proc = self.proc
         if proc is None:
             return None
@@ -116,14 +121,25 @@ class Server:
                 proc.kill()
                 proc.wait(STOP_TIMEOUT_S)
         atexit.unregister(self.stop)
+        if self.log_text is None:
+            self.log_text = self._read_log()
+            if self.log_text is not None:
+                os.remove(self.log_path)
         return proc.returncode
 
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+    def _read_log(self) -> str | None:
         try:
             with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
+                return f.read()
         except OSError:
+            return None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last `lines` lines of the server's output, while it runs or after stop()."""
+        text = self.log_text if self.log_text is not None else self._read_log()
+        if text is None:
             return "(no log)"
+        return "".join(text.splitlines(keepends=True)[-lines:])
 
     def __enter__(self) -> "Server":
         return self.start()
