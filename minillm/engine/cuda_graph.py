@@ -1,7 +1,9 @@
 """CUDA graphs for decode: record the whole decode step once per batch size, then replay it.
 
 A decode step of a 0.6B model launches ~200 small kernels; launched one by one from Python each
-costs a few microseconds of CPU, more than the GPU needs to run it at small batch. A CUDA graph
+costs tens of microseconds of CPU, far more than the GPU needs to run it at small batch (notebook 05's
+H200 run: an eager batch-1 forward of 7.435 ms for the 177 kernels a token of that path, about 42 µs
+a kernel by that quotient, where a kernel replayed from a graph costs about 2 µs). A CUDA graph
 replays the recorded launches with one call. The graph holds the whole step, from input ids to
 sampled tokens: the forward, the LM head and the fused sampler (minillm.kernels.sampling).
 Everything a graph reads must live at fixed addresses, so each step copies its inputs into static
