@@ -188,8 +188,9 @@ class TorchBackend:
 def get_backend(name: str, device: str) -> AttentionBackend:
     """Resolve an attention_backend name ('auto' included) to a backend. 'auto' takes triton on CUDA
     and torch elsewhere. It never takes flash_attn, even where flash-attn imports: on the H200 the
-    triton backend ran the bench workload faster (26,855 against 24,091 tok/s) and decoded at batch 1
-    faster (0.66 against 1.04 ms/token) in one run (README, Performance)."""
+    triton backend ran the bench workload faster (26,964 against 23,634 tok/s) and decoded at batch 1
+    faster (0.625 against 0.993 ms/token) in one run (README, Performance: the run of 2026-12-03
+    beside the peers)."""
     if name == "auto":
         name = "triton" if device == "cuda" else "torch"
     if name == "torch":
