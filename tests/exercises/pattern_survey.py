@@ -26,12 +26,13 @@ from mistakes import all_mistakes, with_mistake  # noqa: E402
 def main(prefix: str = "") -> int:
     grading._diagnose = lambda *args, **kwargs: None  # as if no known wrong version matched
     named = total = 0
+    scratch = tempfile.TemporaryDirectory(prefix="pattern-survey-")  # every tmp_path below, removed at the end
     for name, m in sorted(all_mistakes().items()):
         if not m.exercise.startswith(prefix):
             continue
         module, test = m.test.split("::")
         fn = getattr(importlib.import_module(module.removesuffix(".py")), test)
-        fixtures = {"tmp_path": lambda: pathlib.Path(tempfile.mkdtemp()), "monkeypatch": pytest.MonkeyPatch}
+        fixtures = {"tmp_path": lambda: pathlib.Path(tempfile.mkdtemp(dir=scratch.name)), "monkeypatch": pytest.MonkeyPatch}
         args = {a: fixtures[a]() for a in fn.__code__.co_varnames[:fn.__code__.co_argcount]
                 if a != "impl" and a not in m.test_args}
         total += 1
@@ -43,6 +44,7 @@ def main(prefix: str = "") -> int:
             found = re.search(r"the error's pattern: (.*)", str(e))
             said, named = (found.group(1), named + 1) if found else ("-", named)
         print(f"{m.exercise:5s} {name:44s} {said}", flush=True)
+    scratch.cleanup()
     print(f"{named} of {total} wrong versions get a pattern")
     return 0
 
