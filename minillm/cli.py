@@ -21,11 +21,32 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a writer whose reade
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with its errors as one line (its default prints the usage first)."""
+    """argparse, with its errors as one line (its default prints the usage first), each pointing to the
+    help of the command it is about (`python -m minillm serve --help`)."""
+
+    commands = None  # the top-level parser's subparsers action (add_subparsers)
 
     def error(self, message: str):
         print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+
+    def add_subparsers(self, **kwargs):
+        self.commands = super().add_subparsers(**kwargs)
+        return self.commands
+
+    def parse_args(self, args=None, namespace=None):
+        # argparse reports a subcommand's unknown arguments from the top-level parser, whose help lists
+        # only the commands: let the subcommand's parser report them, with its own help
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self
+            while parser.commands is not None:  # down to the innermost command given (`bench serve`)
+                inner = parser.commands.choices.get(getattr(parsed, parser.commands.dest, None))
+                if inner is None:
+                    break
+                parser = inner
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -215,6 +236,8 @@ def cmd_serve(args) -> None:
     try:
         from minillm.serving.server import serve
         llm_args = _llm_args(args, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+        llm_args.update({name: getattr(args, name) for name in ("seed", "enable_chunked_prefill")
+                         if getattr(args, name) is not None})
         serving_args = dict(max_waiting=args.max_waiting, static_batching=args.batching == "static",
                             stream_interval=args.stream_interval)
         if args.engine_core == "process":
@@ -232,7 +255,9 @@ def cmd_serve(args) -> None:
             # while it serves, serve() handles SIGTERM itself; before and after (the model loading), let
             # a SIGTERM be an exit, so the finally below frees the engine (the default would kill the process)
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
-            serve(async_llm, name, sock, api_key=args.api_key)
+            serve(async_llm, name, sock, api_key=args.api_key, model=args.model, allowed_origins=args.allowed_origins,
+                  allowed_methods=args.allowed_methods, allowed_headers=args.allowed_headers,
+                  allow_credentials=args.allow_credentials)
         finally:
             async_llm.shutdown()
             print("minillm: the server has stopped and the engine is shut down", file=sys.stderr)
@@ -258,6 +283,19 @@ def _check_text_args(args) -> None:
             check_text(value, f"the {name} argument")
 
 
+def _json_list(text: str) -> list[str]:
+    """serve's --allowed-origins/--allowed-methods/--allowed-headers: a JSON list of strings, as vLLM takes them."""
+    import json
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        raise argparse.ArgumentTypeError(f"must be a JSON list of strings, e.g. '[\"http://localhost:3000\"]' "
+                                         f"(default '[\"*\"]': any), got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m minillm", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -278,6 +316,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                    help="the model, as `vllm serve MODEL` takes it (or --model)")
     _engine_args(s)
+    # vLLM's serve flags for two engine arguments (generate and chat take --seed as a sampling seed)
+    s.add_argument("--seed", type=int, default=None,
+                   help="the engine's seed: the random stream of requests that give no seed of their own (default 0)")
+    s.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="prefill a prompt longer than --max-num-batched-tokens over several steps (default: on)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     s.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     s.add_argument("--api-key", default=None, help="clients must send 'Authorization: Bearer KEY'")
@@ -296,6 +339,11 @@ def _parser() -> argparse.ArgumentParser:
                         "thread: in a thread of the server's process (one GIL; runs your chapter-6 code in the "
                         "engine with serving_lab's use_my_code)")
     s.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
+    # vLLM's CORS flags (Starlette's CORSMiddleware): by default a web page from any origin may call the server
+    s.add_argument("--allowed-origins", type=_json_list, default=["*"], help="CORS: origins allowed, a JSON list")
+    s.add_argument("--allowed-methods", type=_json_list, default=["*"], help="CORS: methods allowed, a JSON list")
+    s.add_argument("--allowed-headers", type=_json_list, default=["*"], help="CORS: headers allowed, a JSON list")
+    s.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (cookies, auth)")
     return parser
 
 

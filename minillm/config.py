@@ -299,9 +299,28 @@ def readable_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+# vLLM's names (its CacheConfig) for the three KV-cache engine arguments that minillm names as nano-vLLM does:
+# LLM(...) takes either spelling; the fields keep nano-vLLM's, which the course's chapters and exercises use
+VLLM_ALIASES = {"block_size": "kvcache_block_size", "kv_cache_memory_bytes": "kv_cache_memory",
+                "num_gpu_blocks_override": "num_kvcache_blocks"}
+
+
+def engine_args_from_vllm(engine_args: dict) -> dict:
+    """engine_args with vLLM's spellings (VLLM_ALIASES) renamed to EngineConfig's fields. Raises
+    ValueError for an argument given in both spellings."""
+    out = dict(engine_args)
+    for alias, name in VLLM_ALIASES.items():
+        if alias in out:
+            if name in out:
+                raise ValueError(f"{alias} (vLLM's name) and {name} are the same engine argument; give one")
+            out[name] = out.pop(alias)
+    return out
+
+
 @dataclass
 class EngineConfig:
-    """Engine arguments, vLLM's names. `validate` checks them against the model before any work."""
+    """Engine arguments, vLLM's names (and nano-vLLM's for the KV cache: VLLM_ALIASES). `validate` checks
+    them against the model before any work."""
 
     model: str = "smollm2-135m"
     tokenizer: str | None = None  # a folder with tokenizer.json (or a model name); None: the model's own

@@ -13,7 +13,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from minillm.config import EngineConfig, generation_defaults
+from minillm.config import EngineConfig, engine_args_from_vllm, generation_defaults
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.sequence import Sequence
 from minillm.model_zoo import resolve_model
@@ -30,16 +30,26 @@ def _no_lora(lora_request) -> None:
                          f"merge the adapter into the weights (peft's merge_and_unload) and load that folder")
 
 
+def _no_priority(priority) -> None:
+    # vLLM refuses a priority other than 0 too, unless scheduling_policy="priority", which minillm does not have
+    values = priority if isinstance(priority, (list, tuple)) else [priority]
+    if priority is not None and not all(is_integer(v) and v == 0 for v in values):
+        raise ValueError(f"minillm schedules first come, first served (vLLM's default scheduling_policy 'fcfs'): "
+                         f"priority must be None, 0 or a list of 0s, got {describe(priority)}")
+
+
 class LLM:
     """An engine over one model.
 
     model: an embedded name (smollm2-135m, qwen3-tiny, qwen3-0.6b-random), a local folder with
     config.json + *.safetensors + tokenizer.json, or a hub id where the hub is reachable.
-    engine_args: the fields of EngineConfig (max_num_seqs, max_model_len, attention_backend, ...);
+    engine_args: the fields of EngineConfig (max_num_seqs, max_model_len, attention_backend, ...), or
+    vLLM's names for three of them (block_size, kv_cache_memory_bytes, num_gpu_blocks_override: VLLM_ALIASES);
     tokenizer: another folder's (or embedded model's) tokenizer, as vLLM's LLM(tokenizer=...).
     """
 
     def __init__(self, model: str = "smollm2-135m", **engine_args):
+        engine_args = engine_args_from_vllm(engine_args)  # block_size=16 is kvcache_block_size=16
         unknown = set(engine_args) - set(EngineConfig.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown engine arguments {sorted(unknown)}; valid ones: "
@@ -170,14 +180,17 @@ class LLM:
         return list(messages)
 
     # ---- generation --------------------------------------------------------------------------
-    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True, lora_request=None) -> list[RequestOutput]:
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True, lora_request=None,
+                 priority=None) -> list[RequestOutput]:
         """prompts: a string, a list of token ids, a prompt dict ({"prompt": text} or {"prompt_token_ids":
         ids}, vLLM's TextPrompt / TokensPrompt), or a list of those; sampling_params: one or one per prompt.
         -> one RequestOutput per prompt, in input order (a list, also for one prompt, as vLLM's):
         out.outputs[i] is sample i (SamplingParams.n) with .text, .token_ids, .finish_reason ("stop",
         "length", or "abort" when an error elsewhere ended it early), .logprobs (minillm.outputs).
-        lora_request: vLLM's; minillm has no LoRA adapters, so only None (what vLLM code passes without one)."""
+        lora_request: vLLM's; minillm has no LoRA adapters, so only None (what vLLM code passes without one).
+        priority: vLLM's; minillm schedules first come, first served, so only None or 0 (one per prompt)."""
         _no_lora(lora_request)
+        _no_priority(priority)
         return self._generate(self._prompt_list(prompts), sampling_params, use_tqdm)
 
     def _generate(self, prompts: list, sampling_params, use_tqdm: bool,

@@ -1,6 +1,7 @@
 """SamplingParams: how one request picks its next tokens and when it stops (vLLM's names)."""
 from __future__ import annotations
 
+import copy
 import enum
 import functools
 import logging
@@ -62,7 +63,7 @@ class RequestOutputKind(enum.IntEnum):
     FINAL_ONLY = 2  # one output, when the request has finished
 
 
-@dataclass
+@dataclass(kw_only=True)  # vLLM's first field is n and minillm's temperature: SamplingParams(2) must not mean either
 class SamplingParams:
     """temperature 0 is greedy, and one in (0, 0.01) is raised to 0.01 (MIN_TEMPERATURE) with a logged
     warning, as vLLM does; top_k -1 (or 0, vLLM's other spelling), top_p 1.0 and min_p 0.0 keep the
@@ -142,6 +143,10 @@ class SamplingParams:
 
     def __post_init__(self):
         self.validate()
+
+    def clone(self) -> SamplingParams:
+        """A deep copy (vLLM's SamplingParams.clone): changing the copy's lists or dicts leaves these alone."""
+        return copy.deepcopy(self)
 
     def validate(self) -> None:
         """Raise ValueError for the first bad field. Then normalize: numbers become Python ints and
@@ -293,10 +298,15 @@ def _utf8(text: str) -> bool:
 
 
 def _checked_init(init):
-    """SamplingParams(unknown=...) raises a ValueError that lists the fields, not a bare TypeError."""
+    """SamplingParams(unknown=...) raises a ValueError that lists the fields, not a bare TypeError;
+    SamplingParams(0.5) a TypeError that says the fields are keywords."""
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
         names = [f.name for f in fields(SamplingParams)]
+        if args:
+            raise TypeError(f"SamplingParams takes keyword arguments only (SamplingParams(temperature=0.5), not "
+                            f"SamplingParams(0.5); its fields are in another order than vLLM's), got "
+                            f"{len(args)} positional: {', '.join(describe(a) for a in args)}")
         unknown = sorted(set(kwargs) - set(names))
         if unknown:
             raise ValueError(f"SamplingParams has no field {', '.join(unknown)}; its fields are {', '.join(names)}")

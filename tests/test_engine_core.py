@@ -72,6 +72,22 @@ def test_metrics_parse_and_move(server, client):
     served.test_metrics_parse_and_move(server, client)
 
 
+def test_generate_takes_vllms_keyword_names_and_positions(server, offline):
+    """AsyncLLM.generate(prompt, sampling_params, request_id), vLLM's names, by keyword and by position."""
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+
+    async def last(*args, **kwargs):
+        async for out in server.async_llm.generate(*args, **kwargs):
+            pass  # the last output holds every token (vLLM's CUMULATIVE kind)
+        return out
+
+    by_name = asyncio.run(last(prompt=served.PROMPTS[3], sampling_params=params, request_id="by-name"))
+    by_place = asyncio.run(last(served.PROMPTS[3], params, "by-place"))
+    want = offline.generate(served.PROMPTS[3], params, use_tqdm=False)[0].outputs[0].token_ids
+    assert by_name.request_id == "by-name" and by_place.request_id == "by-place"
+    assert by_name.outputs[0].token_ids == by_place.outputs[0].token_ids == want
+
+
 def test_a_refused_list_queues_none_of_its_prompts(server, monkeypatch):
     served.test_a_refused_list_queues_none_of_its_prompts(server, monkeypatch)
 

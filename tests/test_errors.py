@@ -114,3 +114,33 @@ def test_missing_and_misshaped_tensors(tmp_path):
 def test_not_a_model_folder(tmp_path):
     with pytest.raises(ValueError, match="config.json"):
         LLM(str(tmp_path), **small_engine_args())
+
+
+def test_vllms_names_of_the_kv_cache_arguments_are_aliases():
+    """block_size, num_gpu_blocks_override and kv_cache_memory_bytes (vLLM's CacheConfig) set minillm's
+    kvcache_block_size, num_kvcache_blocks and kv_cache_memory."""
+    args = small_engine_args()
+    del args["kvcache_block_size"]
+    llm = LLM(ref_path("tiny-qwen3"), block_size=32, num_gpu_blocks_override=40, **args)
+    try:
+        assert (llm.config.kvcache_block_size, llm.config.num_kvcache_blocks) == (32, 40)
+        assert llm.engine.scheduler.block_manager.block_size == 32
+        assert llm.engine.model_runner.num_kvcache_blocks == 40
+        assert llm.generate([1, 2, 3], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+        budget = 50 * llm.engine.model_runner.kv_bytes_per_block()
+    finally:
+        llm.shutdown()
+    llm = LLM(ref_path("tiny-qwen3"), block_size=32, kv_cache_memory_bytes=budget, **args)
+    try:
+        assert llm.config.kv_cache_memory == budget and llm.engine.model_runner.num_kvcache_blocks == 50
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("alias, name, value", [("block_size", "kvcache_block_size", 16),
+                                                ("num_gpu_blocks_override", "num_kvcache_blocks", 40),
+                                                ("kv_cache_memory_bytes", "kv_cache_memory", 1 << 20)])
+def test_an_engine_argument_in_both_spellings_is_refused(alias, name, value):
+    args = dict(small_engine_args(), **{alias: value, name: value})
+    with pytest.raises(ValueError, match=f"{alias} .*and {name} are the same engine argument"):
+        LLM(ref_path("tiny-qwen3"), **args)

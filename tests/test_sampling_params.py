@@ -69,3 +69,37 @@ def test_generate_at_1e_6_is_generate_at_001(llm):
     assert [o.logprobs for o in tiny] == [o.logprobs for o in floor]
     lowest = min(lp.logprob for o in tiny for position in o.logprobs for lp in position.values())
     assert -1e3 < lowest < -10  # logits / 0.01: far apart, yet finite and not blown up
+
+
+@pytest.mark.parametrize("args", [(2,), (0.5, 0.9)])
+def test_positional_arguments_are_refused(args):
+    """vLLM's first field is n, minillm's temperature: SamplingParams(2) would mean n=2 there, so it is an
+    error here, not temperature=2.0."""
+    with pytest.raises(TypeError, match="keyword arguments only"):
+        SamplingParams(*args)
+
+
+def test_clone_is_a_deep_copy_with_equal_fields():
+    params = SamplingParams(temperature=0.5, stop=["\n"], stop_token_ids=[7], logit_bias={3: 1.0}, bad_words=["x"],
+                            allowed_token_ids=[1, 2], seed=4)
+    copy = params.clone()
+    assert type(copy) is SamplingParams and copy is not params and copy == params
+    copy.stop.append("END")
+    copy.stop_token_ids.append(8)
+    copy.logit_bias[5] = -1.0
+    copy.bad_words.append("y")
+    copy.allowed_token_ids.append(3)
+    assert (params.stop, params.stop_token_ids, params.logit_bias, params.bad_words, params.allowed_token_ids) == \
+        (["\n"], [7], {3: 1.0}, ["x"], [1, 2])
+
+
+def test_priority_0_or_none_is_accepted_and_any_other_refused(llm):
+    want = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False)
+    for priority in (None, 0, [0, 0]):
+        got = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False, priority=priority)
+        assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    for bad in (1, -1, [0, 2], 0.0, True, "0"):
+        with pytest.raises(ValueError, match="first come, first served.*priority must be None, 0 or a list of 0s"):
+            llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False, priority=bad)
+    sched = llm.engine.scheduler
+    assert not sched.waiting and not sched.running

@@ -355,10 +355,11 @@ class EngineClient:
                 self._queue(req)
         return [AsyncStream(self, req) for req in reqs]
 
-    async def generate(self, prompt, params: SamplingParams, request_id: str | None = None):
-        """vLLM's AsyncLLM.generate: an async iterator of RequestOutputs, each what params.output_kind asks
-        for (the whole output so far by default; RequestOutputKind.DELTA: the new part); closing it aborts."""
-        stream = self.add_request(prompt, params, request_id)
+    async def generate(self, prompt, sampling_params: SamplingParams, request_id: str | None = None):
+        """vLLM's AsyncLLM.generate, with its parameter names: an async iterator of RequestOutputs, each
+        what sampling_params.output_kind asks for (the whole output so far by default;
+        RequestOutputKind.DELTA: the new part); closing it aborts."""
+        stream = self.add_request(prompt, sampling_params, request_id)
         try:
             async for out in stream:
                 yield out

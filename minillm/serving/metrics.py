@@ -3,6 +3,10 @@
 The engine thread writes (counts tokens, observes finished requests, sets the state after each
 step); the server's event loop reads (render). One lock keeps each read whole. With the engine in a
 process of its own, the API process's Metrics loads a snapshot the engine sends after each step.
+
+A counter's # HELP and # TYPE lines name it with its _total suffix, as its samples are named (what
+prometheus_client writes): under `# TYPE x counter` a parser reads only samples named x, and takes
+x_total for another metric, of unknown type.
 """
 from __future__ import annotations
 
@@ -114,13 +118,13 @@ class Metrics:
                    [f"minillm_kv_cache_free_blocks {self.free_blocks}"])
             metric("minillm_kv_cache_total_blocks", "gauge", "KV-cache blocks in all.",
                    [f"minillm_kv_cache_total_blocks {self.num_blocks}"])
-            metric("minillm_prompt_tokens", "counter", "Prompt tokens of the requests scheduled.",
+            metric("minillm_prompt_tokens_total", "counter", "Prompt tokens of the requests scheduled.",
                    [f"minillm_prompt_tokens_total {self.prompt_tokens}"])
-            metric("minillm_generation_tokens", "counter", "Tokens generated.",
+            metric("minillm_generation_tokens_total", "counter", "Tokens generated.",
                    [f"minillm_generation_tokens_total {self.generation_tokens}"])
-            metric("minillm_request_success", "counter", "Samples finished, by finish reason.",
+            metric("minillm_request_success_total", "counter", "Samples finished, by finish reason.",
                    [f'minillm_request_success_total{{finished_reason="{r}"}} {n}' for r, n in self.finished.items()])
-            metric("minillm_request_failure", "counter", "Requests failed by an engine error or shutdown.",
+            metric("minillm_request_failure_total", "counter", "Requests failed by an engine error or shutdown.",
                    [f"minillm_request_failure_total {self.failed}"])
             metric("minillm_time_to_first_token_seconds", "histogram", "From arrival to the first token.",
                    self.ttft.lines("minillm_time_to_first_token_seconds"))

@@ -2,7 +2,8 @@
 
 Every bad request raises APIError, which the server turns into OpenAI's error body
 {"error": {"message", "type", "param", "code"}} with its HTTP status. Sampling fields keep
-SamplingParams' names and its checks (a bad value's ValueError becomes the 400's message).
+SamplingParams' names and its checks (a bad value's ValueError becomes the 400's message, in the
+request's terms: request_message).
 """
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import json
 import re
 
 from minillm.outputs import CompletionOutput
-from minillm.sampling_params import RequestOutputKind, SamplingParams, describe
-from minillm.tokenizer import chat_template_options, text_content
+from minillm.sampling_params import RequestOutputKind, SamplingParams, describe, is_integer
+from minillm.tokenizer import chat_template_options, check_text, text_content
 
 MAX_BODY_BYTES = 1 << 20  # a larger request body is a 413
 
@@ -21,7 +22,8 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "p
                    "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
                    "include_stop_str_in_output", "allowed_token_ids", "bad_words", "truncate_prompt_tokens",
                    "skip_special_tokens", "prompt_logprobs")
-COMMON_FIELDS = {"model", "stream", "stream_options", "logit_bias", "user", *SAMPLING_FIELDS}
+# request_id: vLLM's, the response's id after its "cmpl-"/"chatcmpl-" (request_id below)
+COMMON_FIELDS = {"model", "stream", "stream_options", "logit_bias", "user", "request_id", *SAMPLING_FIELDS}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs", "echo"}
 # vLLM's chat template options, as LLM.chat takes them (minillm.tokenizer.chat_template_options)
 TEMPLATE_FIELDS = ("chat_template_kwargs", "add_generation_prompt", "continue_final_message")
@@ -38,15 +40,37 @@ def _off(*values):
     return lambda v, body: any(v is x if isinstance(x, bool) or x is None else v == x for x in values)
 
 
+def _zero(v, body) -> bool:
+    """An integer 0 (not false, not 0.0), or null: vLLM's default priority."""
+    return v is None or (type(v) is int and v == 0)
+
+
+# vLLM's /tokenize and chat take a request's own template only with --trust-request-chat-template, which this
+# server has not: null only (the same message on both)
+CHAT_TEMPLATE_UNUSED = (_off(None), "null (vLLM refuses a request's own template unless trusted; this server has "
+                                    "no --trust-request-chat-template)")
+
 # OpenAI's (and vLLM's) request fields this server does not implement, each with the values that leave it
 # unused, which SDKs and existing clients send (echo=false, best_of=n, response_format text, ...): accepted
 # holding one of those, as vLLM accepts them; any other value is a 400 naming the field. A field in neither
-# table is a 400 too (a typo must not be dropped silently).
+# table is a 400 too (a typo must not be dropped silently). vLLM's own extras are here at their vLLM
+# defaults, which are what minillm does anyway: add_special_tokens (completions encode the prompt with the
+# tokenizer's special tokens; a chat template writes its own), spaces_between_special_tokens (vLLM's fast
+# tokenizers ignore it), priority 0 (vLLM refuses any other without priority scheduling).
+VLLM_UNUSED = {
+    "priority": (_zero, "0"),
+    "spaces_between_special_tokens": (_off(None, True), "true"),
+    "return_tokens_as_token_ids": (_off(None, False), "false"),
+}
 COMPLETION_UNUSED = {
+    **VLLM_UNUSED,
     "suffix": (_off(None, ""), "null"),
     "best_of": (lambda v, body: v is None or (type(v) is int and v == (body.get("n") or 1)), "null, or equal to n"),
+    "response_format": (_off(None, {"type": "text"}), '{"type": "text"}'),
+    "add_special_tokens": (_off(None, True), "true (vLLM's default for completions)"),
 }
 CHAT_UNUSED = {
+    **VLLM_UNUSED,
     "response_format": (_off(None, {"type": "text"}), '{"type": "text"}'),
     "tools": (_off(None, []), "null or []"),
     "functions": (_off(None, []), "null or []"),
@@ -60,13 +84,16 @@ CHAT_UNUSED = {
     "metadata": (_off(None, {}), "null"),
     "service_tier": (_off(None, "auto", "default"), '"auto"'),
     "modalities": (_off(None, ["text"]), '["text"]'),
+    "add_special_tokens": (_off(None, False), "false (vLLM's default for chat: the template writes them)"),
+    "echo": (_off(None, False), "false"),
+    "chat_template": CHAT_TEMPLATE_UNUSED,
+    "documents": (_off(None), "null"),
+    "reasoning_effort": (_off(None), "null"),
 }
-
 
 # vLLM's /tokenize takes these only with the trust or the processor this server has not: null (or {}) only
 TOKENIZE_CHAT_UNUSED = {
-    "chat_template": (_off(None), "null (vLLM refuses a request's own template unless trusted; this server has "
-                                  "no --trust-request-chat-template)"),
+    "chat_template": CHAT_TEMPLATE_UNUSED,
     "mm_processor_kwargs": (_off(None, {}), "null"),
 }
 
@@ -108,14 +135,39 @@ def check_fields(body, allowed: set[str], unused: dict | None = None) -> None:
                               code="unsupported_value")
 
 
-def flag(body: dict, name: str, default: bool = False) -> bool:
-    """A true/false request field; left out or null: `default`."""
+def flag(body: dict, name: str, default: bool = False, within: str | None = None) -> bool:
+    """A true/false request field; left out or null: `default`. within: the request field that holds `body`
+    (stream_options), which the error names as its param, as OpenAI names the top-level field."""
     value = body.get(name)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise bad_request(f"{name} must be true or false, got {describe(value)}", param=name)
+        field = f"{within}.{name}" if within else name
+        raise bad_request(f"{field} must be true or false, got {describe(value)}", param=within or name)
     return value
+
+
+def optional_string(body: dict, name: str) -> str | None:
+    """A request field that is a string (valid Unicode) or null, as vLLM declares `user` and `request_id`."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_request(f"{name} must be a string or null, got {describe(value)}", param=name)
+    try:
+        return check_text(value, name)
+    except ValueError as e:
+        raise bad_request(str(e), param=name) from None
+
+
+def request_id(body: dict) -> str | None:
+    """vLLM's request_id: the client's id for the request, which the response's id carries after "cmpl-" or
+    "chatcmpl-" (as vLLM's does); None: the server makes one."""
+    rid = optional_string(body, "request_id")
+    if rid == "":
+        raise bad_request("request_id must be a non-empty string (or null: the server makes one)",
+                          param="request_id")
+    return rid
 
 
 def token_id_list(body: dict, name: str) -> list[int]:
@@ -136,15 +188,22 @@ def stream_flags(body: dict) -> tuple[bool, bool]:
         raise bad_request("stream_options is only allowed with stream: true", param="stream_options")
     # vLLM's continuous_usage_stats (usage in every chunk) is not implemented: accepted when false
     if not isinstance(opts, dict) or set(opts) - {"include_usage", "continuous_usage_stats"} or flag(
-            opts, "continuous_usage_stats"):
+            opts, "continuous_usage_stats", within="stream_options"):
         raise bad_request(f"stream_options must be {{\"include_usage\": true|false}} (continuous_usage_stats "
                           f"only false), got {opts!r:.80}", param="stream_options")
-    return stream, flag(opts, "include_usage")
+    return stream, flag(opts, "include_usage", within="stream_options")
 
 
 def sampling_params(body: dict, defaults: SamplingParams, chat: bool) -> SamplingParams:
     """The request's sampling fields over the model's defaults (LLM.get_default_sampling_params)."""
     changes = {name: body[name] for name in SAMPLING_FIELDS if body.get(name) is not None}
+    stop = changes.get("stop")
+    for i, s in enumerate([stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []):
+        if isinstance(s, str):  # a lone surrogate could never match: refused as in a prompt
+            try:
+                check_text(s, "stop" if isinstance(stop, str) else f"stop[{i}]")
+            except ValueError as e:
+                raise bad_request(str(e), param="stop") from None
     renamed = {}  # SamplingParams field -> the request field it came from
     if chat:
         if body.get("max_completion_tokens") is not None:
@@ -152,8 +211,10 @@ def sampling_params(body: dict, defaults: SamplingParams, chat: bool) -> Samplin
             renamed["max_tokens"] = "max_completion_tokens"
         want = flag(body, "logprobs")
         top = body.get("top_logprobs")
-        if top is not None and not want:
-            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+        # vLLM's check_logprobs: top_logprobs 0 (its default, which SDKs fill in) asks for nothing by itself
+        if top is not None and not want and not (is_integer(top) and top == 0):
+            raise bad_request(f"top_logprobs needs logprobs: true (got top_logprobs {describe(top)} without it; "
+                              f"0 or null asks for none)", param="top_logprobs")
         if want:
             changes["logprobs"] = 0 if top is None else top
             renamed["logprobs"] = "top_logprobs"
@@ -178,7 +239,7 @@ def sampling_params(body: dict, defaults: SamplingParams, chat: bool) -> Samplin
     try:
         return dataclasses.replace(defaults, **changes)
     except ValueError as e:
-        raise bad_request(str(e), param=param_of(e, renamed)) from None
+        raise bad_request(request_message(e, renamed), param=param_of(e, renamed)) from None
 
 
 def echo_only(body: dict) -> bool:
@@ -195,6 +256,25 @@ def template_options(body: dict) -> dict:
     except ValueError as e:
         name = next((n for n in TEMPLATE_FIELDS if str(e).startswith(n)), None)
         raise bad_request(str(e), param=name or "chat_template_kwargs") from None
+
+
+# What the server's JSON takes, where SamplingParams' own words (Python's None) would mislead a client:
+# a null max_tokens is the server's default (64 on completions), not "up to max_model_len"
+REQUEST_ACCEPTS = {"max_tokens": "an integer >= 1, or null for the server's default"}
+
+
+def request_message(error: ValueError, renamed: dict | None = None) -> str:
+    """A SamplingParams ValueError ("SamplingParams.top_p must be a number in (0, 1], got 0 (int)") in the
+    request's terms: the request field's name (top_logprobs for logprobs, max_completion_tokens for
+    max_tokens), JSON's null, true and false for Python's None, True and False."""
+    text = str(error)
+    m = re.fullmatch(r"SamplingParams\.(\w+) must be (.*?), got (.*)", text, flags=re.DOTALL)
+    if m is None:  # another shape: only the field's name changes
+        return re.sub(r"SamplingParams\.(\w+)", lambda f: (renamed or {}).get(f.group(1), f.group(1)), text)
+    name, accepts, got = m.groups()
+    accepts = REQUEST_ACCEPTS.get(name) or re.sub(r"\bNone\b", "null", accepts.replace("True or False",
+                                                                                     "true or false"))
+    return f"{(renamed or {}).get(name, name)} must be {accepts}, got {got}"
 
 
 def param_of(error: ValueError, renamed: dict | None = None, default: str | None = None) -> str | None:
@@ -228,11 +308,17 @@ def chat_messages(body: dict) -> list[dict]:
                           f"{describe(messages)}", param="messages")
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad_request(f"messages[{i}] must be an object with a string role and a content, got {m!r:.80}",
                               param="messages")
+        content = m.get("content")
+        if content is None:  # OpenAI's assistant content is optional (one that made tool calls has none)
+            if m["role"] != "assistant":
+                raise bad_request(f"messages[{i}] ({m['role']!r:.40}) has no content: only an assistant message "
+                                  f"may leave it out or null", param="messages")
+            content = ""
         try:  # a string, or a list of text parts: LLM.chat takes the same (minillm.tokenizer.text_content)
-            content = text_content(m["content"], f"messages[{i}].content")
+            content = text_content(content, f"messages[{i}].content")
         except ValueError as e:
             raise bad_request(str(e), param="messages") from None
         out.append({"role": m["role"], "content": content})

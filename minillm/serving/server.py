@@ -6,6 +6,7 @@
     POST /tokenize, POST /detokenize, GET /version   vLLM's: text or a conversation <-> token ids
     GET  /health, GET /metrics (Prometheus text), GET / (the chat page, static/index.html)
 
+CORS as vLLM's (Starlette's CORSMiddleware; by default any origin, method and header: create_app's options).
 Every error is OpenAI's JSON {"error": {"message", "type", "param", "code"}}, never a traceback:
 400 bad input (also an explicit max_tokens the context cannot hold, and a list of more prompts than
 max_waiting), 401 a missing or wrong API key, 404 an unknown model or path, 413 a body over
@@ -26,8 +27,11 @@ import signal
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Sequence
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -37,12 +41,13 @@ from minillm.serving.protocol import (CHAT_FIELDS, CHAT_UNUSED, COMPLETION_FIELD
                                       DETOKENIZE_FIELDS, MAX_BODY_BYTES, TOKENIZE_CHAT_FIELDS, TOKENIZE_CHAT_UNUSED,
                                       TOKENIZE_FIELDS, APIError, bad_request, chat_logprobs, chat_messages,
                                       check_fields, completion_logprobs, completion_prompts, echo_only, flag, merge,
-                                      param_of, prompt_logprobs_json, sampling_params, stream_flags,
-                                      template_options, token_id_list, usage)
+                                      optional_string, param_of, prompt_logprobs_json, request_id, request_message,
+                                      sampling_params, stream_flags, template_options, token_id_list, usage)
 from minillm.sampling_params import describe
 from minillm.serving.sse import sse_event
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+ANY = ("*",)  # vLLM's default --allowed-origins, --allowed-methods and --allowed-headers: every one
 RETRY_AFTER_S = 1  # what a 503 asks the client to wait
 # The engine thread and the event loop share one GIL; a thread that wants it back waits up to the
 # interpreter's switch interval (5 ms by default, about one decode step) while the other runs Python.
@@ -166,11 +171,36 @@ def _version() -> str:
         return "unknown"
 
 
-def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = None) -> FastAPI:
+def model_root(model: str) -> str:
+    """GET /v1/models' `root` for the model `serve` was given: vLLM's is that argument, a hub id or a folder,
+    which transformers can load; here an embedded name becomes the folder it was prepared in and a folder
+    its absolute path, so a client on this machine can load the tokenizer from it. A hub id stays as it is."""
+    from minillm.model_zoo import EMBEDDED, cache_dir
+    if model in EMBEDDED:
+        return os.path.join(cache_dir(), model)
+    return os.path.abspath(model) if os.path.isdir(model) else model
+
+
+def _model_permission(created: int) -> dict:
+    """vLLM's ModelPermission, with its defaults: the one entry of each model's `permission`."""
+    return {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": created,
+            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+            "group": None, "is_blocking": False}
+
+
+def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = None, model: str | None = None,
+               allowed_origins: Sequence[str] = ANY, allowed_methods: Sequence[str] = ANY,
+               allowed_headers: Sequence[str] = ANY, allow_credentials: bool = False) -> FastAPI:
     """The server's routes over one EngineClient (an AsyncLLM or an EngineCoreClient; the caller owns it and
-    shuts it down)."""
+    shuts it down). model: what `serve` was given (default model_name), for /v1/models' root. The CORS
+    options are vLLM's --allowed-origins, --allowed-methods, --allowed-headers and --allow-credentials, for
+    Starlette's CORSMiddleware as vLLM installs it: by default a page from any origin may call the server."""
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=allowed_methods,
+                       allow_headers=allowed_headers, allow_credentials=allow_credentials)
     created = int(time.time())
+    root = model_root(model or model_name)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -202,6 +232,7 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
         body = await _read_json(request)
         check_fields(body, allowed, unused)
         await parse_model(body)
+        optional_string(body, "user")  # vLLM's: a string, which it ignores, as this server does
         return body
 
     async def parse_model(body: dict) -> None:
@@ -231,7 +262,7 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
             except PromptTooLongError as e:
                 raise bad_request(where + str(e), param=param, code="context_length_exceeded") from None
             except ValueError as e:  # the prompt's, or a sampling field's the vocabulary decides (logit_bias)
-                raise bad_request(where + str(e), param=param_of(e, default=param)) from None
+                raise bad_request(where + request_message(e), param=param_of(e, default=param)) from None
             n_prompt, limit = len(checked[-1][1]), async_llm.max_model_len
             if given is not None and n_prompt + params.max_tokens > limit:
                 raise bad_request(f"{where}This model's maximum context length is {limit} tokens. However, you "
@@ -270,11 +301,12 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
         return dataclasses.replace(c, text="", token_ids=[], logprobs=None if c.logprobs is None else [])
 
     async def run(request: Request, streams: list[AsyncStream], params, chat: bool, stream_mode: bool,
-                  include_usage: bool, echo: bool = False, only_echo: bool = False):
+                  include_usage: bool, echo: bool = False, only_echo: bool = False, client_id: str | None = None):
         """The response to one or more requests (a completion's list of prompts); the choices of prompt p
         are numbered p * n + i, as OpenAI numbers them. echo (completions): each choice starts with its
-        prompt; only_echo: and holds nothing else."""
-        rid = ("chatcmpl-" if chat else "cmpl-") + streams[0].request_id
+        prompt; only_echo: and holds nothing else. client_id: the request's request_id, which the response's
+        id carries (else the engine's id of its first request)."""
+        rid = ("chatcmpl-" if chat else "cmpl-") + (client_id or streams[0].request_id)
         kind = "chat.completion" if chat else "text_completion"
         k, n = params.logprobs, params.n
         n_prompt = sum(len(s.prompt_token_ids) for s in streams)
@@ -351,6 +383,7 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await parse(request, COMPLETION_FIELDS, COMPLETION_UNUSED)
+        client_id = request_id(body)
         stream_mode, include_usage = stream_flags(body)
         params = sampling_params(body, async_llm.default_sampling_params(), chat=False)
         echo = flag(body, "echo")
@@ -359,11 +392,12 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
                               "no tokenizer.json: leave echo out", param="echo")
         streams = submit(completion_prompts(body), params, body, chat=False)
         return await run(request, streams, params, False, stream_mode, include_usage, echo=echo,
-                         only_echo=echo_only(body))
+                         only_echo=echo_only(body), client_id=client_id)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await parse(request, CHAT_FIELDS, CHAT_UNUSED)
+        client_id = request_id(body)
         stream_mode, include_usage = stream_flags(body)
         params = sampling_params(body, async_llm.default_sampling_params(chat=True), chat=True)
         messages = chat_messages(body)
@@ -375,7 +409,7 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
         except ValueError as e:
             raise bad_request(str(e), param="messages") from None
         return await run(request, submit([prompt], params, body, chat=True), params, True, stream_mode,
-                         include_usage)
+                         include_usage, client_id=client_id)
 
     def need_tokenizer():
         if async_llm.tokenizer is None:
@@ -446,8 +480,11 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
     @app.get("/v1/models")
     async def models(request: Request):
         authorize(request)
+        # vLLM's ModelCard: root the model's path, parent null (a LoRA adapter's base model there)
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "minillm", "max_model_len": async_llm.max_model_len}]}
+                                            "owned_by": "minillm", "root": root, "parent": None,
+                                            "max_model_len": async_llm.max_model_len,
+                                            "permission": [_model_permission(created)]}]}
 
     @app.get("/health")
     async def health():
@@ -471,8 +508,10 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
     return app
 
 
-def serve(async_llm: EngineClient, model_name: str, sock, api_key: str | None = None, log_level: str = "info") -> None:
-    """Serve on an already bound socket until Ctrl-C or SIGTERM. On the signal the EngineClient is shut
+def serve(async_llm: EngineClient, model_name: str, sock, api_key: str | None = None, log_level: str = "info",
+          **app_options) -> None:
+    """Serve on an already bound socket until Ctrl-C or SIGTERM (app_options: create_app's model and CORS
+    options). On the signal the EngineClient is shut
     down first (what is in flight fails at once), then uvicorn closes the connections; the caller may
     call its shutdown() again (it is idempotent). Returns after SIGTERM; raises KeyboardInterrupt after
     Ctrl-C (SIGINT)."""
@@ -515,7 +554,7 @@ def serve(async_llm: EngineClient, model_name: str, sock, api_key: str | None = 
                 await super().shutdown(sockets)
 
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # process-wide: this process exists to serve
-    config = uvicorn.Config(create_app(async_llm, model_name, api_key), log_level=log_level,
+    config = uvicorn.Config(create_app(async_llm, model_name, api_key, **app_options), log_level=log_level,
                             timeout_graceful_shutdown=5)
     server = Server(config)
     server.run(sockets=[sock])
