@@ -1152,6 +1152,26 @@ def test_streamed_echo_starts_each_choice_with_its_prompt(server):
             assert [x for c in mine for x in c["logprobs"][key]] == want["logprobs"][key]
 
 
+def test_streamed_text_offset_counts_tokens_a_stop_string_holds_back(server):
+    """While the text's end could still begin a stop string the stream holds that text back, but not its
+    tokens: each chunk's text_offset must go on from the tokens' text, as the non-streamed answer's does
+    (it went on from the text sent, so every later offset fell short; vLLM streams it so too)."""
+    greedy = {"prompt": EVAL_TEXT, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "logprobs": 1}
+    free = httpx.post(f"{server.base_url}/v1/completions", json=greedy, timeout=TIMEOUT).json()["choices"][0]
+    tokens = free["logprobs"]["tokens"]
+    k = next(i for i in range(1, len(tokens) - 2) if tokens[i].strip() and tokens[i].isprintable())
+    body = {**greedy, "stop": [tokens[k] + "\x07"]}  # token k's text begins it; the BEL never follows
+    whole = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=TIMEOUT).json()["choices"][0]
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json={**body, "stream": True},
+                      timeout=TIMEOUT) as r:
+        chunks = [c for e in sse_events(r) if e != "[DONE]" for c in e["choices"]]
+    assert whole["text"] == free["text"] and whole["finish_reason"] == "length"
+    assert any(c["text"] != "".join(c["logprobs"]["tokens"]) for c in chunks), "no text was held back"
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    for key in ("tokens", "text_offset"):
+        assert [x for c in chunks for x in c["logprobs"][key]] == whole["logprobs"][key]
+
+
 def test_prompt_logprobs_as_vllm_sends_them(server, hf_model, hf_tokenizer):
     """vLLM's prompt_logprobs field: on each completion choice, and beside the chat response's choices
     (the chat template's tokens), each against transformers' forward."""

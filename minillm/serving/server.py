@@ -368,7 +368,11 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
                             choice = completion_choice(index, c, k, offsets.get(index, 0),
                                                        echoes[p] if first else None, streams[p].prompt_token_ids,
                                                        prompt_logprobs.get(p))
-                            offsets[index] = offsets.get(index, 0) + len(choice["text"])
+                            # the next chunk's first text_offset: past this chunk's tokens, not past the text
+                            # sent (text a stop string may still complete is held back; its tokens are not)
+                            lp = choice["logprobs"]
+                            offsets[index] = (lp["text_offset"][-1] + len(lp["tokens"][-1]) if lp and lp["tokens"]
+                                              else offsets.get(index, 0) + len(choice["text"]))
                         # vLLM's stop_reason: the stop string or token id that ended it (None for EOS; until the end)
                         choice["finish_reason"], choice["stop_reason"] = c.finish_reason, c.stop_reason
                         yield _sse({**head, "choices": [choice], **extra})
