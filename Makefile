@@ -33,6 +33,13 @@ $(VENV)/.installed: pyproject.toml
 	  echo "minillm needs Linux ($(OS_NAME) here): Triton, which runs its kernels (compiled on a GPU, interpreted"; \
 	  echo "on a CPU), publishes wheels for Linux only. On macOS use a Linux container or virtual machine, on"; \
 	  echo "Windows WSL2, or a hosted notebook (README: Run it on a GPU)."; exit 1; fi
+	@# checked before anything is downloaded: pip would refuse an older Python only after torch (GBs) is in
+	@$(PYTHON) -c "import sys; sys.exit(sys.version_info < (3, 11))" 2>/dev/null || { \
+	  echo "minillm needs Python 3.11 or newer; '$(PYTHON)' is $$($(PYTHON) --version 2>/dev/null || echo missing)."; \
+	  echo "Name a newer one: make $(or $(MAKECMDGOALS),setup) PYTHON=python3.11 (or python3.12, ...)"; exit 1; }
+	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { \
+	  echo "'$(PYTHON)' cannot create a virtual environment (no ensurepip): on Debian or Ubuntu install its"; \
+	  echo "venv package, sudo apt-get install python3-venv (or python3.11-venv), then run make again."; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: a bare range can resolve to a multi-GB CUDA build on a CPU machine
 	$(PIP) "torch==2.13.0"

@@ -488,3 +488,12 @@ def test_the_gradescope_entry_point_grades_a_submission(tmp_path):
     report = json.loads(results.read_text())
     assert [(t["number"], t["score"]) for t in report["tests"]] == [("3.1", 1.0), ("3.2", 0.0)], report
     assert report["max_score"] == 2.0
+    # the next student's submission, graded in the same checkout (a lecturer's loop over a class): none of the
+    # previous student's ch3.py may count for them
+    (submission / "ch3.py").unlink()
+    (submission / "ch2.py").write_text(open(os.path.join(root, "exercises", "ch2.py")).read())
+    p = subprocess.run(["bash", os.path.join(REPO_DIR, "notebooks", "lecturer", "gradescope", "run_autograder")],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert "1 exercise file(s)" in p.stdout, p.stdout + p.stderr
+    report = json.loads(results.read_text())
+    assert [(t["number"], t["score"]) for t in report["tests"]] == [("3.1", 0.0), ("3.2", 0.0)], report

@@ -50,3 +50,18 @@ def test_setup_off_linux_stops_at_once_and_says_why(tmp_path):
                        text=True, timeout=60)
     assert r.returncode != 0 and not venv.exists(), r.stdout + r.stderr
     assert "minillm needs Linux (Darwin here)" in r.stdout and "WSL2" in r.stdout and "hosted notebook" in r.stdout
+
+
+def test_setup_with_an_old_python_stops_at_once_and_says_which_to_name(tmp_path):
+    """pyproject asks for Python 3.11+; pip refused an older one only at `pip install -e .`, after torch
+    (several GB) was downloaded. make setup checks first and names the PYTHON= override."""
+    import subprocess
+    old = tmp_path / "python3.10"
+    old.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'Python 3.10.12' && exit 0\nexit 1\n")
+    old.chmod(0o755)
+    venv = tmp_path / "venv"
+    r = subprocess.run(["make", "-s", "setup", f"PYTHON={old}", f"VENV={venv}"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0 and not venv.exists(), r.stdout + r.stderr
+    assert "needs Python 3.11 or newer" in r.stdout and "Python 3.10.12" in r.stdout, r.stdout
+    assert "make setup PYTHON=python3.11" in r.stdout, r.stdout
