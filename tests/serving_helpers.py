@@ -7,7 +7,10 @@ stops uvicorn (bounded), stops the engine (thread or process) and frees it; the 
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -85,3 +88,29 @@ def running_server(model: str = "qwen3-tiny", **engine_args):
     api_key=, max_waiting= and engine_core=) -> its base URL, e.g. http://127.0.0.1:40123."""
     with server_handle(model, **engine_args) as handle:
         yield handle.base_url
+
+
+SERVE_URL_LINE = "/v1 (OpenAI API"  # what `serve` prints once it listens: "minillm serves M at URL/v1 (OpenAI API ...)"
+
+
+@contextmanager
+def serve_process(*args: str, exit_status: int = 0):
+    """`python -m minillm serve ARGS --port 0` as a process of its own, yielding its base URL once it
+    listens. Leaving the block sends SIGTERM and checks the exit status (a failure shows the server's
+    output); the process is killed if it is still there."""
+    proc = subprocess.Popen([sys.executable, "-m", "minillm", "serve", *args, "--port", "0"], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+    log = []
+    try:
+        for line in proc.stderr:
+            log.append(line)
+            if SERVE_URL_LINE in line:
+                break
+        assert log and SERVE_URL_LINE in log[-1], "the server exited before it listened:\n" + "".join(log)
+        yield log[-1].split(" at ", 1)[1].split("/v1", 1)[0]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == exit_status, "".join(log) + proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

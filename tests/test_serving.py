@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import one_torch_thread, small_engine_args  # noqa: F401 (one_torch_thread: an autouse fixture)
 from minillm import LLM, RequestOutputKind, SamplingParams
-from serving_helpers import running_server, server_handle
+from serving_helpers import running_server, serve_process, server_handle
 
 pytestmark = pytest.mark.timeout(180)
 MODEL = "qwen3-tiny"
@@ -1280,23 +1280,8 @@ def test_serve_takes_vllm_serves_command_line():
     assert args.model == "smollm2-135m" and not set(names) & set(_llm_args(args))  # the engine's defaults
     p = _serve("qwen3-tiny", "--model", "smollm2-135m")
     assert p.returncode == 2 and "two models given" in p.stderr and p.stderr.count("\n") == 1, p.stderr
-    log_lines = []
-    proc = subprocess.Popen([sys.executable, "-m", "minillm", "serve", MODEL, "--device", "cpu", "--port", "0",
-                             "--engine-core", "thread", "--no-enable-prefix-caching"], stderr=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
-    try:
-        for line in proc.stderr:
-            log_lines.append(line)
-            if "/v1 (OpenAI API" in line:
-                break
-        url = log_lines[-1].split(" at ", 1)[1].split("/v1", 1)[0]
+    with serve_process(MODEL, "--device", "cpu", "--engine-core", "thread", "--no-enable-prefix-caching") as url:
         assert [m["id"] for m in httpx.get(url + "/v1/models", timeout=TIMEOUT).json()["data"]] == [MODEL]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0, "".join(log_lines) + proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_sigterm_stops_the_server_and_shuts_the_engine_down():

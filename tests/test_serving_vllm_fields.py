@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import typing
@@ -21,7 +20,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.testclient import TestClient
 
 from helpers import one_torch_thread  # noqa: F401 (an autouse fixture)
-from serving_helpers import server_handle
+from serving_helpers import serve_process, server_handle
 
 pytestmark = pytest.mark.timeout(180)
 MODEL = "qwen3-tiny"
@@ -133,30 +132,15 @@ def test_serve_takes_vllms_cors_flags():
         p = _serve_args("--allowed-origins", bad)
         assert p.returncode == 2 and "--allowed-origins: must be a JSON list of strings" in p.stderr, p.stderr
         assert p.stderr.count("\n") == 1, p.stderr
-    proc = subprocess.Popen([sys.executable, "-m", "minillm", "serve", MODEL, "--device", "cpu", "--port", "0",
-                             "--engine-core", "thread", "--max-model-len", "256",
-                             "--allowed-origins", '["http://a.example"]', "--allowed-methods", '["POST"]',
-                             "--allowed-headers", '["content-type"]', "--allow-credentials"],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
-    log = []
-    try:
-        for line in proc.stderr:
-            log.append(line)
-            if "/v1 (OpenAI API" in line:
-                break
-        url = log[-1].split(" at ", 1)[1].split("/v1", 1)[0]
-        with TestClient(vllm_cors_app(["http://a.example"], ["POST"], ["content-type"], True)) as vllm:
-            for origin in ("http://a.example", "http://b.example"):
-                preflight = dict(PREFLIGHT, Origin=origin, **{"Access-Control-Request-Headers": "content-type"})
-                want = vllm.options("/v1/chat/completions", headers=preflight)
-                got = httpx.options(url + "/v1/chat/completions", headers=preflight, timeout=TIMEOUT)
-                assert (got.status_code, cors_headers(got)) == (want.status_code, cors_headers(want)), origin
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0, "".join(log) + proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with serve_process(MODEL, "--device", "cpu", "--engine-core", "thread", "--max-model-len", "256",
+                       "--allowed-origins", '["http://a.example"]', "--allowed-methods", '["POST"]',
+                       "--allowed-headers", '["content-type"]', "--allow-credentials") as url, \
+            TestClient(vllm_cors_app(["http://a.example"], ["POST"], ["content-type"], True)) as vllm:
+        for origin in ("http://a.example", "http://b.example"):
+            preflight = dict(PREFLIGHT, Origin=origin, **{"Access-Control-Request-Headers": "content-type"})
+            want = vllm.options("/v1/chat/completions", headers=preflight)
+            got = httpx.options(url + "/v1/chat/completions", headers=preflight, timeout=TIMEOUT)
+            assert (got.status_code, cors_headers(got)) == (want.status_code, cors_headers(want)), origin
 
 
 # ---- vLLM's declared fields -----------------------------------------------------------------------------
