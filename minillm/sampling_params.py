@@ -172,6 +172,12 @@ class SamplingParams:
         ids = self.stop_token_ids = [] if self.stop_token_ids is None else self.stop_token_ids
         need(isinstance(ids, (list, tuple)) and all(is_integer(i) and 0 <= i <= INT64_MAX for i in ids),
              "stop_token_ids", "a list of token ids (integers in [0, 2**63 - 1])", ids)
+        if isinstance(self.stop, str):  # a lone surrogate could never match: refused, as in a prompt
+            check_text(self.stop, "SamplingParams.stop")
+        elif isinstance(self.stop, (list, tuple)):
+            for i, s in enumerate(self.stop):
+                if isinstance(s, str):
+                    check_text(s, f"SamplingParams.stop[{i}]")
         if self.stop is None or isinstance(self.stop, str):
             self.stop = [] if self.stop is None else [self.stop]
         need(isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) and s for s in self.stop), "stop",
@@ -286,6 +292,19 @@ class SamplingParams:
             return None
         i, minus_len, _ = min(found)
         return text[:i - minus_len] if self.include_stop_str_in_output else text[:i]
+
+
+def check_text(text, what: str = "the prompt") -> str:
+    """Raise ValueError unless `text` is a str that UTF-8 can encode. -> text.
+    (Invalid UTF-8 in a command line or a file decoded with surrogateescape arrives as lone surrogates.)"""
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not valid Unicode: it holds a lone surrogate {text[e.start]!r} at "
+                         f"index {e.start} (invalid UTF-8 in the input?)") from None
+    return text
 
 
 def _utf8(text: str) -> bool:

@@ -13,7 +13,7 @@ import regex
 from tokenizers import Tokenizer as HFTokenizer
 
 from minillm.config import read_json_object, read_text
-from minillm.sampling_params import describe, is_integer
+from minillm.sampling_params import check_text, describe, is_integer  # noqa: F401 (check_text: re-exported)
 
 
 # >>> exercise 1.1 | notebooks/01_vocab_weights_runtime.ipynb | 3. Byte-level BPE, step by step
@@ -334,19 +334,6 @@ def chat_template_options(chat_template: str | None = None, chat_template_kwargs
             raise ValueError(f"{name} must be True or False, got {describe(flag)}")
     return dict(chat_template_kwargs or {}, chat_template=chat_template, tools=tools,
                 add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message)
-
-
-def check_text(text, what: str = "the prompt") -> str:
-    """Raise ValueError unless `text` is a str that UTF-8 can encode. -> text.
-    (Invalid UTF-8 in a command line or a file decoded with surrogateescape arrives as lone surrogates.)"""
-    if not isinstance(text, str):
-        raise ValueError(f"{what} must be a string, got {type(text).__name__}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"{what} is not valid Unicode: it holds a lone surrogate {text[e.start]!r} at "
-                         f"index {e.start} (invalid UTF-8 in the input?)") from None
-    return text
 
 
 def text_content(content, where: str = "content") -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -103,3 +104,11 @@ def test_priority_0_or_none_is_accepted_and_any_other_refused(llm):
             llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False, priority=bad)
     sched = llm.engine.scheduler
     assert not sched.waiting and not sched.running
+
+
+@pytest.mark.parametrize("stop, where", [("a\ud800", "SamplingParams.stop"), (["ok", "\udc80x"], "SamplingParams.stop[1]")])
+def test_a_stop_string_that_is_not_valid_unicode_is_refused(stop, where):
+    """A lone surrogate (invalid UTF-8 decoded with surrogateescape) could never match the decoded text:
+    refused as the tokenizer refuses it in a prompt, offline as on the server."""
+    with pytest.raises(ValueError, match=rf"^{re.escape(where)} is not valid Unicode: it holds a lone surrogate"):
+        SamplingParams(stop=stop)

@@ -197,13 +197,6 @@ def stream_flags(body: dict) -> tuple[bool, bool]:
 def sampling_params(body: dict, defaults: SamplingParams, chat: bool) -> SamplingParams:
     """The request's sampling fields over the model's defaults (LLM.get_default_sampling_params)."""
     changes = {name: body[name] for name in SAMPLING_FIELDS if body.get(name) is not None}
-    stop = changes.get("stop")
-    for i, s in enumerate([stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []):
-        if isinstance(s, str):  # a lone surrogate could never match: refused as in a prompt
-            try:
-                check_text(s, "stop" if isinstance(stop, str) else f"stop[{i}]")
-            except ValueError as e:
-                raise bad_request(str(e), param="stop") from None
     renamed = {}  # SamplingParams field -> the request field it came from
     if chat:
         if body.get("max_completion_tokens") is not None:
