@@ -10,9 +10,9 @@ engine code: the engine and the server never import it.
 
 The server's output goes to a log file (a pipe nobody reads would fill and block it); a server that
 exits or does not answer in time raises an error that quotes the log's end. stop() keeps the log's text
-(log_tail reads it after the stop too) and deletes the file, so a notebook run leaves no file behind. A server is also
-stopped when the notebook's kernel exits (atexit, and on Linux the kernel's death signals it), so a
-failed cell cannot leave one holding the GPU.
+(log_tail reads it after the stop too) and deletes the file, so a notebook run leaves no file behind. A
+server is also stopped when the notebook's kernel exits (atexit, and on Linux the kernel's death signals
+it), so a failed cell cannot leave one holding the GPU.
 
 use_my_code=True starts the server through `swap_in("exercises", chapters={6})`, so the chapter's
 exercises written in exercises/ch6.py run inside the server process too (its SSE framing, the

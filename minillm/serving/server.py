@@ -515,10 +515,9 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
 def serve(async_llm: EngineClient, model_name: str, sock, api_key: str | None = None, log_level: str = "info",
           **app_options) -> None:
     """Serve on an already bound socket until Ctrl-C or SIGTERM (app_options: create_app's model and CORS
-    options). On the signal the EngineClient is shut
-    down first (what is in flight fails at once), then uvicorn closes the connections; the caller may
-    call its shutdown() again (it is idempotent). Returns after SIGTERM; raises KeyboardInterrupt after
-    Ctrl-C (SIGINT)."""
+    options). On the signal the EngineClient is shut down first (what is in flight fails at once), then
+    uvicorn closes the connections; the caller may call its shutdown() again (it is idempotent). Returns
+    after SIGTERM; raises KeyboardInterrupt after Ctrl-C (SIGINT)."""
     import uvicorn
 
     class Server(uvicorn.Server):
