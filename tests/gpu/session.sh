@@ -15,8 +15,9 @@
 #                                                               one workload
 #
 # On one GPU (kind nvidia-h200) the same work runs as named steps, one after another, on GPU 0:
-#   bash tests/gpu/session.sh steps NAME STEP...   STEP: flash-start gpu-tests cpu-suite lifecycle
-#                                                  notebooks=02,03 flash-tests bench; the archive is $OUT/NAME.tar.gz
+#   bash tests/gpu/session.sh steps NAME STEP...   STEP: prepare flash-start gpu-tests cpu-suite lifecycle
+#                                                  notebooks=02,03 flash-wait flash-wheel flash-tests bench;
+#                                                  the archive is $OUT/NAME.tar.gz
 #
 # flash-attn: build_flash_attn.sh builds it in the background (lean: 468 s with 8 jobs on the H200);
 # `build_flash_attn.sh wheel` brings the built wheel back (9.5 MB), and a later session carries it in
@@ -38,6 +39,7 @@ GPU_TESTS="tests --ignore=tests/test_tp.py --ignore=tests/test_lifecycle.py"  # 
 stamp() { echo "[$(date -u +%T)] $*"; }
 notebooks() {  # GPU LOG NOTEBOOK...: execute notebooks in place on one GPU, one after another
     local gpu=$1 log=$2; shift 2
+    eval "$(bash tests/gpu/build_flash_attn.sh env 2>/dev/null)"  # flash-attn, where this session built it (03 uses it)
     CUDA_VISIBLE_DEVICES=$gpu timeout --kill-after=10 "${NOTEBOOK_LIMIT_S:-560}" \
         python3 -m minillm.course.notebooks run "$@" > "$log" 2>&1
     echo "notebooks $* on GPU $gpu: exit $?" >> "$log"
@@ -94,6 +96,8 @@ steps)
     for step in "$@"; do
         stamp "$step"
         case $step in
+        prepare)  # the models written once into the cache, so no first-use message lands in a notebook's outputs
+            python3 -c "from minillm.model_zoo import resolve_model as r; print(r('qwen3-tiny'), r('qwen3-0.6b-random'))" ;;
         flash-start) MAX_JOBS=${FLASH_JOBS:-10} bash tests/gpu/build_flash_attn.sh start lean ;;
         gpu-tests)
             timeout --kill-after=10 420 python3 -m pytest $GPU_TESTS -m gpu -k "not flash" \
@@ -120,6 +124,8 @@ steps)
             touched+=("${paths[@]}")
             notebooks 0 "$WORK/notebooks_${step#notebooks=}.log" "${paths[@]}"
             tail -n 4 "$WORK/notebooks_${step#notebooks=}.log" ;;
+        flash-wait) bash tests/gpu/build_flash_attn.sh wait ${FLASH_WAIT_S:-300} | tail -n 3 ;;
+        flash-wheel) bash tests/gpu/build_flash_attn.sh wheel ;;  # $OUT/flash_attn-*.whl, to carry in .whl/ next time
         flash-tests)  # flash-attn from a carried wheel (.whl/flash_attn-*.whl), or from this session's build
             python3 -c "from flash_attn import flash_attn_with_kvcache" 2>/dev/null || \
                 bash tests/gpu/build_flash_attn.sh wait 20 > "$WORK/flash_build.log" 2>&1
