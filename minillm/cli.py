@@ -232,6 +232,9 @@ def cmd_serve(args) -> None:
         raise ValueError(f"--max-num-batched-tokens must be at least 1, got {args.max_num_batched_tokens}")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key is empty; give the key clients must send, or leave --api-key out")
+    if args.served_model_name is not None and not all(n.strip() for n in args.served_model_name):
+        raise ValueError("--served-model-name has an empty name; give the names clients send, or leave it out")
+    chat_template = None if args.chat_template is None else load_chat_template(args.chat_template)
     sock = _listen(args.host, args.port)
     try:
         from minillm.serving.server import serve
@@ -248,21 +251,48 @@ def cmd_serve(args) -> None:
             from minillm.serving.async_engine import AsyncLLM
             async_llm = AsyncLLM(LLM(args.model, **llm_args), **serving_args)
         try:
-            name = args.served_model_name or args.model
+            names = args.served_model_name or [args.model]
             host, port = sock.getsockname()[:2]
-            print(f"minillm serves {name!r} at http://{host}:{port}/v1 (OpenAI API; chat page at /, metrics at "
+            print(f"minillm serves {', '.join(map(repr, names))} at http://{host}:{port}/v1 (OpenAI API; chat page at /, metrics at "
                   f"/metrics; Ctrl-C stops)", file=sys.stderr)
             # while it serves, serve() handles SIGTERM itself; before and after (the model loading), let
             # a SIGTERM be an exit, so the finally below frees the engine (the default would kill the process)
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
-            serve(async_llm, name, sock, api_key=args.api_key, model=args.model, allowed_origins=args.allowed_origins,
+            serve(async_llm, names, sock, api_key=args.api_key, model=args.model, allowed_origins=args.allowed_origins,
                   allowed_methods=args.allowed_methods, allowed_headers=args.allowed_headers,
-                  allow_credentials=args.allow_credentials)
+                  allow_credentials=args.allow_credentials, chat_template=chat_template)
         finally:
             async_llm.shutdown()
             print("minillm: the server has stopped and the engine is shut down", file=sys.stderr)
     finally:
         sock.close()
+
+
+def load_chat_template(value: str) -> str:
+    """serve's --chat-template, as vLLM reads it: the path of a file holding a Jinja template, or the template
+    itself (text with a '{', '}' or newline in it), whose backslash escapes (\\n) are read as Python's. -> the
+    template, checked for Jinja syntax, or ValueError."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    if os.path.isfile(value):
+        from minillm.config import read_text
+        template, where = read_text(value), f"the file {value!r}"
+    elif any(c in value for c in "{}\n"):
+        where = "the template given"
+        try:  # vLLM's codecs.decode(value, "unicode_escape"), with the characters past latin-1 kept as they are
+            template = value.encode("latin-1", "backslashreplace").decode("unicode_escape")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--chat-template: {where} has a broken backslash escape at character {e.start}: "
+                             f"{e.reason}") from None
+    else:
+        raise ValueError(f"--chat-template {value!r}: no such file, and no Jinja template either (it has no '{{'); "
+                         f"give the path of a template file, or the template itself")
+    try:
+        ImmutableSandboxedEnvironment().parse(template)
+    except TemplateSyntaxError as e:
+        raise ValueError(f"--chat-template: {where} is not a valid Jinja template: line {e.lineno}: {e.message}") \
+            from None
+    return template
 
 
 def _pick_model(args) -> None:
@@ -338,7 +368,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="process: the engine steps in a process of its own (the HTTP side never holds up a step); "
                         "thread: in a thread of the server's process (one GIL; runs your chapter-6 code in the "
                         "engine with serving_lab's use_my_code)")
-    s.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
+    s.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the model name(s) clients may send; responses carry the first (default: --model)")
+    s.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, or the path of a file holding one, used for every chat request "
+                        "instead of the model's own")
     # vLLM's CORS flags (Starlette's CORSMiddleware): by default a web page from any origin may call the server
     s.add_argument("--allowed-origins", type=_json_list, default=["*"], help="CORS: origins allowed, a JSON list")
     s.add_argument("--allowed-methods", type=_json_list, default=["*"], help="CORS: methods allowed, a JSON list")

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP server (FastAPI + uvicorn, server-sent events): `python -m minillm serve`.
 
-    GET  /v1/models             the one model served
+    GET  /v1/models             the model served (one entry per --served-model-name)
     POST /v1/completions        prompt (text or token ids, or a list of them) -> text; "stream": true for SSE chunks
     POST /v1/chat/completions   messages -> the assistant's reply; the same sampling fields
     POST /tokenize, POST /detokenize, GET /version   vLLM's: text or a conversation <-> token ids
@@ -189,18 +189,27 @@ def _model_permission(created: int) -> dict:
             "group": None, "is_blocking": False}
 
 
-def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = None, model: str | None = None,
-               allowed_origins: Sequence[str] = ANY, allowed_methods: Sequence[str] = ANY,
-               allowed_headers: Sequence[str] = ANY, allow_credentials: bool = False) -> FastAPI:
+def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key: str | None = None,
+               model: str | None = None, allowed_origins: Sequence[str] = ANY, allowed_methods: Sequence[str] = ANY,
+               allowed_headers: Sequence[str] = ANY, allow_credentials: bool = False,
+               chat_template: str | None = None) -> FastAPI:
     """The server's routes over one EngineClient (an AsyncLLM or an EngineCoreClient; the caller owns it and
-    shuts it down). model: what `serve` was given (default model_name), for /v1/models' root. The CORS
-    options are vLLM's --allowed-origins, --allowed-methods, --allowed-headers and --allow-credentials, for
-    Starlette's CORSMiddleware as vLLM installs it: by default a page from any origin may call the server."""
+    shuts it down). model_name: the name clients send, or several (vLLM's --served-model-name: a request may
+    name any, responses carry the first, /v1/models lists each). model: what `serve` was given (default the
+    first name), for /v1/models' root. The CORS options are vLLM's --allowed-origins, --allowed-methods,
+    --allowed-headers and --allow-credentials, for Starlette's CORSMiddleware as vLLM installs it: by default
+    a page from any origin may call the server. chat_template (vLLM's --chat-template, a Jinja string)
+    replaces the model's own for every chat request and /tokenize."""
+    names = [model_name] if isinstance(model_name, str) else list(model_name)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"model_name must be a non-empty name or a list of them, got {model_name!r}")
+    model_name = names[0]
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=allowed_methods,
                        allow_headers=allowed_headers, allow_credentials=allow_credentials)
     created = int(time.time())
     root = model_root(model or model_name)
+    served = ", ".join(repr(n) for n in names)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -237,9 +246,16 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
 
     async def parse_model(body: dict) -> None:
         model = body.get("model")
-        if model is not None and model != model_name:
-            raise APIError(404, f"the model {model!r} does not exist; this server serves {model_name!r}",
+        if model is not None and model not in names:
+            raise APIError(404, f"the model {model!r} does not exist; this server serves {served}",
                            type="not_found_error", param="model", code="model_not_found")
+
+    def chat_options(body: dict) -> dict:
+        """A chat request's template options, with the server's --chat-template where it has one."""
+        options = template_options(body)
+        if chat_template is not None:
+            options["chat_template"] = chat_template
+        return options
 
     def submit(prompts: list, params, body: dict, chat: bool) -> list[AsyncStream]:
         """One request per prompt, all or none: every prompt is checked (tokens, vocabulary, length,
@@ -405,7 +421,7 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
         stream_mode, include_usage = stream_flags(body)
         params = sampling_params(body, async_llm.default_sampling_params(chat=True), chat=True)
         messages = chat_messages(body)
-        options = template_options(body)
+        options = chat_options(body)
         if async_llm.tokenizer is None:
             raise bad_request("this model has no tokenizer, so it cannot chat: use /v1/completions with token ids")
         try:
@@ -437,7 +453,7 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
         param = "messages" if chat else "prompt"
         try:
             if chat:
-                options = template_options(body)
+                options = chat_options(body)
                 tools = body.get("tools")
                 if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
                     raise bad_request(f"tools must be a list of tool definitions (objects), got {describe(tools)}",
@@ -485,10 +501,10 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
     async def models(request: Request):
         authorize(request)
         # vLLM's ModelCard: root the model's path, parent null (a LoRA adapter's base model there)
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": created,
                                             "owned_by": "minillm", "root": root, "parent": None,
                                             "max_model_len": async_llm.max_model_len,
-                                            "permission": [_model_permission(created)]}]}
+                                            "permission": [_model_permission(created)]} for name in names]}
 
     @app.get("/health")
     async def health():
@@ -512,10 +528,10 @@ def create_app(async_llm: EngineClient, model_name: str, api_key: str | None = N
     return app
 
 
-def serve(async_llm: EngineClient, model_name: str, sock, api_key: str | None = None, log_level: str = "info",
-          **app_options) -> None:
-    """Serve on an already bound socket until Ctrl-C or SIGTERM (app_options: create_app's model and CORS
-    options). On the signal the EngineClient is shut down first (what is in flight fails at once), then
+def serve(async_llm: EngineClient, model_name: str | Sequence[str], sock, api_key: str | None = None,
+          log_level: str = "info", **app_options) -> None:
+    """Serve on an already bound socket until Ctrl-C or SIGTERM (app_options: create_app's model, CORS and
+    chat_template options). On the signal the EngineClient is shut down first (what is in flight fails at once), then
     uvicorn closes the connections; the caller may call its shutdown() again (it is idempotent). Returns
     after SIGTERM; raises KeyboardInterrupt after Ctrl-C (SIGINT)."""
     import uvicorn

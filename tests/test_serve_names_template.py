@@ -1,0 +1,98 @@
+"""serve's --served-model-name with several names and --chat-template, as vLLM has them: a request may name
+any served name, responses carry the first, /v1/models lists each; the template replaces the model's own for
+chat requests and /tokenize. The reference rendering is transformers' apply_chat_template on the same
+tokenizer folder with the same template; the error cases are the CLI's one-line errors."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from minillm.cli import load_chat_template, main
+from serving_helpers import serve_process
+
+pytestmark = pytest.mark.timeout(180)
+MODEL = "qwen3-tiny"
+# a template unlike Qwen3's own (no <|im_start|>), so the model's own cannot pass for it
+TEMPLATE = ("{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}[ASSISTANT]{% endif %}")
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+
+
+def run_main(argv: list[str], capsys) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    return stop.value.code, capsys.readouterr().err
+
+
+def hf_rendering(template: str) -> list[int]:
+    """transformers' tokenizer on qwen3-tiny's folder: the template rendered and tokenized (no special tokens
+    added: the template writes every one it wants)."""
+    from transformers import AutoTokenizer
+
+    from minillm.model_zoo import resolve_model
+    tok = AutoTokenizer.from_pretrained(resolve_model(MODEL))
+    text = tok.apply_chat_template(MESSAGES, chat_template=template, tokenize=False, add_generation_prompt=True)
+    return tok.encode(text, add_special_tokens=False)
+
+
+@pytest.fixture(scope="module")
+def template_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("template") / "chat.jinja"
+    path.write_text(TEMPLATE, encoding="utf-8")
+    return str(path)
+
+
+def test_two_served_names_and_a_template_file(template_file):
+    want_ids = hf_rendering(TEMPLATE)
+    with serve_process(MODEL, "--device", "cpu", "--dtype", "float32", "--max-model-len", "128", "--max-num-seqs",
+                       "2", "--served-model-name", "alpha", "beta", "--chat-template", template_file) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=60, max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["alpha", "beta"]
+        for name in ("alpha", "beta"):  # either name is served; the response carries the first, as vLLM's does
+            done = client.completions.create(model=name, prompt="Hello", max_tokens=2, temperature=0.0)
+            assert done.model == "alpha"
+        with pytest.raises(openai.NotFoundError) as err:
+            client.completions.create(model=MODEL, prompt="Hello", max_tokens=2)
+        assert "'alpha', 'beta'" in str(err.value)
+        tokenized = httpx.post(url + "/tokenize", json={"model": "beta", "messages": MESSAGES}, timeout=60).json()
+        assert tokenized["tokens"] == want_ids
+        chat = client.chat.completions.create(model="beta", messages=MESSAGES, max_tokens=2, temperature=0.0)
+        assert chat.usage.prompt_tokens == len(want_ids)  # the chat path renders the same template
+
+
+def test_an_inline_template_with_escapes_as_vllm_reads_it():
+    # typed on a command line, a one-line template spells its newline as backslash-n
+    inline = TEMPLATE.replace("\n", "\\n")
+    assert "\n" not in inline
+    assert load_chat_template(inline) == TEMPLATE
+
+
+@pytest.mark.parametrize("value, message", [
+    ("no/such/template.jinja", "--chat-template 'no/such/template.jinja': no such file, and no Jinja template"),
+    ("{% for m in messages %}{{ m }}", "--chat-template: the template given is not a valid Jinja template: line 1"),
+    ("{{ x }}\\", "--chat-template: the template given has a broken backslash escape"),
+])
+def test_a_bad_chat_template_is_one_line_before_anything_loads(capsys, monkeypatch, value, message):
+    import minillm.serving.engine_core as engine_core
+
+    def client(*args, **kwargs):
+        raise AssertionError("the engine was started before the template was checked")
+
+    monkeypatch.setattr(engine_core, "EngineCoreClient", client)
+    code, err = run_main(["serve", MODEL, "--port", "0", "--device", "cpu", "--chat-template", value], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: " + message), err
+
+
+def test_a_template_file_with_bad_syntax_names_the_file_and_line(tmp_path):
+    path = tmp_path / "bad.jinja"
+    path.write_text("{{ messages }}\n{% if %}\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"the file '.*bad\.jinja' is not a valid Jinja template: line 2"):
+        load_chat_template(str(path))
+
+
+def test_an_empty_served_name_is_refused(capsys):
+    code, err = run_main(["serve", MODEL, "--port", "0", "--served-model-name", "alpha", " "], capsys)
+    assert (code, err.strip()) == (2, "error: --served-model-name has an empty name; give the names clients send, "
+                                      "or leave it out")
