@@ -51,6 +51,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=f"embedded name, model folder or hub id (default {MODEL_DEFAULT})")
+    p.add_argument("--tokenizer", default=None,
+                   help="another folder's (or embedded model's) tokenizer, as vLLM's --tokenizer (default: the model's)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto")
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton", "flash_attn"])
@@ -90,8 +92,8 @@ def _llm_args(args, **more) -> dict:
     given = dict(device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
                  max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
                  enforce_eager=args.enforce_eager)
-    for name in ("gpu_memory_utilization", "enable_prefix_caching", "generation_config", "trust_remote_code",
-                 "logprobs_mode"):
+    for name in ("tokenizer", "gpu_memory_utilization", "enable_prefix_caching", "generation_config",
+                 "trust_remote_code", "logprobs_mode"):
         if getattr(args, name) is not None:
             given[name] = getattr(args, name)
     return dict(given, **more)

@@ -59,7 +59,10 @@ class LLM:
         model = os.fspath(model)
         self.model_path = resolve_model(model)
         if isinstance(engine_args.get("tokenizer"), (str, os.PathLike)):  # a name or a folder, as for the model
-            engine_args["tokenizer"] = resolve_model(os.fspath(engine_args["tokenizer"]))
+            try:
+                engine_args["tokenizer"] = resolve_model(os.fspath(engine_args["tokenizer"]))
+            except ValueError as e:
+                raise ValueError(f"tokenizer: {e}") from None
         self.engine = LLMEngine(self.model_path, EngineConfig(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
         self.config = self.engine.config

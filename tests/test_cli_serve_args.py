@@ -15,7 +15,7 @@ def run_main(argv: list[str], capsys) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("argv, help_of", [
-    (["serve", "qwen3-tiny", "--tokenizer", "x"], "python -m minillm serve --help"),
+    (["serve", "qwen3-tiny", "--lora-modules", "x"], "python -m minillm serve --help"),
     (["serve", "qwen3-tiny", "--enable-lora"], "python -m minillm serve --help"),
     (["generate", "hi", "--bogus"], "python -m minillm generate --help"),
     (["chat", "--bogus", "1"], "python -m minillm chat --help"),

@@ -1,7 +1,7 @@
-"""serve's --served-model-name with several names and --chat-template, as vLLM has them: a request may name
-any served name, responses carry the first, /v1/models lists each; the template replaces the model's own for
-chat requests and /tokenize. The reference rendering is transformers' apply_chat_template on the same
-tokenizer folder with the same template; the error cases are the CLI's one-line errors."""
+"""serve's --served-model-name with several names, --chat-template and --tokenizer, as vLLM has them: a request
+may name any served name, responses carry the first, /v1/models lists each; the template replaces the model's
+own for chat requests and /tokenize; --tokenizer takes another folder's tokenizer. The reference rendering is
+transformers' apply_chat_template on the same tokenizer folder; the error cases are the CLI's one-line errors."""
 from __future__ import annotations
 
 import httpx
@@ -25,13 +25,13 @@ def run_main(argv: list[str], capsys) -> tuple[int, str]:
     return stop.value.code, capsys.readouterr().err
 
 
-def hf_rendering(template: str) -> list[int]:
-    """transformers' tokenizer on qwen3-tiny's folder: the template rendered and tokenized (no special tokens
-    added: the template writes every one it wants)."""
+def hf_rendering(template: str | None, folder: str | None = None) -> list[int]:
+    """transformers' tokenizer on a folder (default qwen3-tiny's): the template (None: the folder's own) rendered
+    and tokenized (no special tokens added: the template writes every one it wants)."""
     from transformers import AutoTokenizer
 
     from minillm.model_zoo import resolve_model
-    tok = AutoTokenizer.from_pretrained(resolve_model(MODEL))
+    tok = AutoTokenizer.from_pretrained(folder or resolve_model(MODEL))
     text = tok.apply_chat_template(MESSAGES, chat_template=template, tokenize=False, add_generation_prompt=True)
     return tok.encode(text, add_special_tokens=False)
 
@@ -59,6 +59,33 @@ def test_two_served_names_and_a_template_file(template_file):
         assert tokenized["tokens"] == want_ids
         chat = client.chat.completions.create(model="beta", messages=MESSAGES, max_tokens=2, temperature=0.0)
         assert chat.usage.prompt_tokens == len(want_ids)  # the chat path renders the same template
+
+
+def test_another_folders_tokenizer(tmp_path):
+    import json
+    import shutil
+
+    from minillm.model_zoo import resolve_model
+    own = resolve_model(MODEL)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # the same vocabulary, another chat template
+        shutil.copy(f"{own}/{name}", tmp_path / name)
+    (tmp_path / "chat_template.jinja").write_text(TEMPLATE, encoding="utf-8")
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config.pop("chat_template", None)  # the template is chat_template.jinja's, as transformers 5 writes it
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    want_ids = hf_rendering(None, str(tmp_path))
+    assert want_ids != hf_rendering(None)  # the folder's template is not the model's
+    with serve_process(MODEL, "--device", "cpu", "--dtype", "float32", "--max-model-len", "128", "--max-num-seqs",
+                       "2", "--tokenizer", str(tmp_path)) as url:
+        tokenized = httpx.post(url + "/tokenize", json={"messages": MESSAGES}, timeout=60).json()
+        assert tokenized["tokens"] == want_ids
+
+
+def test_a_missing_tokenizer_folder_is_one_line(capsys):
+    code, err = run_main(["generate", "Hi", "--model", MODEL, "--device", "cpu", "--tokenizer", "no/such/folder"],
+                         capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: tokenizer: unknown model 'no/such/folder'"), err
 
 
 def test_an_inline_template_with_escapes_as_vllm_reads_it():
