@@ -64,6 +64,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="CUDA: the share of the GPU's memory the engine may fill, KV cache included (default 0.9)")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="reuse the KV blocks of prompts' shared prefixes (default: on)")
+    p.add_argument("--block-size", type=int, default=None, help="tokens per KV-cache block (default 256)")
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                   help="CUDA: the KV cache's size in bytes, instead of what --gpu-memory-utilization leaves")
+    p.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                   help="the number of KV-cache blocks, instead of what the memory allows")
     p.add_argument("--generation-config", choices=["auto", "vllm"], default=None,
                    help="auto (default): sampling defaults from the model's generation_config.json; vllm: ignore it")
     p.add_argument("--trust-remote-code", action="store_true", default=None,
@@ -92,8 +97,8 @@ def _llm_args(args, **more) -> dict:
     given = dict(device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
                  max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
                  enforce_eager=args.enforce_eager)
-    for name in ("tokenizer", "gpu_memory_utilization", "enable_prefix_caching", "generation_config",
-                 "trust_remote_code", "logprobs_mode"):
+    for name in ("tokenizer", "gpu_memory_utilization", "enable_prefix_caching", "block_size", "kv_cache_memory_bytes",
+                 "num_gpu_blocks_override", "generation_config", "trust_remote_code", "logprobs_mode"):
         if getattr(args, name) is not None:
             given[name] = getattr(args, name)
     return dict(given, **more)
@@ -234,6 +239,8 @@ def cmd_serve(args) -> None:
         raise ValueError(f"--max-num-batched-tokens must be at least 1, got {args.max_num_batched_tokens}")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key is empty; give the key clients must send, or leave --api-key out")
+    if not args.response_role.strip():
+        raise ValueError("--response-role is empty; give the role chat answers carry (default assistant)")
     if args.served_model_name is not None and not all(n.strip() for n in args.served_model_name):
         raise ValueError("--served-model-name has an empty name; give the names clients send, or leave it out")
     chat_template = None if args.chat_template is None else load_chat_template(args.chat_template)
@@ -262,7 +269,9 @@ def cmd_serve(args) -> None:
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
             serve(async_llm, names, sock, api_key=args.api_key, model=args.model, allowed_origins=args.allowed_origins,
                   allowed_methods=args.allowed_methods, allowed_headers=args.allowed_headers,
-                  allow_credentials=args.allow_credentials, chat_template=chat_template)
+                  allow_credentials=args.allow_credentials, chat_template=chat_template,
+                  response_role=args.response_role, log_level=args.uvicorn_log_level,
+                  access_log=not args.disable_uvicorn_access_log)
         finally:
             async_llm.shutdown()
             print("minillm: the server has stopped and the engine is shut down", file=sys.stderr)
@@ -372,6 +381,12 @@ def _parser() -> argparse.ArgumentParser:
                         "engine with serving_lab's use_my_code)")
     s.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="the model name(s) clients may send; responses carry the first (default: --model)")
+    s.add_argument("--response-role", default="assistant",
+                   help="the role of a chat answer that opens a new turn (default assistant)")
+    s.add_argument("--uvicorn-log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"], help="the HTTP server's log level")
+    s.add_argument("--disable-uvicorn-access-log", action="store_true",
+                   help="no log line per HTTP request (uvicorn's access log)")
     s.add_argument("--chat-template", default=None,
                    help="a Jinja chat template, or the path of a file holding one, used for every chat request "
                         "instead of the model's own")

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 
 from tqdm.auto import tqdm
 
-from minillm.config import EngineConfig, engine_args_from_vllm, generation_defaults
+from minillm.config import VLLM_ALIASES, EngineConfig, engine_args_from_vllm, generation_defaults
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.sequence import Sequence
 from minillm.model_zoo import resolve_model
@@ -38,6 +39,12 @@ def _no_priority(priority) -> None:
                          f"priority must be None, 0 or a list of 0s, got {describe(priority)}")
 
 
+def in_words_given(message: str, names: dict[str, str]) -> str:
+    """An engine error with EngineConfig's field names replaced by the vLLM names the caller gave them under
+    (names: field -> vLLM name), so that LLM(block_size=7)'s error says block_size."""
+    return re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b", lambda m: names[m.group(1)], message)
+
+
 class LLM:
     """An engine over one model.
 
@@ -49,6 +56,7 @@ class LLM:
     """
 
     def __init__(self, model: str = "smollm2-135m", **engine_args):
+        given_as_vllm = {VLLM_ALIASES[a]: a for a in engine_args if a in VLLM_ALIASES}  # errors speak these names
         engine_args = engine_args_from_vllm(engine_args)  # block_size=16 is kvcache_block_size=16
         unknown = set(engine_args) - set(EngineConfig.__dataclass_fields__)
         if unknown:
@@ -63,7 +71,12 @@ class LLM:
                 engine_args["tokenizer"] = resolve_model(os.fspath(engine_args["tokenizer"]))
             except ValueError as e:
                 raise ValueError(f"tokenizer: {e}") from None
-        self.engine = LLMEngine(self.model_path, EngineConfig(model=model, **engine_args))
+        try:
+            self.engine = LLMEngine(self.model_path, EngineConfig(model=model, **engine_args))
+        except ValueError as e:
+            if not given_as_vllm:
+                raise
+            raise ValueError(in_words_given(str(e), given_as_vllm)) from None
         self.tokenizer = self.engine.tokenizer
         self.config = self.engine.config
         try:  # read once; a bad generation_config.json is reported now, not at generate

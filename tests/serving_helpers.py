@@ -94,22 +94,32 @@ SERVE_URL_LINE = "/v1 (OpenAI API"  # what `serve` prints once it listens: "mini
 
 
 @contextmanager
-def serve_process(*args: str, exit_status: int = 0):
+def serve_process(*args: str, exit_status: int = 0, output: list[str] | None = None):
     """`python -m minillm serve ARGS --port 0` as a process of its own, yielding its base URL once it
     listens. Leaving the block sends SIGTERM and checks the exit status (a failure shows the server's
-    output); the process is killed if it is still there."""
-    proc = subprocess.Popen([sys.executable, "-m", "minillm", "serve", *args, "--port", "0"], stderr=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+    output); the process is killed if it is still there. output: a list that receives the server's
+    output lines (stdout and stderr) once it has exited."""
+    # stdout too: uvicorn's access log goes there, the rest of the server's log to stderr
+    proc = subprocess.Popen([sys.executable, "-m", "minillm", "serve", *args, "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
     log = []
     try:
-        for line in proc.stderr:
+        for line in proc.stdout:
             log.append(line)
             if SERVE_URL_LINE in line:
                 break
         assert log and SERVE_URL_LINE in log[-1], "the server exited before it listened:\n" + "".join(log)
-        yield log[-1].split(" at ", 1)[1].split("/v1", 1)[0]
+        url = log[-1].split(" at ", 1)[1].split("/v1", 1)[0]
+        # read on while it serves: a full pipe would stop the server at its next log line
+        reader = threading.Thread(target=lambda: log.extend(proc.stdout), name="serve-output", daemon=True)
+        reader.start()
+        yield url
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == exit_status, "".join(log) + proc.stderr.read()
+        status = proc.wait(60)
+        reader.join(STOP_TIMEOUT_S)  # the pipe ends with the process
+        if output is not None:
+            output.extend(log)
+        assert status == exit_status, "".join(log)
     finally:
         if proc.poll() is None:
             proc.kill()

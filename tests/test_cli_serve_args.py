@@ -37,8 +37,10 @@ class Recorded(Exception):
     ([], {}),
     (["--seed", "7", "--no-enable-chunked-prefill"], {"seed": 7, "enable_chunked_prefill": False}),
     (["--enable-chunked-prefill"], {"enable_chunked_prefill": True}),
+    (["--block-size", "32", "--kv-cache-memory-bytes", "1000000", "--num-gpu-blocks-override", "40"],
+     {"block_size": 32, "kv_cache_memory_bytes": 1000000, "num_gpu_blocks_override": 40}),
 ])
-def test_serve_passes_seed_and_chunked_prefill_to_the_engine(capsys, monkeypatch, flags, want):
+def test_serve_passes_vllms_engine_flags_to_the_engine(capsys, monkeypatch, flags, want):
     import minillm.serving.engine_core as engine_core
     seen = {}
 
@@ -49,5 +51,26 @@ def test_serve_passes_seed_and_chunked_prefill_to_the_engine(capsys, monkeypatch
     monkeypatch.setattr(engine_core, "EngineCoreClient", client)
     code, err = run_main(["serve", "qwen3-tiny", "--port", "0", "--device", "cpu", *flags], capsys)
     assert (code, err.strip()) == (2, "error: recorded")
-    assert {k: seen[k] for k in ("seed", "enable_chunked_prefill") if k in seen} == want
+    assert {k: seen[k] for k in ("seed", "enable_chunked_prefill", "block_size", "kv_cache_memory_bytes",
+                                 "num_gpu_blocks_override") if k in seen} == want
     assert seen["max_num_seqs"] == 256  # the other engine arguments are still there
+
+
+@pytest.mark.parametrize("flags, error", [
+    (["--block-size", "7"], "error: block_size must be a power of two >= 16, got 7"),
+    (["--block-size", "16", "--num-gpu-blocks-override", "4", "--max-model-len", "256"],
+     "error: the KV cache holds 4 blocks of 16 tokens, too small for one sequence of max_model_len=256 tokens "
+     "(16 blocks); give it more memory (num_gpu_blocks_override, kv_cache_memory or gpu_memory_utilization) or "
+     "lower max_model_len"),
+])
+def test_vllms_kv_cache_flags_reach_the_engine_and_its_errors_use_their_names(capsys, flags, error):
+    """--block-size and --num-gpu-blocks-override reach the engine (LLM renames vLLM's names to EngineConfig's);
+    the engine's checks of them answer in the names given."""
+    code, err = run_main(["generate", "Hi", "--model", "qwen3-tiny", "--device", "cpu", *flags], capsys)
+    assert (code, err.strip()) == (2, error)
+
+
+def test_the_engines_own_names_stay_in_its_errors():
+    from minillm import LLM
+    with pytest.raises(ValueError, match=r"^kvcache_block_size must be a power of two >= 16, got 7$"):
+        LLM("qwen3-tiny", device="cpu", kvcache_block_size=7)

@@ -88,6 +88,41 @@ def test_a_missing_tokenizer_folder_is_one_line(capsys):
     assert err.startswith("error: tokenizer: unknown model 'no/such/folder'"), err
 
 
+def chat(url: str, body: dict) -> dict:
+    r = httpx.post(url + "/v1/chat/completions", json=dict(body, max_tokens=2, temperature=0.0), timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_response_role_and_uvicorns_log_flags():
+    """--response-role names a new turn's answer (vLLM's rule: a continued message keeps its own role);
+    --uvicorn-log-level and --disable-uvicorn-access-log reach uvicorn (its access log is the line per request)."""
+    output = []
+    with serve_process(MODEL, "--device", "cpu", "--dtype", "float32", "--max-model-len", "128", "--max-num-seqs",
+                       "2", "--response-role", "narrator", "--uvicorn-log-level", "info", output=output) as url:
+        assert chat(url, {"messages": MESSAGES})["choices"][0]["message"]["role"] == "narrator"
+        open_turn = MESSAGES + [{"role": "assistant", "content": "Once upon"}]
+        continued = chat(url, {"messages": open_turn, "add_generation_prompt": False, "continue_final_message": True})
+        assert continued["choices"][0]["message"]["role"] == "assistant"
+        with httpx.stream("POST", url + "/v1/chat/completions", timeout=60,
+                          json={"messages": MESSAGES, "max_tokens": 2, "stream": True}) as r:
+            first = next(line for line in r.iter_lines() if line.startswith("data: "))
+        assert '"delta": {"role": "narrator", "content": ""}' in first, first
+    assert any('"POST /v1/chat/completions HTTP/1.1" 200' in line for line in output), "".join(output)
+    quiet = []
+    with serve_process(MODEL, "--device", "cpu", "--dtype", "float32", "--max-model-len", "128", "--max-num-seqs",
+                       "2", "--disable-uvicorn-access-log", output=quiet) as url:
+        assert chat(url, {"messages": MESSAGES})["choices"][0]["message"]["role"] == "assistant"
+    assert not any("POST /v1/chat/completions" in line for line in quiet), "".join(quiet)
+    assert any("Uvicorn running" in line or "Application startup complete" in line for line in quiet), "".join(quiet)
+
+
+def test_an_empty_response_role_is_refused(capsys):
+    code, err = run_main(["serve", MODEL, "--port", "0", "--response-role", ""], capsys)
+    assert (code, err.strip()) == (2, "error: --response-role is empty; give the role chat answers carry "
+                                      "(default assistant)")
+
+
 def test_an_inline_template_with_escapes_as_vllm_reads_it():
     # typed on a command line, a one-line template spells its newline as backslash-n
     inline = TEMPLATE.replace("\n", "\\n")

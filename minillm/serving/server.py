@@ -192,14 +192,15 @@ def _model_permission(created: int) -> dict:
 def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key: str | None = None,
                model: str | None = None, allowed_origins: Sequence[str] = ANY, allowed_methods: Sequence[str] = ANY,
                allowed_headers: Sequence[str] = ANY, allow_credentials: bool = False,
-               chat_template: str | None = None) -> FastAPI:
+               chat_template: str | None = None, response_role: str = "assistant") -> FastAPI:
     """The server's routes over one EngineClient (an AsyncLLM or an EngineCoreClient; the caller owns it and
     shuts it down). model_name: the name clients send, or several (vLLM's --served-model-name: a request may
     name any, responses carry the first, /v1/models lists each). model: what `serve` was given (default the
     first name), for /v1/models' root. The CORS options are vLLM's --allowed-origins, --allowed-methods,
     --allowed-headers and --allow-credentials, for Starlette's CORSMiddleware as vLLM installs it: by default
     a page from any origin may call the server. chat_template (vLLM's --chat-template, a Jinja string)
-    replaces the model's own for every chat request and /tokenize."""
+    replaces the model's own for every chat request and /tokenize. response_role (vLLM's --response-role):
+    the role of a chat answer that opens a new turn (one that continues the last message keeps its role)."""
     names = [model_name] if isinstance(model_name, str) else list(model_name)
     if not names or not all(isinstance(n, str) and n for n in names):
         raise ValueError(f"model_name must be a non-empty name or a list of them, got {model_name!r}")
@@ -317,11 +318,12 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
         return dataclasses.replace(c, text="", token_ids=[], logprobs=None if c.logprobs is None else [])
 
     async def run(request: Request, streams: list[AsyncStream], params, chat: bool, stream_mode: bool,
-                  include_usage: bool, echo: bool = False, only_echo: bool = False, client_id: str | None = None):
+                  include_usage: bool, echo: bool = False, only_echo: bool = False, client_id: str | None = None,
+                  role: str = "assistant"):
         """The response to one or more requests (a completion's list of prompts); the choices of prompt p
         are numbered p * n + i, as OpenAI numbers them. echo (completions): each choice starts with its
         prompt; only_echo: and holds nothing else. client_id: the request's request_id, which the response's
-        id carries (else the engine's id of its first request)."""
+        id carries (else the engine's id of its first request). role: a chat answer's message role."""
         rid = ("chatcmpl-" if chat else "cmpl-") + (client_id or streams[0].request_id)
         kind = "chat.completion" if chat else "text_completion"
         k, n = params.logprobs, params.n
@@ -340,7 +342,7 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
                 for i in sorted(outs):
                     c = quiet(outs[i]) if only_echo else outs[i]
                     if chat:
-                        choices.append({"index": i, "message": {"role": "assistant", "content": c.text},
+                        choices.append({"index": i, "message": {"role": role, "content": c.text},
                                         "logprobs": chat_logprobs(c, k), "finish_reason": c.finish_reason,
                                         "stop_reason": c.stop_reason})
                         continue
@@ -366,7 +368,7 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
             try:
                 if chat:
                     for i in range(params.n):
-                        yield _sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                        yield _sse({**head, "choices": [{"index": i, "delta": {"role": role, "content": ""},
                                                          "logprobs": None, "finish_reason": None,
                                                          "stop_reason": None}], **extra})
                 async for p, out in _outputs(streams):
@@ -428,8 +430,10 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
             prompt = async_llm.tokenizer.encode_chat(messages, **options)
         except ValueError as e:
             raise bad_request(str(e), param="messages") from None
+        # vLLM's rule: a new turn is --response-role's; a continued message keeps its own role
+        role = response_role if options["add_generation_prompt"] else messages[-1]["role"]
         return await run(request, submit([prompt], params, body, chat=True), params, True, stream_mode,
-                         include_usage, client_id=client_id)
+                         include_usage, client_id=client_id, role=role)
 
     def need_tokenizer():
         if async_llm.tokenizer is None:
@@ -529,9 +533,10 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
 
 
 def serve(async_llm: EngineClient, model_name: str | Sequence[str], sock, api_key: str | None = None,
-          log_level: str = "info", **app_options) -> None:
-    """Serve on an already bound socket until Ctrl-C or SIGTERM (app_options: create_app's model, CORS and
-    chat_template options). On the signal the EngineClient is shut down first (what is in flight fails at once), then
+          log_level: str = "info", access_log: bool = True, **app_options) -> None:
+    """Serve on an already bound socket until Ctrl-C or SIGTERM (app_options: create_app's model, CORS,
+    chat_template and response_role options; log_level and access_log: uvicorn's, as vLLM's
+    --uvicorn-log-level and --disable-uvicorn-access-log set them). On the signal the EngineClient is shut down first (what is in flight fails at once), then
     uvicorn closes the connections; the caller may call its shutdown() again (it is idempotent). Returns
     after SIGTERM; raises KeyboardInterrupt after Ctrl-C (SIGINT)."""
     import uvicorn
@@ -574,7 +579,7 @@ def serve(async_llm: EngineClient, model_name: str | Sequence[str], sock, api_ke
 
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # process-wide: this process exists to serve
     config = uvicorn.Config(create_app(async_llm, model_name, api_key, **app_options), log_level=log_level,
-                            timeout_graceful_shutdown=5)
+                            access_log=access_log, timeout_graceful_shutdown=5)
     server = Server(config)
     server.run(sockets=[sock])
     if signal.SIGINT in server.stop_signals:  # Ctrl-C: the CLI exits with 130, as a shell reports it
