@@ -88,6 +88,10 @@ def test_generate_takes_vllms_keyword_names_and_positions(server, offline):
     assert by_name.outputs[0].token_ids == by_place.outputs[0].token_ids == want
 
 
+def test_abort_is_vllms_coroutine_for_one_id_or_several(server):
+    served.test_abort_is_vllms_coroutine_for_one_id_or_several(server)
+
+
 def test_a_refused_list_queues_none_of_its_prompts(server, monkeypatch):
     served.test_a_refused_list_queues_none_of_its_prompts(server, monkeypatch)
 

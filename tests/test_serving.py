@@ -412,6 +412,31 @@ def test_abort_frees_blocks_before_the_next_step(server):
     assert bm.num_free_blocks == len(bm.blocks)
 
 
+def test_abort_is_vllms_coroutine_for_one_id_or_several(server):
+    """`await async_llm.abort(request_id)` as vLLM's AsyncLLM takes it: one id or an iterable of them; each
+    request ends with finish_reason "abort", and an unknown or finished id is a no-op."""
+    import inspect
+    async_llm = server.async_llm
+    assert inspect.iscoroutinefunction(async_llm.abort)
+    params = SamplingParams(max_tokens=400, ignore_eos=True)
+
+    async def run():
+        streams = {rid: async_llm.add_request(PROMPTS[i], params, rid) for i, rid in enumerate(("one", "two", "three"))}
+        for stream in streams.values():  # every one is running
+            assert not (await asyncio.wait_for(stream.__anext__(), 30)).finished
+        await async_llm.abort("one")
+        await async_llm.abort(rid for rid in ("two", "three", "no-such-request"))
+        ends = {rid: [out async for out in stream][-1] for rid, stream in streams.items()}
+        await async_llm.abort("one")  # finished: nothing to do
+        return ends
+
+    ends = asyncio.run(asyncio.wait_for(run(), 60))
+    for rid, out in ends.items():
+        assert out.finished and out.outputs[0].finish_reason == "abort", rid
+        assert len(out.outputs[0].token_ids) < 400, rid
+    good_request(server.base_url)
+
+
 def test_a_request_arrives_when_accepted_not_when_the_engine_thread_takes_it():
     """RequestOutput.metrics.arrival_time is vLLM's: when add_request accepted the request. A request
     accepted while the engine thread is busy waits for its next turn, and that wait counts before

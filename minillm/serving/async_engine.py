@@ -38,6 +38,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from minillm.engine.llm_engine import RequestChecks
@@ -261,7 +262,7 @@ class AsyncStream:
     def abort(self) -> None:
         """End the request now (its KV blocks are freed before the engine's next step). Idempotent."""
         if not self.finished:
-            self._llm.abort(self.request_id)
+            self._llm.cancel(self.request_id)
 
     close = abort
 
@@ -366,8 +367,15 @@ class EngineClient:
         finally:
             stream.abort()
 
-    def abort(self, request_id: str) -> None:
-        """End a request before the next step (a no-op for one that has finished)."""
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        """vLLM's AsyncLLM.abort, a coroutine: end one request, or each of several, before the next step (a
+        no-op for one that has finished or is unknown)."""
+        for rid in [request_id] if isinstance(request_id, str) else request_id:
+            self.cancel(rid)
+
+    def cancel(self, request_id: str) -> None:
+        """abort's work, from any thread and without an event loop: end a request before the next step (a
+        no-op for one that has finished)."""
         with self._cond:
             req = abort_request(self._book, request_id)
             if req is not None:

@@ -123,7 +123,7 @@ def run_engine_core(requests, outputs, model: str, llm_args: dict, core_args: di
                 if not core.submit(*message[1:]):
                     break  # the engine thread died: exit, and the API process fails what is left
             elif message[0] == "abort":
-                core.abort(message[1])
+                core.cancel(message[1])
             else:
                 break
     finally:
