@@ -23,6 +23,8 @@ Workloads (prompts are token-id lists sent to /v1/completions, so their lengths 
                  tail; medians near SHAREGPT_LIKE's), clipped to the same bounds; generated here, no download
 Every request asks for exactly its output length (max_tokens, with ignore_eos). Each rate runs the same
 lengths with fresh prompts (the first token changed), so no rate reuses another's cached prefixes.
+As in vLLM's, --burstiness makes the gaps between arrivals gamma-distributed (1: Poisson) and
+--max-concurrency caps the requests in flight (a request that arrives beyond it waits for a free slot).
 
 The pure statistics (ttfts, tpots, itls, latency_percentiles, summarize) take RequestTrace lists and
 are tested on hand-made traces; the client is asyncio + httpx.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import sys
@@ -165,6 +168,17 @@ def poisson_arrivals(num_requests: int, rate: float, seed: int = 0) -> np.ndarra
     return np.concatenate([[0.0], np.cumsum(gaps)])
 
 
+def arrival_times(num_requests: int, rate: float, seed: int = 0, burstiness: float = 1.0) -> np.ndarray:
+    """vLLM's `bench serve --burstiness`: send times whose gaps are gamma-distributed with shape `burstiness`
+    and mean 1/rate, so their coefficient of variation is 1/sqrt(burstiness). 1 is the Poisson process
+    (poisson_arrivals, the same draw); below 1 the arrivals bunch up, above 1 they even out. -> shape
+    (num_requests,), the first at 0."""
+    if burstiness == 1.0 or math.isinf(rate) or num_requests <= 1:
+        return poisson_arrivals(num_requests, rate, seed)
+    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), num_requests - 1)
+    return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
 def sharegpt_like_lengths(num: int, min_len: int, max_input_len: int, max_output_len: int, seed: int = 0):
     """(prompt lengths, output lengths), lists of `num` ints from seeded lognormals (SHAREGPT_LIKE's
     medians and sigmas), clipped to [min_len, max_input_len] and [min_len, max_output_len]."""
@@ -252,10 +266,14 @@ def _payload(model: str, prompt: list[int], max_tokens: int, temperature: float)
 
 
 async def run_at_rate(client, url: str, model: str, prompts: list[list[int]], output_lens: list[int], rate: float,
-                      temperature: float, seed: int) -> tuple[list[RequestTrace], float]:
-    """Send every request at its Poisson arrival time (absolute, so sleeps do not drift); wait for all.
-    -> (traces in request order, duration: first send to last response closed, seconds)."""
-    offsets = poisson_arrivals(len(prompts), rate, seed)
+                      temperature: float, seed: int, burstiness: float = 1.0,
+                      max_concurrency: int | None = None) -> tuple[list[RequestTrace], float]:
+    """Send every request at its arrival time (Poisson, or arrival_times' gamma gaps with `burstiness`;
+    absolute, so sleeps do not drift); wait for all. max_concurrency (vLLM's --max-concurrency): a request
+    that arrives while that many are in flight waits for one to end, and its latencies count from when
+    it is sent. -> (traces in request order, duration: first send to last response closed, seconds)."""
+    offsets = arrival_times(len(prompts), rate, seed, burstiness)
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
     t0 = time.perf_counter()
 
     async def one(i: int) -> RequestTrace:
@@ -263,7 +281,8 @@ async def run_at_rate(client, url: str, model: str, prompts: list[list[int]], ou
         if delay > 0:
             await asyncio.sleep(delay)
         payload = _payload(model, prompts[i], output_lens[i], temperature)
-        return await send_request(client, url, payload, time.perf_counter(), output_lens[i])
+        async with slots:
+            return await send_request(client, url, payload, time.perf_counter(), output_lens[i])
 
     traces = await asyncio.gather(*(one(i) for i in range(len(prompts))))
     end = max([t.end for t in traces if t.ok] or [time.perf_counter()])
@@ -297,8 +316,10 @@ async def _bench(args, prompts, output_lens) -> dict:
         for k, rate in enumerate(args.request_rate):
             _log(f"request rate {_rate_name(rate)}: {len(prompts)} requests")
             traces, duration = await run_at_rate(client, url, model, fresh_prompts(prompts, k + 1), output_lens,
-                                                 rate, args.temperature, args.seed + k)
-            res = {"request_rate": _rate_name(rate), **summarize(traces, duration)}
+                                                 rate, args.temperature, args.seed + k, args.burstiness,
+                                                 args.max_concurrency)
+            res = {"request_rate": _rate_name(rate), "burstiness": args.burstiness,
+                   "max_concurrency": args.max_concurrency, **summarize(traces, duration)}
             runs.append(res)
             print(format_run(res), flush=True)
     return {"backend": "minillm", "base_url": base, "model": model, "runs": runs}
@@ -319,6 +340,9 @@ def format_run(res: dict) -> str:
     w = 50
     lines = [f"{' Serving Benchmark Result ':=^{w}}",
              f"{'Request rate (req/s):':<40}{res['request_rate']:<10}",
+             *([f"{'Burstiness:':<40}{res['burstiness']:<10}"] if res.get("burstiness", 1.0) != 1.0 else []),
+             *([f"{'Maximum request concurrency:':<40}{res['max_concurrency']:<10}"]
+               if res.get("max_concurrency") else []),
              f"{'Successful requests:':<40}{res['completed']:<10}",
              f"{'Failed requests:':<40}{res['failed']:<10}",
              f"{'Benchmark duration (s):':<40}{res['duration']:<10.2f}",
@@ -365,7 +389,9 @@ def _rate(text: str) -> float:
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     """`bench serve`'s arguments (a subcommand of `python -m minillm bench`)."""
-    p.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--base-url", default=None, help="the server, e.g. http://127.0.0.1:8000 (default: --host, --port)")
+    p.add_argument("--host", default="127.0.0.1", help="the server's host, when --base-url is left out")
+    p.add_argument("--port", type=int, default=8000, help="the server's port, when --base-url is left out")
     p.add_argument("--model", dest="served_model", default=None,
                    help="the model name to send (default: the first one GET /v1/models lists)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
@@ -373,6 +399,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="requests per second, Poisson arrivals; several run one after the other; "
                         "inf (the default) sends every request at once")
     p.add_argument("--num-prompts", type=int, default=64, help="requests per rate (default 64)")
+    p.add_argument("--burstiness", type=float, default=1.0,
+                   help="arrivals' gamma shape: 1 Poisson (default), < 1 burstier, > 1 more even")
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="at most this many requests in flight; one that arrives beyond it waits (default: no limit)")
     p.add_argument("--workload", choices=WORKLOADS, default="nanovllm",
                    help="nanovllm: nano-vLLM's uniform lengths; sharegpt-like: lognormal lengths (offline)")
     p.add_argument("--min-len", type=int, default=100, help="shortest prompt and output (default 100)")
@@ -390,6 +420,12 @@ def check_serve_args(args) -> None:
     """Raise ValueError naming a bad argument and the fix."""
     if args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be at least 1, got {args.num_prompts}")
+    if not (math.isfinite(args.burstiness) and args.burstiness > 0):
+        raise ValueError(f"--burstiness must be a finite number > 0 (1: Poisson arrivals), got {args.burstiness}")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise ValueError(f"--max-concurrency must be at least 1 (or left out: no limit), got {args.max_concurrency}")
+    if args.base_url is None:  # vLLM's: --base-url, else --host and --port
+        args.base_url = f"http://{args.host}:{args.port}"
     if not args.base_url.startswith(("http://", "https://")):
         raise ValueError(f"--base-url {args.base_url!r} must start with http:// or https://")
     if args.min_len < 1 or args.max_input_len < args.min_len or args.max_output_len < args.min_len:

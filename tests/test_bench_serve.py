@@ -84,6 +84,18 @@ def test_poisson_arrivals(rate):
     assert not np.array_equal(t, poisson_arrivals(n, rate, seed=8))
 
 
+@pytest.mark.parametrize("burstiness", [0.25, 4.0])
+def test_gamma_arrivals_for_burstiness(burstiness):
+    """vLLM's --burstiness: 20,000 gamma gaps of shape b keep the mean 1/rate (within 3%) and have a
+    coefficient of variation 1/sqrt(b) (within 5%): burstier below 1, more even above."""
+    n, rate = 20_001, 4.0
+    gaps = np.diff(bench_serve.arrival_times(n, rate, seed=3, burstiness=burstiness))
+    assert gaps.mean() == pytest.approx(1 / rate, rel=0.03)
+    assert gaps.std() / gaps.mean() == pytest.approx(1 / math.sqrt(burstiness), rel=0.05)
+    np.testing.assert_array_equal(bench_serve.arrival_times(n, rate, seed=3, burstiness=1.0),
+                                  poisson_arrivals(n, rate, seed=3))  # 1 is the Poisson process, the same draw
+
+
 def test_infinite_rate_sends_everything_at_once():
     np.testing.assert_array_equal(poisson_arrivals(5, math.inf), np.zeros(5))
     assert poisson_arrivals(0, 1.0).shape == (0,)
@@ -117,6 +129,9 @@ def test_serve_is_a_mode_of_bench():
     assert a.bench_mode == "serve" and a.base_url == "http://h:1" and a.request_rate == [2.0, math.inf]
     assert (a.num_prompts, a.workload, a.json_file, a.seed) == (3, "sharegpt-like", "x.json", 5)
     assert parse("--device", "cpu").bench_mode is None  # plain `bench` is unchanged
+    d = parse("serve", "--port", "8011", "--max-concurrency", "3", "--burstiness", "0.5")
+    bench_serve.check_serve_args(d)  # vLLM's: no --base-url is --host (default 127.0.0.1) and --port
+    assert (d.base_url, d.max_concurrency, d.burstiness) == ("http://127.0.0.1:8011", 3, 0.5)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -124,6 +139,8 @@ def test_serve_is_a_mode_of_bench():
     (["--request-rate", "fast"], "not a number"),
     (["--num-prompts", "0"], "--num-prompts must be at least 1"),
     (["--min-len", "8", "--max-output-len", "4"], "--min-len"),
+    (["--max-concurrency", "0"], "--max-concurrency must be at least 1"),
+    (["--burstiness", "0"], "--burstiness must be a finite number > 0"),
 ])
 def test_bad_serve_arguments_name_the_fix(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -178,3 +195,31 @@ def test_end_to_end_on_a_cpu_server(tmp_path, capsys):
     run = res2["runs"][0]
     assert run["completed"] == 2 and run["output_lens"] == run["requested_output_lens"]
     assert all(4 <= n <= 8 for n in run["output_lens"]) and all(4 <= n <= 24 for n in run["input_lens"])
+
+
+def test_max_concurrency_caps_the_requests_in_flight(capsys):
+    """Eight requests at once against qwen3-tiny: without a cap all eight are in flight together; with
+    max_concurrency=2 never more than two (a request is in flight from its send to its response's end, as its
+    trace records them), and each still completes at its length. The command's table says the cap."""
+    import asyncio
+
+    import httpx
+
+    from serving_helpers import running_server
+
+    prompts, output_lens = bench_serve.make_requests("nanovllm", 8, 4, 16, 12, seed=2)
+
+    async def run(base: str, cap: int | None):
+        async with httpx.AsyncClient(timeout=60) as client:
+            traces, _ = await bench_serve.run_at_rate(client, base + "/v1/completions", "qwen3-tiny", prompts,
+                                                      output_lens, math.inf, 0.0, 0, max_concurrency=cap)
+        assert [t.output_tokens for t in traces if t.ok] == output_lens
+        spans = [(t.start, t.end) for t in traces]
+        return max(sum(s <= t0 < e for s, e in spans) for t0, _ in spans)  # the most in flight at one send
+
+    with running_server(model="qwen3-tiny") as base:
+        assert asyncio.run(run(base, None)) == 8
+        assert asyncio.run(run(base, 2)) == 2
+        cli_main(["bench", "serve", "--base-url", base, "--num-prompts", "4", "--max-concurrency", "2", "--min-len",
+                  "4", "--max-input-len", "16", "--max-output-len", "8"])
+    assert "\nMaximum request concurrency:" + " " * 12 + "2" in capsys.readouterr().out
