@@ -52,7 +52,7 @@ class _Parser(argparse.ArgumentParser):
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=f"embedded name, model folder or hub id (default {MODEL_DEFAULT})")
     p.add_argument("--tokenizer", default=None,
-                   help="another folder's (or embedded model's) tokenizer, as vLLM's --tokenizer (default: the model's)")
+                   help="another folder's (or embedded model's) tokenizer, as vLLM's (default: the model's)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto")
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton", "flash_attn"])
@@ -262,8 +262,8 @@ def cmd_serve(args) -> None:
         try:
             names = args.served_model_name or [args.model]
             host, port = sock.getsockname()[:2]
-            print(f"minillm serves {', '.join(map(repr, names))} at http://{host}:{port}/v1 (OpenAI API; chat page at /, metrics at "
-                  f"/metrics; Ctrl-C stops)", file=sys.stderr)
+            print(f"minillm serves {', '.join(map(repr, names))} at http://{host}:{port}/v1 (OpenAI API; chat page "
+                  f"at /, metrics at /metrics; Ctrl-C stops)", file=sys.stderr)
             # while it serves, serve() handles SIGTERM itself; before and after (the model loading), let
             # a SIGTERM be an exit, so the finally below frees the engine (the default would kill the process)
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -384,7 +384,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--response-role", default="assistant",
                    help="the role of a chat answer that opens a new turn (default assistant)")
     s.add_argument("--uvicorn-log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug", "trace"], help="the HTTP server's log level")
+                   choices=["critical", "error", "warning", "info", "debug", "trace"],
+                   help="the HTTP server's log level")
     s.add_argument("--disable-uvicorn-access-log", action="store_true",
                    help="no log line per HTTP request (uvicorn's access log)")
     s.add_argument("--chat-template", default=None,

@@ -536,9 +536,10 @@ def serve(async_llm: EngineClient, model_name: str | Sequence[str], sock, api_ke
           log_level: str = "info", access_log: bool = True, **app_options) -> None:
     """Serve on an already bound socket until Ctrl-C or SIGTERM (app_options: create_app's model, CORS,
     chat_template and response_role options; log_level and access_log: uvicorn's, as vLLM's
-    --uvicorn-log-level and --disable-uvicorn-access-log set them). On the signal the EngineClient is shut down first (what is in flight fails at once), then
-    uvicorn closes the connections; the caller may call its shutdown() again (it is idempotent). Returns
-    after SIGTERM; raises KeyboardInterrupt after Ctrl-C (SIGINT)."""
+    --uvicorn-log-level and --disable-uvicorn-access-log set them). On the signal the EngineClient is shut
+    down first (what is in flight fails at once), then uvicorn closes the connections; the caller may call
+    its shutdown() again (it is idempotent). Returns after SIGTERM; raises KeyboardInterrupt after Ctrl-C
+    (SIGINT)."""
     import uvicorn
 
     class Server(uvicorn.Server):
