@@ -712,8 +712,8 @@ async def abort_scenario(async_llm: AsyncLLM) -> None:
                     f"add_request x {ABORT_MAX_WAITING + 1} while the engine is held (max_waiting="
                     f"{ABORT_MAX_WAITING}) using your 6.3")
         for stream in waiting[1:]:  # aborted while waiting; twice, as a client and the server both may
-            async_llm.abort(stream.request_id)
-            async_llm.abort(stream.request_id)
+            await async_llm.abort(stream.request_id)
+            await async_llm.abort(stream.request_id)
     # a request aborted before the engine took it ends with nothing sent; one the engine had taken ends "abort"
     ended = [ending(await drained(s, async_llm)) for s in waiting[1:]]
     check_equal(ended, ["nothing sent" if e == "nothing sent" else "abort" for e in ended],
@@ -722,14 +722,14 @@ async def abort_scenario(async_llm: AsyncLLM) -> None:
     first = await next_output(running, async_llm)  # it runs: its first output came
     got = first if isinstance(first, str) else "ended before any output" if first is _ENDED else "an output"
     check_equal(got, "an output", "6.3", "what the request that was not aborted sends first")
-    async_llm.abort(running.request_id)
+    await async_llm.abort(running.request_id)
     check_equal(ending(await drained(running, async_llm)), "abort", "6.3",
                 "how the stream of a request aborted while running ends")
     done: list = []
     admit_outcome(async_llm, short, done)
     finished = ending(await drained(done[0], async_llm)) if done else "refused"
     if done:
-        async_llm.abort(done[0].request_id)  # after it finished: nothing happens
+        await async_llm.abort(done[0].request_id)  # after it finished: nothing happens
     # every stream has ended, so every request's finish() has run; the engine frees blocks before it says so
     bm = async_llm.engine.scheduler.block_manager
     deadline = time.monotonic() + TIMEOUT_S
