@@ -417,7 +417,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_serve_args(args) -> None:
-    """Raise ValueError naming a bad argument and the fix."""
+    """Raise ValueError naming a bad argument and the fix; fill in args.base_url from --host and --port when
+    --base-url is left out (vLLM's rule), so that what is checked is what is used."""
     if args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be at least 1, got {args.num_prompts}")
     if not (math.isfinite(args.burstiness) and args.burstiness > 0):
