@@ -11,6 +11,7 @@ import dataclasses
 import os
 import re
 import time
+import warnings
 
 from tqdm.auto import tqdm
 
@@ -297,6 +298,15 @@ class LLM:
             text, ids = (prompt if isinstance(prompt, str) else None), self._prompt_ids(prompt)
         seq = self.engine.add_request(ids, sampling_params or self.get_default_sampling_params())
         return RequestStream(self.engine, seq, tok, text)
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache, as vLLM's LLM.reset_prefix_cache: the next prompts find no cached
+        blocks (a cold-cache benchmark run, or after the weights changed) -> True. False, with a warning and
+        nothing changed, while unfinished requests (streams) hold blocks."""
+        if self.engine.reset_prefix_cache():
+            return True
+        warnings.warn("reset_prefix_cache: requests still hold KV-cache blocks; finish or close them first")
+        return False
 
     def shutdown(self) -> None:
         """Free everything the engine holds on the device (weights, KV cache, CUDA graphs) and stop its

@@ -130,6 +130,24 @@ def test_prefix_caching_hits_and_changes_nothing():
     assert bm.num_cached_tokens_total - before >= 4 * 64  # every prompt reused its 4 full prefix blocks
 
 
+def test_reset_prefix_cache_empties_it_and_refuses_while_blocks_are_held():
+    # vLLM's LLM.reset_prefix_cache: True and no hits after it; False, the cache kept, while a request runs
+    prompt = list(range(10, 80)) + [100]  # 4 full blocks of 16 before the block of the last token
+    llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
+    first = llm.generate(prompt, GREEDY, use_tqdm=False)[0]
+    assert llm.generate(prompt, GREEDY, use_tqdm=False)[0].num_cached_tokens == 64
+    assert llm.reset_prefix_cache() is True
+    again = llm.generate(prompt, GREEDY, use_tqdm=False)[0]
+    assert again.num_cached_tokens == 0 and again.outputs[0].token_ids == first.outputs[0].token_ids
+    running = llm.engine.add_request(prompt, GREEDY)
+    llm.engine.step()  # a running request holds its blocks until it finishes or is aborted
+    with pytest.warns(UserWarning, match="still hold KV-cache blocks"):
+        assert llm.reset_prefix_cache() is False
+    llm.engine.abort(running)
+    assert llm.generate(prompt, GREEDY, use_tqdm=False)[0].num_cached_tokens == 64  # the refused reset kept it
+    llm.shutdown()
+
+
 def test_preemption_under_kv_pressure_finishes_every_request(reference):
     prompts = reference["prompts"]
     roomy = LLM(ref_path("tiny-qwen3"), **small_engine_args())

@@ -154,6 +154,17 @@ class BlockManager:
         block.hash, block.token_ids = h, list(token_ids)
         self.hash_to_block_id[h] = block.block_id
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's reset_prefix_cache: after the weights change, or between
+        benchmark runs) -> True; False, changing nothing, while any block is in use, since a running
+        sequence's blocks would stay shared under hashes nobody could find again."""
+        if self.num_free_blocks != len(self.blocks):
+            return False
+        self.hash_to_block_id.clear()
+        for block in self.blocks:
+            block.hash, block.token_ids = NO_HASH, []
+        return True
+
     def can_allocate(self, seq: Sequence) -> bool:
         return self.num_free_blocks >= seq.num_blocks  # ignores hits: never too optimistic
 

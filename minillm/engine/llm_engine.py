@@ -292,6 +292,11 @@ class LLMEngine:
             for seq in list(self.requests.values()):
                 self._finish(seq, "abort")
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix -> True; False, with nothing changed, while a request holds blocks."""
+        with self._owned():
+            return self.scheduler.block_manager.reset_prefix_cache()
+
     @contextmanager
     def _owned(self):
         """Hold the engine for one state change; apply the aborts queued meanwhile, before and after."""
