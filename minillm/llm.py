@@ -15,12 +15,13 @@ import warnings
 
 from tqdm.auto import tqdm
 
+from minillm.beam_search import BeamSearchOutput, beam_search
 from minillm.config import VLLM_ALIASES, EngineConfig, engine_args_from_vllm, generation_defaults
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.sequence import Sequence
 from minillm.model_zoo import resolve_model
 from minillm.outputs import RequestOutput
-from minillm.sampling_params import SamplingParams, describe, is_integer
+from minillm.sampling_params import BeamSearchParams, SamplingParams, describe, is_integer
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer, chat_template_options, text_content
 
 PROMPT_KEYS = ("prompt", "prompt_token_ids")  # a prompt dict: vLLM's TextPrompt or TokensPrompt
@@ -242,6 +243,32 @@ class LLM:
             raise
         finally:
             bar.close()
+        return outputs
+
+    def beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Beam search, as vLLM's LLM.beam_search (minillm.beam_search: one generate call a step, the
+        prefix cache sharing the beams' blocks). prompts: as generate's; params: a BeamSearchParams.
+        -> one BeamSearchOutput per prompt: .sequences, the beam_width best, each with .tokens (the prompt's
+        included), .cum_logprob, .logprobs, .finish_reason and .text, the whole sequence decoded with its
+        special tokens (as vLLM's), a final EOS left out unless include_stop_str_in_output."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams(beam_width=..., max_tokens=...), got "
+                             f"{describe(params)}")
+        prompts = self._prompt_list(prompts)
+        ids = []
+        for i, p in enumerate(prompts):
+            tokens = self.engine.checks.check_prompt(self._prompt_ids(p))
+            if len(tokens) + params.max_tokens > self.config.max_model_len:
+                raise ValueError(f"prompt {i} has {len(tokens)} tokens and max_tokens is {params.max_tokens}: "
+                                 f"together more than max_model_len {self.config.max_model_len}; lower max_tokens "
+                                 f"or raise max_model_len")
+            ids.append(tokens)
+        outputs = beam_search(lambda batch, step: self._generate(batch, step, use_tqdm=False), ids, params,
+                              self.engine.eos_token_ids, use_tqdm)
+        if self.tokenizer is not None:
+            for beam in (b for out in outputs for b in out.sequences):
+                keep = len(beam.tokens) - (beam.finish_reason == "stop" and not params.include_stop_str_in_output)
+                beam.text = self.tokenizer.decode(beam.tokens[:keep], skip_special_tokens=False)
         return outputs
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = False, chat_template: str | None = None,

@@ -294,6 +294,37 @@ class SamplingParams:
         return text[:i - minus_len] if self.include_stop_str_in_output else text[:i]
 
 
+@dataclass
+class BeamSearchParams:
+    """What LLM.beam_search keeps and stops on (vLLM's fields and defaults, in vLLM's order):
+    beam_width beams live at each step, each grown by one token up to max_tokens; a beam that emits an
+    EOS token is finished (unless ignore_eos); beams are ranked by cum_logprob / length ** length_penalty;
+    each step's candidates are the 2 x beam_width likeliest tokens under `temperature` (0: the raw logits)."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self):
+        def need(ok: bool, name: str, accepts: str) -> None:
+            if not ok:
+                raise ValueError(f"BeamSearchParams.{name} must be {accepts}, got {describe(getattr(self, name))}")
+
+        # each step asks for 2 x beam_width logprobs, at most MAX_LOGPROBS (vLLM's max_logprobs, 20)
+        need(is_integer(self.beam_width) and 1 <= self.beam_width <= MAX_LOGPROBS // 2, "beam_width",
+             f"an integer in [1, {MAX_LOGPROBS // 2}]")
+        need(is_integer(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "an integer >= 1")
+        need(isinstance(self.ignore_eos, bool), "ignore_eos", "True or False")
+        need(is_real(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0, "temperature",
+             "a finite number >= 0")
+        need(is_real(self.length_penalty) and math.isfinite(self.length_penalty), "length_penalty",
+             "a finite number (1: the mean logprob per token, 0: the sum)")
+        need(isinstance(self.include_stop_str_in_output, bool), "include_stop_str_in_output", "True or False")
+
+
 def check_text(text, what: str = "the prompt") -> str:
     """Raise ValueError unless `text` is a str that UTF-8 can encode. -> text.
     (Invalid UTF-8 in a command line or a file decoded with surrogateescape arrives as lone surrogates.)"""
