@@ -19,12 +19,12 @@ from minillm.beam_search import BeamSearchOutput, beam_search
 from minillm.config import VLLM_ALIASES, EngineConfig, engine_args_from_vllm, generation_defaults
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.sequence import Sequence
+from minillm.inputs import PROMPT_KEYS
 from minillm.model_zoo import resolve_model
 from minillm.outputs import RequestOutput
 from minillm.sampling_params import BeamSearchParams, SamplingParams, describe, is_integer
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer, chat_template_options, text_content
 
-PROMPT_KEYS = ("prompt", "prompt_token_ids")  # a prompt dict: vLLM's TextPrompt or TokensPrompt
 
 
 def _no_lora(lora_request) -> None:

@@ -56,13 +56,16 @@ def test_vllm_prompt_dicts_and_get_tokenizer():
     """vLLM's TextPrompt / TokensPrompt dicts run as the text or ids they hold, in generate and stream;
     get_tokenizer() encodes as transformers' tokenizer of the same folder does."""
     from transformers import AutoTokenizer
+
+    from minillm.inputs import TextPrompt, TokensPrompt  # vllm.inputs' names: plain dicts
+    assert TokensPrompt(prompt_token_ids=[1]) == {"prompt_token_ids": [1]} and TextPrompt(prompt="a") == {"prompt": "a"}
     llm = LLM("qwen3-tiny", **small_engine_args())
     text = "The capital of France is"
     ids = AutoTokenizer.from_pretrained(llm.model_path).encode(text)
     assert llm.get_tokenizer().encode(text) == ids
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     plain = llm.generate([text, ids], params, use_tqdm=False)
-    dicts = llm.generate([{"prompt": text}, {"prompt_token_ids": ids}], params, use_tqdm=False)
+    dicts = llm.generate([TextPrompt(prompt=text), TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in dicts] == [o.outputs[0].token_ids for o in plain]
     assert dicts[0].prompt == text and dicts[1].prompt is None and dicts[1].prompt_token_ids == ids
     one = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)  # one dict: one prompt
