@@ -43,17 +43,17 @@ def test_beam_search_equals_transformers_beam_search(tiny):
 def test_a_beam_ending_in_eos_is_finished_and_scored_without_it():
     llm = LLM("qwen3-tiny", **small_engine_args())
     prompt = "The cat sat on the"
+    n = len(llm.get_tokenizer().encode(prompt))
     free = llm.beam_search(prompt, BeamSearchParams(beam_width=2, max_tokens=3, ignore_eos=True))[0]
-    eos = free.sequences[0].tokens[-3]  # the best beam's first token: make it the EOS
+    eos = free.sequences[0].tokens[n]  # the best beam's first token: make it the EOS
     llm.engine.eos_token_ids = {eos}
     for include in (False, True):
         params = BeamSearchParams(beam_width=2, max_tokens=3, include_stop_str_in_output=include)
         seqs = llm.beam_search(prompt, params)[0].sequences
         stopped = [s for s in seqs if s.finish_reason == "stop"]
         assert stopped and all(s.tokens[-1] == eos == s.stop_reason for s in stopped)
-        assert all(eos not in s.tokens[-3:-1] for s in seqs)  # an EOS ends its beam: nothing follows it
-        assert all(s.finish_reason == "length" and len(s.tokens) == len(stopped[0].tokens) + 2
-                   for s in seqs if s not in stopped)
+        assert all(eos not in s.tokens[n:-1] for s in seqs)  # an EOS ends its beam: nothing follows it
+        assert all(s.finish_reason == "length" and len(s.tokens) == n + 3 for s in seqs if s not in stopped)
         scores = [beam_score(s, {eos}, params.length_penalty) for s in seqs]
         assert scores == sorted(scores, reverse=True)
         s = stopped[0]
