@@ -171,6 +171,8 @@ class LLM:
         params = self.get_default_sampling_params() if params is None else params
         if isinstance(params, SamplingParams):
             return [params] * n
+        if isinstance(params, BeamSearchParams):
+            raise ValueError("BeamSearchParams go to llm.beam_search(prompts, params); generate takes SamplingParams")
         if not isinstance(params, (list, tuple)):
             raise ValueError(f"sampling_params must be a SamplingParams, a list of them (one per prompt) or None; "
                              f"got {describe(params)}")

@@ -79,4 +79,6 @@ def test_beam_search_refuses_what_cannot_fit_before_any_work(tiny):
         tiny.beam_search([1] * 250, BeamSearchParams(beam_width=2, max_tokens=7))
     with pytest.raises(ValueError, match="params must be a BeamSearchParams"):
         tiny.beam_search([1, 2, 3], {"beam_width": 2, "max_tokens": 4})
+    with pytest.raises(ValueError, match=r"BeamSearchParams go to llm.beam_search\(prompts, params\)"):
+        tiny.generate([1, 2, 3], BeamSearchParams(beam_width=2, max_tokens=4))
     assert not tiny.engine.requests
