@@ -26,7 +26,6 @@ from minillm.sampling_params import BeamSearchParams, SamplingParams, describe, 
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer, chat_template_options, text_content
 
 
-
 def _no_lora(lora_request) -> None:
     if lora_request is not None:
         raise ValueError(f"minillm serves no LoRA adapters: lora_request must be None, got {describe(lora_request)}; "

@@ -298,8 +298,10 @@ class SamplingParams:
 class BeamSearchParams:
     """What LLM.beam_search keeps and stops on (vLLM's fields and defaults, in vLLM's order):
     beam_width beams live at each step, each grown by one token up to max_tokens; a beam that emits an
-    EOS token is finished (unless ignore_eos); beams are ranked by cum_logprob / length ** length_penalty;
-    each step's candidates are the 2 x beam_width likeliest tokens under `temperature` (0: the raw logits)."""
+    EOS token is finished (unless ignore_eos); beams are ranked by cum_logprob / length ** length_penalty,
+    the length counting the prompt. A step's candidates for a beam are its 2 x beam_width likeliest next
+    tokens by the engine's logprobs (raw logits by default, logprobs_mode), and the token sampled at
+    `temperature` where that is not among them (at 0, the greedy token always is)."""
 
     beam_width: int
     max_tokens: int
@@ -321,7 +323,7 @@ class BeamSearchParams:
         need(is_real(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0, "temperature",
              "a finite number >= 0")
         need(is_real(self.length_penalty) and math.isfinite(self.length_penalty), "length_penalty",
-             "a finite number (1: the mean logprob per token, 0: the sum)")
+             "a finite number (0: rank by the summed logprobs alone)")
         need(isinstance(self.include_stop_str_in_output, bool), "include_stop_str_in_output", "True or False")
 
 
