@@ -10,11 +10,11 @@ batch and reorders their KV caches after every step; a paged cache shares them b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Generator, Sequence
 
 from tqdm.auto import tqdm
 
-from minillm.outputs import RequestOutput
+from minillm.outputs import CompletionOutput, RequestOutput
 from minillm.sampling_params import BeamSearchParams, SamplingParams
 
 
@@ -46,21 +46,21 @@ def beam_score(beam: BeamSearchSequence, eos_token_ids: set[int], length_penalty
     return beam.cum_logprob / length ** length_penalty
 
 
-def beam_search(generate: Callable[[list[list[int]], SamplingParams], list[RequestOutput]],
-                prompts: Sequence[list[int]], params: BeamSearchParams, eos_token_ids: set[int],
-                use_tqdm: bool = False) -> list[BeamSearchOutput]:
-    """prompts: token-id lists; generate(token_id_lists, params) -> one RequestOutput each (LLM.generate);
-    -> one BeamSearchOutput per prompt, its sequences sorted by beam_score, best first (text not yet set)."""
-    step = SamplingParams(max_tokens=1, temperature=params.temperature, logprobs=2 * params.beam_width,
-                          ignore_eos=True)
+def search(prompts: Sequence[list[int]], params: BeamSearchParams,
+           eos_token_ids: set[int]) -> Generator[list[list[int]], list[RequestOutput], list[BeamSearchOutput]]:
+    """The search as a generator, so that a plain loop (LLM.beam_search) and an event loop (the server) drive
+    the same code: it yields each step's token lists, one per live beam of every prompt, and is sent back
+    their one-token outputs (RequestOutputs with 2 x beam_width logprobs, in the same order). prompts:
+    token-id lists. -> (its StopIteration's value) one BeamSearchOutput per prompt, its sequences sorted by
+    beam_score, best first (text not yet set)."""
     rank = lambda beam: beam_score(beam, eos_token_ids, params.length_penalty)  # noqa: E731
     live = [[BeamSearchSequence(list(p))] for p in prompts]
     finished: list[list[BeamSearchSequence]] = [[] for _ in prompts]
-    for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm):
+    for _ in range(params.max_tokens):
         beams = [b for group in live for b in group]
         if not beams:  # every beam of every prompt ended in an EOS
             break
-        outputs = iter(generate([b.tokens for b in beams], step))
+        outputs = iter((yield [b.tokens for b in beams]))
         for i, group in enumerate(live):
             candidates = []
             for beam in group:
@@ -79,3 +79,41 @@ def beam_search(generate: Callable[[list[list[int]], SamplingParams], list[Reque
             beam.finish_reason = "length"
     return [BeamSearchOutput(sorted(done + group, key=rank, reverse=True)[:params.beam_width])
             for done, group in zip(finished, live)]
+
+
+def step_params(params: BeamSearchParams) -> SamplingParams:
+    """What each step asks of the engine for every live beam: one token and its 2 x beam_width logprobs."""
+    return SamplingParams(max_tokens=1, temperature=params.temperature, logprobs=2 * params.beam_width,
+                          ignore_eos=True)
+
+
+def beam_search(generate: Callable[[list[list[int]], SamplingParams], list[RequestOutput]],
+                prompts: Sequence[list[int]], params: BeamSearchParams, eos_token_ids: set[int],
+                use_tqdm: bool = False) -> list[BeamSearchOutput]:
+    """search() driven by a plain loop: generate(token_id_lists, step_params) -> one RequestOutput each
+    (LLM.generate). -> search's outputs."""
+    steps, step = search(prompts, params, eos_token_ids), step_params(params)
+    with tqdm(total=params.max_tokens, desc="Beam search", disable=not use_tqdm) as bar:
+        try:
+            batch = next(steps)
+            while True:
+                outputs = generate(batch, step)
+                bar.update()
+                batch = steps.send(outputs)
+        except StopIteration as done:
+            return done.value
+
+
+def completion_output(beam: BeamSearchSequence, index: int, prompt_len: int, params: BeamSearchParams,
+                      tokenizer, with_logprobs: bool = True) -> CompletionOutput:
+    """A beam as sample `index` of one request's answer, as vLLM's server gives it: the generated tokens
+    (a final EOS among them only with include_stop_str_in_output), their text without the EOS, special
+    tokens kept ("" without a tokenizer), and (with_logprobs) the per-token logprobs of the beam's candidates."""
+    generated = beam.tokens[prompt_len:]
+    eos = beam.finish_reason == "stop"
+    shown = generated[:-1] if eos else generated
+    text = tokenizer.decode(shown, skip_special_tokens=False) if tokenizer is not None else ""
+    token_ids = generated if (params.include_stop_str_in_output or not eos) else shown
+    return CompletionOutput(index=index, text=text, token_ids=token_ids, cumulative_logprob=beam.cum_logprob,
+                            logprobs=beam.logprobs[:len(token_ids)] if with_logprobs else None,
+                            finish_reason=beam.finish_reason, stop_reason=beam.stop_reason)

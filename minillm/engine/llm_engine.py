@@ -106,6 +106,7 @@ class RequestChecks:
     vocab_size: int
     max_model_len: int
     has_tokenizer: bool
+    eos_token_ids: frozenset[int] = frozenset()  # the model's, where a beam search ends a beam (serving/beams.py)
 
     def check_prompt(self, token_ids, params: SamplingParams | None = None) -> list[int]:
         """Raise ValueError for a prompt the engine cannot run.
@@ -207,7 +208,8 @@ class LLMEngine:
         eos = list(self.model_config.eos_token_id)
         if self.tokenizer and self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
             eos.append(self.tokenizer.eos_token_id)
-        self.checks = RequestChecks(self.model_config.vocab_size, config.max_model_len, self.tokenizer is not None)
+        self.checks = RequestChecks(self.model_config.vocab_size, config.max_model_len, self.tokenizer is not None,
+                                    frozenset(eos))
         self.model_runner = self._make_runner(model_path)
         self.scheduler = Scheduler(config, self.model_runner.num_kvcache_blocks)
         self.detokenizers: dict[int, IncrementalDetokenizer] = {}  # requests with stop strings

@@ -12,7 +12,7 @@ import json
 import re
 
 from minillm.outputs import CompletionOutput
-from minillm.sampling_params import RequestOutputKind, SamplingParams, describe, is_integer
+from minillm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, describe, is_integer
 from minillm.tokenizer import chat_template_options, check_text, text_content
 
 MAX_BODY_BYTES = 1 << 20  # a larger request body is a 413
@@ -22,8 +22,11 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "p
                    "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
                    "include_stop_str_in_output", "allowed_token_ids", "bad_words", "truncate_prompt_tokens",
                    "skip_special_tokens", "prompt_logprobs")
+# vLLM's beam search: use_beam_search runs n beams instead of n samples; length_penalty ranks them
+BEAM_FIELDS = ("use_beam_search", "length_penalty")
 # request_id: vLLM's, the response's id after its "cmpl-"/"chatcmpl-" (request_id below)
-COMMON_FIELDS = {"model", "stream", "stream_options", "logit_bias", "user", "request_id", *SAMPLING_FIELDS}
+COMMON_FIELDS = {"model", "stream", "stream_options", "logit_bias", "user", "request_id", *SAMPLING_FIELDS,
+                 *BEAM_FIELDS}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs", "echo"}
 # vLLM's chat template options, as LLM.chat takes them (minillm.tokenizer.chat_template_options)
 TEMPLATE_FIELDS = ("chat_template_kwargs", "add_generation_prompt", "continue_final_message")
@@ -235,6 +238,46 @@ def sampling_params(body: dict, defaults: SamplingParams, chat: bool) -> Samplin
         raise bad_request(request_message(e, renamed), param=param_of(e, renamed)) from None
 
 
+# What a beam search does not use: it keeps the likeliest sequences, so nothing that shapes a sample applies.
+# vLLM drops these silently; here a value other than the field's default is a 400 naming it.
+BEAM_UNUSED = ("top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
+               "min_tokens", "stop", "stop_token_ids", "logit_bias", "allowed_token_ids", "bad_words",
+               "truncate_prompt_tokens", "skip_special_tokens", "prompt_logprobs", "echo")
+NO_TOP_K = (-1, 0)  # both mean "no top-k" to SamplingParams
+
+
+def use_beam_search(body: dict) -> bool:
+    """Whether the request asks for vLLM's beam search (use_beam_search: true). Raises a 400 for a field the
+    search would ignore, or a length_penalty without it (which would be ignored too)."""
+    if not flag(body, "use_beam_search"):
+        if body.get("length_penalty") is not None:
+            raise bad_request("length_penalty ranks the beams of a beam search: send it with use_beam_search: true, "
+                              "or leave it out", param="length_penalty")
+        return False
+    neutral = SamplingParams()
+    for name in BEAM_UNUSED:
+        value, default = body.get(name), getattr(neutral, name, False)
+        if not (value is None or value == default or value in ([], {}, "") or (name == "top_k" and value in NO_TOP_K)):
+            raise bad_request(f"{name} is not used by a beam search (use_beam_search: true keeps the n likeliest "
+                              f"sequences; nothing is sampled): leave {name} out, or sample without use_beam_search",
+                              param=name)
+    return True
+
+
+def beam_search_params(body: dict, params: SamplingParams, max_tokens: int) -> BeamSearchParams:
+    """A beam-search request's BeamSearchParams, as vLLM builds them: beam_width its n, its temperature,
+    ignore_eos and include_stop_str_in_output (params: the request's SamplingParams), its length_penalty
+    (default 1.0); max_tokens: the request's, or what the context leaves the prompt."""
+    penalty = body.get("length_penalty")
+    try:
+        return BeamSearchParams(beam_width=params.n, max_tokens=max_tokens, ignore_eos=params.ignore_eos,
+                                temperature=params.temperature, length_penalty=1.0 if penalty is None else penalty,
+                                include_stop_str_in_output=params.include_stop_str_in_output)
+    except ValueError as e:  # BeamSearchParams.beam_width must be ... -> n
+        renamed = {"beam_width": "n"}
+        raise bad_request(request_message(e, renamed), param=param_of(e, renamed)) from None
+
+
 def echo_only(body: dict) -> bool:
     """A completion that echoes its prompt and generates nothing (echo: true, max_tokens: 0)."""
     return flag(body, "echo") and body.get("max_tokens") == 0
@@ -254,6 +297,7 @@ def template_options(body: dict) -> dict:
 # What the server's JSON takes, where SamplingParams' own words (Python's None) would mislead a client:
 # a null max_tokens is the server's default (64 on completions), not "up to max_model_len"
 REQUEST_ACCEPTS = {"max_tokens": "an integer >= 1, or null for the server's default"}
+PARAMS_FIELD = r"(?:SamplingParams|BeamSearchParams)\.(\w+)"  # how their ValueErrors name a field
 
 
 def request_message(error: ValueError, renamed: dict | None = None) -> str:
@@ -261,9 +305,9 @@ def request_message(error: ValueError, renamed: dict | None = None) -> str:
     request's terms: the request field's name (top_logprobs for logprobs, max_completion_tokens for
     max_tokens), JSON's null, true and false for Python's None, True and False."""
     text = str(error)
-    m = re.fullmatch(r"SamplingParams\.(\w+) must be (.*?), got (.*)", text, flags=re.DOTALL)
+    m = re.fullmatch(PARAMS_FIELD + r" must be (.*?), got (.*)", text, flags=re.DOTALL)
     if m is None:  # another shape: only the field's name changes
-        return re.sub(r"SamplingParams\.(\w+)", lambda f: (renamed or {}).get(f.group(1), f.group(1)), text)
+        return re.sub(PARAMS_FIELD, lambda f: (renamed or {}).get(f.group(1), f.group(1)), text)
     name, accepts, got = m.groups()
     accepts = REQUEST_ACCEPTS.get(name) or re.sub(r"\bNone\b", "null", accepts.replace("True or False",
                                                                                      "true or false"))
@@ -273,7 +317,7 @@ def request_message(error: ValueError, renamed: dict | None = None) -> str:
 def param_of(error: ValueError, renamed: dict | None = None, default: str | None = None) -> str | None:
     """The request field a ValueError of SamplingParams names ("SamplingParams.top_p must ..."): its own
     name, or the request's for a renamed one (max_completion_tokens for max_tokens); else `default`."""
-    m = re.match(r"SamplingParams\.(\w+)", str(error))
+    m = re.match(PARAMS_FIELD, str(error))
     return (renamed or {}).get(m.group(1), m.group(1)) if m else default
 
 

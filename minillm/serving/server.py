@@ -3,6 +3,7 @@
     GET  /v1/models             the model served (one entry per --served-model-name)
     POST /v1/completions        prompt (text or token ids, or a list of them) -> text; "stream": true for SSE chunks
     POST /v1/chat/completions   messages -> the assistant's reply; the same sampling fields
+                                (both: vLLM's "use_beam_search": true for n beams instead of n samples)
     POST /tokenize, POST /detokenize, GET /version   vLLM's: text or a conversation <-> token ids
     GET  /health, GET /metrics (Prometheus text), GET / (the chat page, static/index.html)
 
@@ -37,12 +38,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minillm.engine.llm_engine import PromptTooLongError
 from minillm.serving.async_engine import AsyncStream, EngineClient, EngineError, QueueFullError
+from minillm.serving.beams import BeamSearchStream
 from minillm.serving.protocol import (CHAT_FIELDS, CHAT_UNUSED, COMPLETION_FIELDS, COMPLETION_UNUSED,
                                       DETOKENIZE_FIELDS, MAX_BODY_BYTES, TOKENIZE_CHAT_FIELDS, TOKENIZE_CHAT_UNUSED,
-                                      TOKENIZE_FIELDS, APIError, bad_request, chat_logprobs, chat_messages,
-                                      check_fields, completion_logprobs, completion_prompts, echo_only, flag, merge,
-                                      optional_string, param_of, prompt_logprobs_json, request_id, request_message,
-                                      sampling_params, stream_flags, template_options, token_id_list, usage)
+                                      TOKENIZE_FIELDS, APIError, bad_request, beam_search_params, chat_logprobs,
+                                      chat_messages, check_fields, completion_logprobs, completion_prompts, echo_only,
+                                      flag, merge, optional_string, param_of, prompt_logprobs_json, request_id,
+                                      request_message, sampling_params, stream_flags, template_options, token_id_list,
+                                      usage, use_beam_search)
 from minillm.sampling_params import describe
 from minillm.serving.sse import sse_event
 
@@ -258,9 +261,9 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
             options["chat_template"] = chat_template
         return options
 
-    def submit(prompts: list, params, body: dict, chat: bool) -> list[AsyncStream]:
-        """One request per prompt, all or none: every prompt is checked (tokens, vocabulary, length,
-        sampling, the context, bad words) before any is queued, then all are admitted together."""
+    def check_all(prompts: list, params, body: dict, chat: bool) -> list[tuple]:
+        """Every prompt checked (tokens, vocabulary, length, sampling, the context, bad words) before any is
+        queued -> check_request's (text, token ids, params) for each."""
         param = "messages" if chat else "prompt"
         if len(prompts) > async_llm.max_waiting:  # a 503 would never pass, however long the client waits
             raise bad_request(f"{len(prompts)} prompts in one request, but this server queues at most "
@@ -286,13 +289,47 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
                                   f"requested {n_prompt + params.max_tokens} tokens ({n_prompt} in the {param}, "
                                   f"{params.max_tokens} in the completion). Please reduce the length of the {param} "
                                   f"or completion.", param=given, code="context_length_exceeded")
+        return checked
+
+    @contextlib.contextmanager
+    def admission():
+        """A full queue is a 503 with Retry-After, a stopped engine a 503."""
         try:
-            return async_llm.add_checked(checked)
+            yield
         except QueueFullError as e:
             raise APIError(503, f"the server is busy: {e}; retry after {RETRY_AFTER_S} s", type="server_busy",
                            code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         except EngineError as e:
             raise APIError(503, str(e), type="service_unavailable") from None
+
+    def submit(prompts: list, params, body: dict, chat: bool) -> list[AsyncStream]:
+        """One request per prompt, all or none: every prompt is checked, then all are admitted together."""
+        checked = check_all(prompts, params, body, chat)
+        with admission():
+            return async_llm.add_checked(checked)
+
+    def submit_beams(prompts: list, params, body: dict, chat: bool) -> list[BeamSearchStream]:
+        """A beam search per prompt (use_beam_search), all or none, each read as a request's stream: n beams,
+        max_tokens as given, else the smaller of the default and what the context leaves the prompt."""
+        if params.n > async_llm.max_waiting:  # each step queues n requests: a 503 would never pass
+            raise bad_request(f"a beam search of n={params.n} beams queues {params.n} requests a step, but this "
+                              f"server queues at most {async_llm.max_waiting} (--max-waiting): ask for at most "
+                              f"{async_llm.max_waiting} beams, or start the server with a larger --max-waiting",
+                              param="n")
+        checked = check_all(prompts, params, body, chat)
+        streams: list[BeamSearchStream] = []
+        try:
+            with admission():
+                for text, ids, _ in checked:
+                    left = async_llm.max_model_len - len(ids)
+                    steps = left if params.max_tokens is None else min(params.max_tokens, left)
+                    streams.append(BeamSearchStream(async_llm, text, ids, beam_search_params(body, params, steps),
+                                                    with_logprobs=params.logprobs is not None))
+        except BaseException:
+            for stream in streams:
+                stream.abort()
+            raise
+        return streams
 
     def echo_texts(streams: list[AsyncStream], params) -> list[str]:
         """What echo puts before each prompt's completions: the prompt as given, or the text of its token ids
@@ -408,11 +445,12 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
         client_id = request_id(body)
         stream_mode, include_usage = stream_flags(body)
         params = sampling_params(body, async_llm.default_sampling_params(), chat=False)
+        beams = use_beam_search(body)
         echo = flag(body, "echo")
         if echo and async_llm.tokenizer is None:
             raise bad_request("echo needs the model's tokenizer to write the prompt as text, and this model has "
                               "no tokenizer.json: leave echo out", param="echo")
-        streams = submit(completion_prompts(body), params, body, chat=False)
+        streams = (submit_beams if beams else submit)(completion_prompts(body), params, body, chat=False)
         return await run(request, streams, params, False, stream_mode, include_usage, echo=echo,
                          only_echo=echo_only(body), client_id=client_id)
 
@@ -422,6 +460,7 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
         client_id = request_id(body)
         stream_mode, include_usage = stream_flags(body)
         params = sampling_params(body, async_llm.default_sampling_params(chat=True), chat=True)
+        beams = use_beam_search(body)
         messages = chat_messages(body)
         options = chat_options(body)
         if async_llm.tokenizer is None:
@@ -432,7 +471,8 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
             raise bad_request(str(e), param="messages") from None
         # vLLM's rule: a new turn is --response-role's; a continued message keeps its own role
         role = response_role if options["add_generation_prompt"] else messages[-1]["role"]
-        return await run(request, submit([prompt], params, body, chat=True), params, True, stream_mode,
+        streams = (submit_beams if beams else submit)([prompt], params, body, chat=True)
+        return await run(request, streams, params, True, stream_mode,
                          include_usage, client_id=client_id, role=role)
 
     def need_tokenizer():
