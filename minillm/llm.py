@@ -246,15 +246,22 @@ class LLM:
             bar.close()
         return outputs
 
-    def beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool = False) -> list[BeamSearchOutput]:
+    def beam_search(self, prompts, params: BeamSearchParams, lora_request=None, use_tqdm: bool = False,
+                    concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
         """Beam search, as vLLM's LLM.beam_search (minillm.beam_search: one generate call a step, the
-        prefix cache sharing the beams' blocks). prompts: as generate's; params: a BeamSearchParams.
+        prefix cache sharing the beams' blocks). prompts: as generate's; params: a BeamSearchParams;
+        concurrency_limit: search at most this many prompts at once (vLLM's; None: all together);
+        lora_request: vLLM's, None only (no LoRA adapters).
         -> one BeamSearchOutput per prompt: .sequences, the beam_width best, each with .tokens (the prompt's
         included), .cum_logprob, .logprobs, .finish_reason and .text, the whole sequence decoded with its
         special tokens (as vLLM's), a final EOS left out unless include_stop_str_in_output."""
+        _no_lora(lora_request)
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be a BeamSearchParams(beam_width=..., max_tokens=...), got "
                              f"{describe(params)}")
+        if concurrency_limit is not None and not (is_integer(concurrency_limit) and concurrency_limit >= 1):
+            raise ValueError(f"concurrency_limit must be an integer >= 1 (prompts searched at once) or None (all), "
+                             f"got {describe(concurrency_limit)}")
         prompts = self._prompt_list(prompts)
         ids = []
         for i, p in enumerate(prompts):
@@ -264,8 +271,10 @@ class LLM:
                                  f"together more than max_model_len {self.config.max_model_len}; lower max_tokens "
                                  f"or raise max_model_len")
             ids.append(tokens)
-        outputs = beam_search(lambda batch, step: self._generate(batch, step, use_tqdm=False), ids, params,
-                              self.engine.eos_token_ids, use_tqdm)
+        limit = concurrency_limit or len(ids)
+        outputs = [out for start in range(0, len(ids), limit)
+                   for out in beam_search(lambda batch, step: self._generate(batch, step, use_tqdm=False),
+                                          ids[start:start + limit], params, self.engine.eos_token_ids, use_tqdm)]
         if self.tokenizer is not None:
             for beam in (b for out in outputs for b in out.sequences):
                 keep = len(beam.tokens) - (beam.finish_reason == "stop" and not params.include_stop_str_in_output)

@@ -82,3 +82,23 @@ def test_beam_search_refuses_what_cannot_fit_before_any_work(tiny):
     with pytest.raises(ValueError, match=r"BeamSearchParams go to llm.beam_search\(prompts, params\)"):
         tiny.generate([1, 2, 3], BeamSearchParams(beam_width=2, max_tokens=4))
     assert not tiny.engine.requests
+
+
+def test_concurrency_limit_searches_a_few_prompts_at_a_time_to_the_same_beams(tiny):
+    """vLLM's concurrency_limit: the prompts go in groups of that many; each prompt's search is its own."""
+    prompts = [{"prompt_token_ids": [(5 * i + j) % 300 + 1 for i in range(9 + j)]} for j in range(3)]
+    params = BeamSearchParams(beam_width=2, max_tokens=3, ignore_eos=True)
+    together = tiny.beam_search(prompts, params)
+    calls = []
+    generate = tiny._generate
+    tiny._generate = lambda batch, step, **kw: calls.append(len(batch)) or generate(batch, step, **kw)
+    try:
+        apart = tiny.beam_search(prompts, params, concurrency_limit=2, lora_request=None)
+    finally:
+        del tiny._generate
+    assert [[s.tokens for s in o.sequences] for o in apart] == [[s.tokens for s in o.sequences] for o in together]
+    assert calls == [2, 4, 4, 1, 2, 2]  # two prompts' beams a step, then the third's
+    with pytest.raises(ValueError, match="concurrency_limit must be an integer >= 1"):
+        tiny.beam_search(prompts, params, concurrency_limit=0)
+    with pytest.raises(ValueError, match="minillm serves no LoRA adapters"):
+        tiny.beam_search(prompts, params, lora_request=object())
