@@ -109,8 +109,14 @@ def test_chat_beams_streamed_and_not_are_one_answer(server, hf):
     ids = whole.json()["usage"]["prompt_tokens"]
     _, tok = hf
     prompt = tok.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=False)
-    want, _ = hf_beams(hf, tok.encode(prompt, add_special_tokens=False), 2, 4)
+    want, scores = hf_beams(hf, tok.encode(prompt, add_special_tokens=False), 2, 4)
     assert texts == [tok.decode(t) for t in want] and ids == len(tok.encode(prompt, add_special_tokens=False))
+    # chat's logprobs: each token's, with the top 2 of its step's candidates
+    r = post(server, "/v1/chat/completions", dict(body, logprobs=True, top_logprobs=2))
+    for c, score in zip(r.json()["choices"], scores):
+        content = c["logprobs"]["content"]
+        assert len(content) == 4 and all(len(t["top_logprobs"]) == 2 for t in content)
+        assert sum(t["logprob"] for t in content) == pytest.approx(score, abs=LOGPROB_ATOL)
 
 
 def test_a_beam_ending_in_eos_stops_there_as_vllm_answers_it(server, hf):
