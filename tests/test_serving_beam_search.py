@@ -14,7 +14,7 @@ from helpers import one_torch_thread, ref_path  # noqa: F401 (one_torch_thread: 
 from minillm.model_zoo import resolve_model
 from minillm.sampling_params import BeamSearchParams
 from minillm.serving import beams as beams_module
-from minillm.serving.async_engine import QueueFullError
+from minillm.serving.async_engine import EngineError, QueueFullError
 from minillm.serving.beams import BeamSearchStream
 from serving_helpers import engine_client, server_handle
 
@@ -241,5 +241,25 @@ def test_aborting_a_search_mid_step_ends_its_requests():
         while (llm._book.requests or not llm.engine.is_finished()) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not llm._book.requests and llm.engine.is_finished()
+    finally:
+        llm.shutdown()
+
+
+def test_a_search_the_engine_stops_under_fails_at_once():
+    """Every accepted request finishes or errors: shut down mid-search, the search raises EngineError
+    (the server's 500, or an error event), whichever step it was in."""
+    llm = engine_client(ref_path("tiny-qwen3"), "thread")
+    try:
+        async def search():
+            params = BeamSearchParams(beam_width=3, max_tokens=200, ignore_eos=True)
+            stream = BeamSearchStream(llm, None, list(range(1, 30)), params)
+            task = asyncio.ensure_future(stream.__anext__())
+            while stream._number < 4:
+                await asyncio.sleep(0.001)
+            await asyncio.to_thread(llm.shutdown)
+            with pytest.raises(EngineError):
+                await asyncio.wait_for(task, timeout=20)
+
+        asyncio.run(search())
     finally:
         llm.shutdown()
