@@ -373,6 +373,11 @@ class EngineClient:
         for rid in [request_id] if isinstance(request_id, str) else request_id:
             self.cancel(rid)
 
+    async def reset_prefix_cache(self) -> bool:
+        """vLLM's coroutine: empty the prefix cache, so the next prompts find no cached blocks -> True;
+        False, with nothing changed, while a request holds blocks (as LLM.reset_prefix_cache)."""
+        raise NotImplementedError
+
     def cancel(self, request_id: str) -> None:
         """abort's work, from any thread and without an event loop: end a request before the next step (a
         no-op for one that has finished)."""
@@ -446,6 +451,10 @@ class AsyncLLM(EngineClient):
     def _queue(self, req: _Request) -> None:
         self._inbox.append(req)
         self._cond.notify()
+
+    async def reset_prefix_cache(self) -> bool:
+        # the engine's own lock orders this between the engine thread's steps
+        return await asyncio.to_thread(self.engine.reset_prefix_cache)
 
     def _queue_abort(self, req: _Request) -> None:
         self._aborts.append(req)
@@ -551,7 +560,9 @@ class AsyncLLM(EngineClient):
                 still.append(req)
         self._live = still
         self.metrics.count_generation_tokens(new_tokens)
-        self.metrics.set_free_blocks(self.engine.scheduler.block_manager.num_free_blocks)
+        blocks = self.engine.scheduler.block_manager
+        self.metrics.set_free_blocks(blocks.num_free_blocks)
+        self.metrics.set_prefix_cache_hits(blocks.num_cached_tokens_total)
 
     def _held(self, req: _Request) -> bool:
         """Whether req's new tokens wait for a later step: never once a sample has finished; else while

@@ -12,6 +12,8 @@ the API process in one pipe message:
     abort                      -- ("abort", id) ---------------------->
     reader thread: start,      <-- ([(id, event), ...], metrics) ------  after each step (_flush)
       finish, deliver deltas
+    reset_prefix_cache         -- ("reset_prefix_cache", call id) -->  the engine's (under its lock)
+    reader thread: the answer  <-- ([(call id, ("result", value))], metrics)
     shutdown                   -- ("stop",) ------------------------->  fail what is left, free the
                                                                          GPU, exit
 
@@ -22,11 +24,13 @@ EngineError; if the API process dies, the engine process reads EOF and shuts dow
 """
 from __future__ import annotations
 
+import asyncio
 import atexit
 import multiprocessing
 import signal
 import sys
 import threading
+import uuid
 
 from minillm.outputs import CompletionOutput, RequestOutput
 from minillm.serving.async_engine import (_END, AsyncLLM, EngineClient, EngineError, _Request, admit, check_positive,
@@ -60,12 +64,24 @@ def _unpack(req: _Request, event: tuple) -> RequestOutput | EngineError:
                          finished=finished, metrics=metrics)
 
 
+def _settle(loop: asyncio.AbstractEventLoop, answer: asyncio.Future, value) -> None:
+    """From the reader thread: resolve a call's future on its event loop (an exception: raise it there)."""
+    def settle() -> None:
+        if not answer.done():
+            (answer.set_exception if isinstance(value, BaseException) else answer.set_result)(value)
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # that event loop is closed: nobody is listening
+        pass
+
+
 class _EngineCore(AsyncLLM):
     """AsyncLLM in the engine process: requests arrive from the pipe (submit), each step's events
     leave through it (_flush, on the engine thread)."""
 
     def __init__(self, llm, outputs, stream_interval: int, static_batching: bool):
         self._pipe = outputs
+        self._pipe_lock = threading.Lock()  # the engine thread's _flush and the main thread's answers
         self._sent_metrics: tuple | None = None
         super().__init__(llm, max_waiting=sys.maxsize, static_batching=static_batching,
                          stream_interval=stream_interval)
@@ -93,8 +109,14 @@ class _EngineCore(AsyncLLM):
         self._outbox.clear()
         metrics = self.metrics.snapshot()
         if events or metrics != self._sent_metrics:
-            self._pipe.send((events, metrics))
+            with self._pipe_lock:
+                self._pipe.send((events, metrics))
             self._sent_metrics = metrics
+
+    def answer(self, call_id: str, value) -> None:
+        """On the main thread: the result of an API-process call, as an event of its own."""
+        with self._pipe_lock:
+            self._pipe.send(([(call_id, ("result", value))], self.metrics.snapshot()))
 
 
 def run_engine_core(requests, outputs, model: str, llm_args: dict, core_args: dict) -> None:
@@ -124,6 +146,8 @@ def run_engine_core(requests, outputs, model: str, llm_args: dict, core_args: di
                     break  # the engine thread died: exit, and the API process fails what is left
             elif message[0] == "abort":
                 core.cancel(message[1])
+            elif message[0] == "reset_prefix_cache":
+                core.answer(message[1], llm.engine.reset_prefix_cache())
             else:
                 break
     finally:
@@ -163,6 +187,7 @@ class EngineCoreClient(EngineClient):
             raise (ValueError if hello[1] else RuntimeError)(hello[2])
         _, checks, default_params, num_blocks, tokenizer, chat_max_tokens = hello
         super().__init__(tokenizer, checks, default_params, num_blocks, max_waiting, chat_max_tokens)
+        self._calls: dict[str, tuple] = {}  # call id -> (event loop, future) of a call awaiting its answer
         self._thread = threading.Thread(target=self._read, name="minillm-engine-reader", daemon=True)
         self._thread.start()
         atexit.register(self.shutdown)  # before multiprocessing joins its children at exit
@@ -179,6 +204,16 @@ class EngineCoreClient(EngineClient):
 
     def _queue_abort(self, req: _Request) -> None:
         self._send(("abort", req.request_id))
+
+    async def reset_prefix_cache(self) -> bool:
+        loop = asyncio.get_running_loop()
+        call_id, answer = f"call-{uuid.uuid4().hex}", loop.create_future()
+        with self._cond:
+            if self._stopping or self._dead:
+                raise EngineError(f"the engine is not running ({self._dead or 'shutting down'})")
+            self._calls[call_id] = (loop, answer)
+        self._send(("reset_prefix_cache", call_id))
+        return await answer
 
     def shutdown(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Stop the engine process (requests in flight fail with EngineError; it frees the GPU as it
@@ -210,16 +245,22 @@ class EngineCoreClient(EngineClient):
                 left = list(self._book.requests.values())
                 for req in left:
                     finish(self._book, req)
+                calls, self._calls = list(self._calls.values()), {}
             error = f"the engine stopped before this request finished ({self._dead})"
             self._outbox.extend(pair for req in left for pair in ((req, EngineError(error)), (req, _END)))
             self._flush()
+            for loop, answer in calls:  # nobody may wait forever
+                _settle(loop, answer, EngineError(f"the engine stopped before it answered ({self._dead})"))
 
     def _apply(self, events: list) -> None:
         """One step's events: the book's start and finish, and each request's items to its event loop."""
         with self._cond:
             for request_id, event in events:
                 req = self._book.requests.get(request_id)
-                if req is None:  # cannot happen: END is a request's last event
+                if req is None:  # the answer to a call (END is a request's last event)
+                    call = self._calls.pop(request_id, None)
+                    if call is not None:
+                        _settle(*call, event[1])
                     continue
                 if event == STARTED:
                     start(self._book, req)

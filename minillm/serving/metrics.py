@@ -47,6 +47,7 @@ class Metrics:
         self.num_blocks = num_blocks
         self.free_blocks = num_blocks
         self.prompt_tokens = self.generation_tokens = self.failed = 0
+        self.prefix_cache_hits = 0  # prompt tokens whose K/V the prefix cache held (the block manager's total)
         self.finished = dict.fromkeys(FINISH_REASONS, 0)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.tpot = Histogram(TPOT_BUCKETS)
@@ -55,6 +56,10 @@ class Metrics:
     def set_free_blocks(self, free_blocks: int) -> None:
         with self.lock:
             self.free_blocks = free_blocks
+
+    def set_prefix_cache_hits(self, tokens: int) -> None:
+        with self.lock:
+            self.prefix_cache_hits = tokens
 
     def count_prompt_tokens(self, n: int) -> None:
         with self.lock:
@@ -87,14 +92,16 @@ class Metrics:
     def snapshot(self) -> tuple:
         """Every value, as plain data: what the engine process sends with each step's outputs."""
         with self.lock:
-            return (self.free_blocks, self.prompt_tokens, self.generation_tokens, self.failed, dict(self.finished),
+            return (self.free_blocks, self.prompt_tokens, self.prefix_cache_hits, self.generation_tokens, self.failed,
+                    dict(self.finished),
                     (list(self.ttft.counts), self.ttft.count, self.ttft.sum),
                     (list(self.tpot.counts), self.tpot.count, self.tpot.sum))
 
     def load(self, snapshot: tuple) -> None:
         """Take every value from a snapshot() of the engine process's Metrics."""
         with self.lock:
-            (self.free_blocks, self.prompt_tokens, self.generation_tokens, self.failed, self.finished,
+            (self.free_blocks, self.prompt_tokens, self.prefix_cache_hits, self.generation_tokens, self.failed,
+             self.finished,
              (self.ttft.counts, self.ttft.count, self.ttft.sum),
              (self.tpot.counts, self.tpot.count, self.tpot.sum)) = snapshot
 
@@ -120,6 +127,12 @@ class Metrics:
                    [f"minillm_kv_cache_total_blocks {self.num_blocks}"])
             metric("minillm_prompt_tokens_total", "counter", "Prompt tokens of the requests scheduled.",
                    [f"minillm_prompt_tokens_total {self.prompt_tokens}"])
+            # vLLM's prefix_cache_queries and prefix_cache_hits: hits / queries is the cache's hit rate
+            metric("minillm_prefix_cache_queries_total", "counter",
+                   "Prompt tokens looked up in the prefix cache (those of the requests scheduled).",
+                   [f"minillm_prefix_cache_queries_total {self.prompt_tokens}"])
+            metric("minillm_prefix_cache_hits_total", "counter", "Prompt tokens whose K/V the prefix cache held.",
+                   [f"minillm_prefix_cache_hits_total {self.prefix_cache_hits}"])
             metric("minillm_generation_tokens_total", "counter", "Tokens generated.",
                    [f"minillm_generation_tokens_total {self.generation_tokens}"])
             metric("minillm_request_success_total", "counter", "Samples finished, by finish reason.",
