@@ -3,6 +3,7 @@ vLLM's server answers them, the fields it ignores refused by name, and a search 
 import asyncio
 import dataclasses
 import json
+import re
 import time
 
 import httpx
@@ -73,6 +74,22 @@ def test_completions_beams_are_transformers_beams(server, hf):
             assert sum(lp["token_logprobs"]) == pytest.approx(score, abs=LOGPROB_ATOL)
             assert c["finish_reason"] == "length"
     assert answer["usage"]["completion_tokens"] == 2 * width * steps
+
+
+def test_each_step_finds_the_beams_blocks_in_the_prefix_cache(server):
+    """A step is one request per beam, the whole beam as its prompt: after the first step the prefix cache
+    holds every full block of each beam's prompt (what /metrics counts as hits)."""
+    def hits() -> float:
+        text = httpx.get(server.base_url + "/metrics", timeout=TIMEOUT).text
+        return float(re.search(r"^minillm_prefix_cache_hits_total (\S+)$", text, re.M).group(1))
+
+    prompt = [(13 * i + 7) % 900 + 1 for i in range(40)]  # two full blocks of 16, and 8 tokens
+    width, steps = 2, 4
+    before = hits()
+    r = post(server, "/v1/completions", dict(prompt=prompt, use_beam_search=True, n=width, max_tokens=steps,
+                                             ignore_eos=True))
+    assert r.status_code == 200, r.text
+    assert hits() - before >= (steps - 1) * width * 2 * 16
 
 
 def test_with_the_engine_in_its_own_process_the_beams_are_the_same(server, hf):
