@@ -206,6 +206,8 @@ def test_more_beams_than_the_queue_holds_is_a_400_not_a_503():
         r = post(server, "/v1/completions", dict(prompt="Hi", use_beam_search=True, n=3, max_tokens=2))
         assert r.status_code == 400 and r.json()["error"]["param"] == "n"
         assert "--max-waiting" in r.json()["error"]["message"]
+        r = post(server, "/v1/completions", dict(prompt=["Hi", "Ho"], use_beam_search=True, n=2, max_tokens=2))
+        assert r.status_code == 400 and "2 prompts x n=2 beams queues 4 requests" in r.json()["error"]["message"]
         ok = post(server, "/v1/completions", dict(prompt="Hi", use_beam_search=True, n=2, max_tokens=2))
         assert ok.status_code == 200
 

@@ -311,11 +311,12 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
     def submit_beams(prompts: list, params, body: dict, chat: bool) -> list[BeamSearchStream]:
         """A beam search per prompt (use_beam_search), all or none, each read as a request's stream: n beams,
         max_tokens as given, else the smaller of the default and what the context leaves the prompt."""
-        if params.n > async_llm.max_waiting:  # each step queues n requests: a 503 would never pass
-            raise bad_request(f"a beam search of n={params.n} beams queues {params.n} requests a step, but this "
-                              f"server queues at most {async_llm.max_waiting} (--max-waiting): ask for at most "
-                              f"{async_llm.max_waiting} beams, or start the server with a larger --max-waiting",
-                              param="n")
+        queued = len(prompts) * params.n  # each step queues n requests a prompt: past this a 503 would never pass
+        if queued > async_llm.max_waiting:
+            what = f"{len(prompts)} prompts x " if len(prompts) > 1 else ""
+            raise bad_request(f"a beam search of {what}n={params.n} beams queues {queued} requests a step, but this "
+                              f"server queues at most {async_llm.max_waiting} (--max-waiting): ask for fewer beams "
+                              f"(or prompts), or start the server with a larger --max-waiting", param="n")
         checked = check_all(prompts, params, body, chat)
         streams: list[BeamSearchStream] = []
         try:
