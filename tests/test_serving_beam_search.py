@@ -240,15 +240,21 @@ def test_a_later_step_waits_for_room_in_a_full_queue(monkeypatch):
         llm.shutdown()
 
 
+async def search_under_way(llm, steps: int) -> tuple[BeamSearchStream, asyncio.Task]:
+    """A 200-step search of 3 beams, read by a task, once it has reached its `steps`-th step."""
+    stream = BeamSearchStream(llm, None, list(range(1, 40)), BeamSearchParams(beam_width=3, max_tokens=200,
+                                                                             ignore_eos=True))
+    task = asyncio.ensure_future(stream.__anext__())
+    while stream._number < steps:
+        await asyncio.sleep(0.001)
+    return stream, task
+
+
 def test_aborting_a_search_mid_step_ends_its_requests():
     llm = engine_client(ref_path("tiny-qwen3"), "thread")
     try:
         async def search_then_abort():
-            params = BeamSearchParams(beam_width=4, max_tokens=200, ignore_eos=True)
-            stream = BeamSearchStream(llm, None, list(range(1, 40)), params)
-            task = asyncio.ensure_future(stream.__anext__())
-            while stream._number < 3:  # a few steps in
-                await asyncio.sleep(0.001)
+            stream, task = await search_under_way(llm, 3)
             task.cancel()  # what the server does when the client goes away
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -270,11 +276,7 @@ def test_a_search_the_engine_stops_under_fails_at_once():
     llm = engine_client(ref_path("tiny-qwen3"), "thread")
     try:
         async def search():
-            params = BeamSearchParams(beam_width=3, max_tokens=200, ignore_eos=True)
-            stream = BeamSearchStream(llm, None, list(range(1, 30)), params)
-            task = asyncio.ensure_future(stream.__anext__())
-            while stream._number < 4:
-                await asyncio.sleep(0.001)
+            _, task = await search_under_way(llm, 4)
             await asyncio.to_thread(llm.shutdown)
             with pytest.raises(EngineError):
                 await asyncio.wait_for(task, timeout=20)
