@@ -179,6 +179,9 @@ def test_beam_search_errors_name_the_field_and_the_fix(server):
     assert e["param"] == "n" and e["message"].startswith("n must be an integer in [1, 10]")
     e = error("/v1/completions", dict(prompt="Hi", length_penalty=0.5, max_tokens=2))
     assert e["param"] == "length_penalty" and "use_beam_search: true" in e["message"]
+    # vLLM's defaults of both, as a client that copies them sends them, change nothing
+    r = post(server, "/v1/completions", dict(prompt="Hi", use_beam_search=False, length_penalty=1.0, max_tokens=2))
+    assert r.status_code == 200 and len(r.json()["choices"]) == 1
     e = error("/v1/chat/completions", dict(messages=[{"role": "user", "content": "Hi"}], use_beam_search=True,
                                            length_penalty="long", max_tokens=2))
     assert e["param"] == "length_penalty" and "a finite number" in e["message"]

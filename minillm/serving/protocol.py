@@ -248,9 +248,10 @@ NO_TOP_K = (-1, 0)  # both mean "no top-k" to SamplingParams
 
 def use_beam_search(body: dict) -> bool:
     """Whether the request asks for vLLM's beam search (use_beam_search: true). Raises a 400 for a field the
-    search would ignore, or a length_penalty without it (which would be ignored too)."""
+    search would ignore, or a length_penalty other than vLLM's default 1.0 without it (ignored too)."""
     if not flag(body, "use_beam_search"):
-        if body.get("length_penalty") is not None:
+        penalty = body.get("length_penalty")
+        if penalty is not None and not (type(penalty) in (int, float) and penalty == 1):  # 1: vLLM's default
             raise bad_request("length_penalty ranks the beams of a beam search: send it with use_beam_search: true, "
                               "or leave it out", param="length_penalty")
         return False
