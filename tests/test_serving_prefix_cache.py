@@ -1,5 +1,6 @@
-"""The server's prefix cache from outside: vLLM's prefix_cache_queries / prefix_cache_hits on /metrics, and
-vLLM's `await engine.reset_prefix_cache()`, with the engine in the server's process and in its own."""
+"""The server's prefix cache from outside: vLLM's prefix_cache_queries / prefix_cache_hits on /metrics,
+vLLM's `await engine.reset_prefix_cache()`, with the engine in the server's process and in its own, and
+vLLM's POST /reset_prefix_cache."""
 import asyncio
 import time
 
@@ -17,6 +18,7 @@ MODEL = "qwen3-tiny"
 BLOCK = 16  # small_engine_args' kvcache_block_size
 PROMPT = list(range(10, 10 + 3 * BLOCK + 5))  # three full blocks and a partial one
 TIMEOUT = httpx.Timeout(60.0)
+LONG_CONTEXT = 2048
 
 
 def cache_counters(base_url: str) -> tuple[float, float]:
@@ -72,3 +74,54 @@ def test_reset_prefix_cache_after_the_engine_process_stopped_is_an_engine_error(
         server.async_llm.shutdown()
         with pytest.raises(EngineError, match="not running"):
             asyncio.run(server.async_llm.reset_prefix_cache())
+
+
+def test_post_reset_prefix_cache_as_vllm_and_its_errors():
+    key = "k3y"
+    auth = {"Authorization": f"Bearer {key}"}
+    # a context long enough that the streamed request below runs for seconds after its first chunk
+    with server_handle(MODEL, api_key=key, max_model_len=LONG_CONTEXT) as server:
+        url = server.base_url + "/reset_prefix_cache"
+
+        def complete_with_key():
+            r = httpx.post(server.base_url + "/v1/completions", headers=auth, timeout=TIMEOUT,
+                           json=dict(model=MODEL, prompt=PROMPT, max_tokens=2))
+            assert r.status_code == 200, r.text
+
+        complete_with_key()
+        complete_with_key()
+        _, h0 = cache_counters(server.base_url)
+        r = httpx.post(url, headers=auth)
+        assert (r.status_code, r.content) == (200, b"")  # vLLM's answer: 200, no body
+        complete_with_key()
+        _, h1 = cache_counters(server.base_url)
+        assert h1 == h0  # the prompt found nothing cached after the reset
+        complete_with_key()
+        _, h2 = cache_counters(server.base_url)
+        assert h2 - h1 == 3 * BLOCK  # and the cache works again
+
+        r = httpx.post(url)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        for query, param in (("reset_running_requests=true", "reset_running_requests"),
+                             ("reset_external=maybe", "reset_external")):
+            r = httpx.post(f"{url}?{query}", headers=auth)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert httpx.post(f"{url}?reset_external=true&reset_running_requests=false", headers=auth).status_code == 200
+
+        # while a request holds blocks: 409, nothing forgotten
+        body = dict(model=MODEL, prompt=PROMPT, max_tokens=LONG_CONTEXT - len(PROMPT), ignore_eos=True, stream=True)
+        with httpx.stream("POST", server.base_url + "/v1/completions", json=body, headers=auth,
+                          timeout=TIMEOUT) as stream:
+            lines = stream.iter_lines()  # kept: a generator dropped unfinished closes the connection (an abort)
+            next(lines)  # its first chunk: it is running
+            r = httpx.post(url, headers=auth)
+        error = r.json()["error"]
+        assert r.status_code == 409 and error["type"] == "conflict_error", r.text
+        assert "hold KV-cache blocks" in error["message"] and "call again" in error["message"]
+        deadline = time.monotonic() + 20
+        while server.async_llm.num_running and time.monotonic() < deadline:  # the closed stream's abort lands
+            time.sleep(0.01)
+        _, h3 = cache_counters(server.base_url)
+        complete_with_key()
+        _, h4 = cache_counters(server.base_url)
+        assert h4 - h3 == 3 * BLOCK

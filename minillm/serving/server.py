@@ -6,13 +6,15 @@
                                 (both: vLLM's "use_beam_search": true for n beams instead of n samples)
     POST /tokenize, POST /detokenize, GET /version   vLLM's: text or a conversation <-> token ids
     GET  /health, GET /metrics (Prometheus text), GET / (the chat page, static/index.html)
+    POST /reset_prefix_cache    vLLM's (its dev mode): forget every cached prefix; 409 while requests hold blocks
 
 CORS as vLLM's (Starlette's CORSMiddleware; by default any origin, method and header: create_app's options).
 Every error is OpenAI's JSON {"error": {"message", "type", "param", "code"}}, never a traceback:
 400 bad input (also an explicit max_tokens the context cannot hold, and a list of more prompts than
-max_waiting), 401 a missing or wrong API key, 404 an unknown model or path, 413 a body over
-MAX_BODY_BYTES, 503 (with Retry-After) when max_waiting requests already wait, 500 an engine error
-(every request in flight fails; the server goes on). A client that disconnects aborts its request.
+max_waiting), 401 a missing or wrong API key, 404 an unknown model or path, 409 a prefix-cache reset
+while requests hold KV-cache blocks, 413 a body over MAX_BODY_BYTES, 503 (with Retry-After) when
+max_waiting requests already wait, 500 an engine error (every request in flight fails; the server goes
+on). A client that disconnects aborts its request.
 Ctrl-C or SIGTERM first stops the engine, which fails what is in flight, then uvicorn closes.
 """
 from __future__ import annotations
@@ -33,7 +35,7 @@ from collections.abc import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minillm.engine.llm_engine import PromptTooLongError
@@ -59,6 +61,15 @@ RETRY_AFTER_S = 1  # what a 503 asks the client to wait
 # later changes; the README has the current figures).
 SWITCH_INTERVAL_S = 0.0005
 log = logging.getLogger("minillm.serving")
+
+
+def query_flag(request: Request, name: str) -> bool:
+    """A boolean query parameter (?name=true), false when absent; anything but true/false/1/0 is a 400."""
+    given = request.query_params.get(name, "false")
+    value = given.lower()
+    if value not in ("true", "false", "1", "0"):
+        raise bad_request(f"the query parameter {name} must be true or false, got {given!r}", param=name)
+    return value in ("true", "1")
 
 
 def _sse(obj) -> str:
@@ -561,6 +572,23 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
     async def metrics():
         text = async_llm.metrics.render(running=async_llm.num_running, waiting=async_llm.num_waiting)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache(request: Request):
+        """vLLM's /reset_prefix_cache (served there with VLLM_SERVER_DEV_MODE=1): forget every cached prefix,
+        so the next prompts start cold (between two benchmark runs) -> 200, empty. Guarded by --api-key."""
+        authorize(request)
+        if query_flag(request, "reset_running_requests"):
+            raise bad_request("reset_running_requests=true is not supported: minillm resets the prefix cache only "
+                              "while no request holds KV-cache blocks; call again without it once they finish",
+                              param="reset_running_requests")
+        query_flag(request, "reset_external")  # vLLM's external KV caches (a KV connector): minillm has none
+        if not await async_llm.reset_prefix_cache():
+            raise APIError(409, f"the prefix cache was not reset: requests hold KV-cache blocks "
+                                f"({async_llm.num_running} running now); call again once they finish (when "
+                                f"minillm_num_requests_running on /metrics reads 0)", type="conflict_error")
+        log.info("prefix cache reset")
+        return Response(status_code=200)
 
     @app.get("/")
     async def index():
