@@ -21,6 +21,10 @@ Workloads (prompts are token-id lists sent to /v1/completions, so their lengths 
                  [--min-len, --max-input-len] and [--min-len, --max-output-len], random ids in [0, 10000]
   sharegpt-like  lengths from seeded lognormals with roughly ShareGPT's shape (many short turns, a long
                  tail; medians near SHAREGPT_LIKE's), clipped to the same bounds; generated here, no download
+  random         vLLM's `--dataset-name random`: prompt and output lengths uniform in
+                 [floor(L(1-r)), ceil(L(1+r))] for L = --random-input-len / --random-output-len and
+                 r = --random-range-ratio, each prompt after one shared --random-prefix-len-token prefix
+                 (a prefix-cache workload); ids random in [0, 10000]; --min-len and the max lengths unused
 Every request asks for exactly its output length (max_tokens, with ignore_eos). Each rate runs the same
 lengths with fresh prompts (the first token changed), so no rate reuses another's cached prefixes.
 As in vLLM's, --burstiness makes the gaps between arrivals gamma-distributed (1: Poisson) and
@@ -44,7 +48,10 @@ import numpy as np
 
 from minillm.serving.sse import sse_data
 
-WORKLOADS = ("nanovllm", "sharegpt-like")
+WORKLOADS = ("nanovllm", "sharegpt-like", "random")
+# vLLM's --dataset-name random: its flags and their defaults (RandomDataset's); the flags are None until filled
+RANDOM_DEFAULTS = {"random_input_len": 1024, "random_output_len": 128, "random_range_ratio": 0.0,
+                   "random_prefix_len": 0}
 PERCENTILES = (50, 90, 99)  # reported beside the mean; 50 is reported as "median"
 MAX_TOKEN_ID = 10000  # the nanovllm workload's prompts are random ids in [0, 10000]
 # The sharegpt-like workload: lognormal token counts (median, sigma of the log), clipped to the length bounds.
@@ -191,10 +198,36 @@ def sharegpt_like_lengths(num: int, min_len: int, max_input_len: int, max_output
     return draw(*SHAREGPT_LIKE["prompt"], max_input_len), draw(*SHAREGPT_LIKE["output"], max_output_len)
 
 
+def random_lengths(num: int, input_len: int, output_len: int, range_ratio: float, seed: int = 0):
+    """vLLM's random dataset's lengths: (prompt lengths, output lengths), `num` ints each, uniform in
+    [floor(L * (1 - r)), ceil(L * (1 + r))] for L = input_len and output_len, r = range_ratio in [0, 1)
+    (an output at least 1 token)."""
+    rng = np.random.default_rng(seed)
+
+    def draw(n: int, lowest: int) -> list[int]:
+        lo, hi = max(math.floor(n * (1 - range_ratio)), lowest), max(math.ceil(n * (1 + range_ratio)), lowest)
+        return [int(v) for v in rng.integers(lo, hi + 1, num)]
+
+    return draw(input_len, 0), draw(output_len, 1)
+
+
+def random_requests(num: int, input_len: int, output_len: int, range_ratio: float, prefix_len: int,
+                    seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    """vLLM's random dataset as token ids: one shared prefix of `prefix_len` random ids, then each prompt's
+    own random ids of a length random_lengths draws. -> (prompt token-id lists, output lengths)."""
+    p_lens, o_lens = random_lengths(num, input_len, output_len, range_ratio, seed)
+    rng = np.random.default_rng(seed + 1)
+    prefix = [int(i) for i in rng.integers(0, MAX_TOKEN_ID + 1, prefix_len)]
+    return [prefix + [int(i) for i in rng.integers(0, MAX_TOKEN_ID + 1, n)] for n in p_lens], o_lens
+
+
 def make_requests(workload: str, num: int, min_len: int, max_input_len: int, max_output_len: int,
-                  seed: int = 0) -> tuple[list[list[int]], list[int]]:
-    """-> (prompt token-id lists, output lengths) of the named workload (see the module docstring)."""
+                  seed: int = 0, **random_args) -> tuple[list[list[int]], list[int]]:
+    """-> (prompt token-id lists, output lengths) of the named workload (see the module docstring);
+    random_args: the random workload's (RANDOM_DEFAULTS' names, less the `random_` prefix)."""
     from minillm.bench import make_workload
+    if workload == "random":
+        return random_requests(num, seed=seed, **random_args)
     if workload == "nanovllm":
         return make_workload(num, min_len, max_input_len, max_output_len, seed=seed)
     if workload == "sharegpt-like":
@@ -403,8 +436,17 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="arrivals' gamma shape: 1 Poisson (default), < 1 burstier, > 1 more even")
     p.add_argument("--max-concurrency", type=int, default=None,
                    help="at most this many requests in flight; one that arrives beyond it waits (default: no limit)")
-    p.add_argument("--workload", choices=WORKLOADS, default="nanovllm",
-                   help="nanovllm: nano-vLLM's uniform lengths; sharegpt-like: lognormal lengths (offline)")
+    p.add_argument("--workload", "--dataset-name", dest="workload", choices=WORKLOADS, default="nanovllm",
+                   help="nanovllm: nano-vLLM's uniform lengths; sharegpt-like: lognormal lengths (offline); "
+                        "random: vLLM's random dataset (--dataset-name random), set by the --random-* flags")
+    p.add_argument("--random-input-len", type=int, default=None,
+                   help=f"random: prompt length after the prefix (default {RANDOM_DEFAULTS['random_input_len']})")
+    p.add_argument("--random-output-len", type=int, default=None,
+                   help=f"random: output length (default {RANDOM_DEFAULTS['random_output_len']})")
+    p.add_argument("--random-range-ratio", type=float, default=None,
+                   help="random: lengths uniform in [L(1-r), L(1+r)], r in [0, 1) (default 0: exactly L)")
+    p.add_argument("--random-prefix-len", type=int, default=None,
+                   help="random: tokens of one prefix every prompt starts with (default 0)")
     p.add_argument("--min-len", type=int, default=100, help="shortest prompt and output (default 100)")
     p.add_argument("--max-input-len", type=int, default=1024, help="longest prompt (default 1024)")
     p.add_argument("--max-output-len", type=int, default=1024, help="longest output (default 1024)")
@@ -434,19 +476,52 @@ def check_serve_args(args) -> None:
                          f"{args.min_len}, {args.max_input_len}, {args.max_output_len}")
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
         raise ValueError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    check_random_args(args)
+
+
+def check_random_args(args) -> None:
+    """The --random-* flags: only with --workload random (vLLM would ignore them silently), where each left
+    out takes RANDOM_DEFAULTS' value and the lengths drawn must hold at least one prompt token."""
+    given = [name for name in RANDOM_DEFAULTS if getattr(args, name) is not None]
+    if args.workload != "random":
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise ValueError(f"{flag} sets the random workload: add --workload random (vLLM's --dataset-name "
+                             f"random), or leave {flag} out")
+        return
+    for name, value in RANDOM_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    r = args.random_range_ratio
+    if not 0 <= r < 1:
+        raise ValueError(f"--random-range-ratio must be in [0, 1) (lengths uniform in [L(1-r), L(1+r)]), got {r}")
+    if args.random_input_len < 0 or args.random_prefix_len < 0 or args.random_output_len < 1:
+        raise ValueError(f"--random-input-len and --random-prefix-len must be >= 0 and --random-output-len >= 1, "
+                         f"got {args.random_input_len}, {args.random_prefix_len}, {args.random_output_len}")
+    if args.random_prefix_len + math.floor(args.random_input_len * (1 - r)) < 1:
+        raise ValueError("the random workload could draw an empty prompt: raise --random-input-len or "
+                         "--random-prefix-len, or lower --random-range-ratio")
+
+
+def random_args(args) -> dict:
+    """make_requests' random_args from the parsed --random-* flags ({} for another workload)."""
+    if args.workload != "random":
+        return {}
+    return {name.removeprefix("random_"): getattr(args, name) for name in RANDOM_DEFAULTS}
 
 
 def run_bench_serve(args) -> dict:
     """Run every rate against the server; print each rate's table and a summary; write --json-file."""
     check_serve_args(args)
+    randoms = random_args(args)
     prompts, output_lens = make_requests(args.workload, args.num_prompts, args.min_len, args.max_input_len,
-                                         args.max_output_len, args.seed)
+                                         args.max_output_len, args.seed, **randoms)
     result = asyncio.run(_bench(args, prompts, output_lens))
-    result["workload"] = {"name": args.workload, "num_prompts": args.num_prompts, "seed": args.seed,
-                          "min_len": args.min_len, "max_input_len": args.max_input_len,
-                          "max_output_len": args.max_output_len, "temperature": args.temperature,
-                          "ignore_eos": True, "prompt_tokens": sum(map(len, prompts)),
-                          "output_tokens": sum(output_lens)}
+    lengths = ({f"random_{k}": v for k, v in randoms.items()} if randoms else
+               {"min_len": args.min_len, "max_input_len": args.max_input_len, "max_output_len": args.max_output_len})
+    result["workload"] = {"name": args.workload, "num_prompts": args.num_prompts, "seed": args.seed, **lengths,
+                          "temperature": args.temperature, "ignore_eos": True,
+                          "prompt_tokens": sum(map(len, prompts)), "output_tokens": sum(output_lens)}
     result = {k: result[k] for k in ("backend", "base_url", "model", "workload", "runs")}
     print(format_summary(result))
     if args.json_file:

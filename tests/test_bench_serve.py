@@ -116,6 +116,24 @@ def test_workloads():
     assert all(f[0] != p[0] and f[1:] == p[1:] for f, p in zip(fresh, prompts))
 
 
+def test_random_workload_lengths_as_vllms_random_dataset():
+    # vLLM's RandomDataset: lengths uniform integers in [floor(L(1-r)), ceil(L(1+r))], outputs at least 1
+    p_lens, o_lens = bench_serve.random_lengths(4000, 100, 10, 0.25, seed=3)
+    assert (min(p_lens), max(p_lens)) == (75, 125) and (min(o_lens), max(o_lens)) == (7, 13)
+    assert abs(np.mean(p_lens) - 100) < 1.5  # uniform: centred on L
+    assert bench_serve.random_lengths(50, 33, 5, 0.0, seed=1) == ([33] * 50, [5] * 50)  # r = 0: exactly L
+    assert min(bench_serve.random_lengths(200, 8, 1, 0.9, seed=1)[1]) == 1  # floor(0.1) = 0 -> 1 token
+    prompts, outs = bench_serve.make_requests("random", 20, 4, 16, 8, seed=2, input_len=12, output_len=6,
+                                              range_ratio=0.5, prefix_len=40)
+    assert (prompts, outs) == bench_serve.random_requests(20, 12, 6, 0.5, 40, seed=2)  # seeded
+    assert all(p[:40] == prompts[0][:40] for p in prompts)  # one shared prefix
+    assert len({tuple(p[40:]) for p in prompts}) == 20  # each prompt its own tail
+    assert [len(p) - 40 for p in prompts] == bench_serve.random_lengths(20, 12, 6, 0.5, seed=2)[0]
+    assert all(0 <= i <= bench_serve.MAX_TOKEN_ID for p in prompts for i in p)
+    fresh = bench_serve.fresh_prompts(prompts, 1)  # the next rate: a new prefix, still shared
+    assert all(f[:40] == fresh[0][:40] != prompts[0][:40] for f in fresh)
+
+
 # ---- the command line -------------------------------------------------------------------------------
 def parse(*argv: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
@@ -134,7 +152,25 @@ def test_serve_is_a_mode_of_bench():
     assert (d.base_url, d.max_concurrency, d.burstiness) == ("http://127.0.0.1:8011", 3, 0.5)
 
 
+def test_vllms_dataset_name_random_and_its_flags():
+    a = parse("serve", "--port", "8011", "--dataset-name", "random", "--random-input-len", "64",
+              "--random-prefix-len", "32")
+    bench_serve.check_serve_args(a)
+    assert a.workload == "random" and bench_serve.random_args(a) == dict(input_len=64, output_len=128,
+                                                                         range_ratio=0.0, prefix_len=32)
+    d = parse("serve", "--workload", "random")
+    bench_serve.check_serve_args(d)  # vLLM's defaults
+    assert bench_serve.random_args(d) == dict(input_len=1024, output_len=128, range_ratio=0.0, prefix_len=0)
+    assert bench_serve.random_args(parse("serve")) == {}
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--random-input-len", "8"], "--random-input-len sets the random workload: add --workload random"),
+    (["--dataset-name", "random", "--random-range-ratio", "1"], "--random-range-ratio must be in [0, 1)"),
+    (["--dataset-name", "random", "--random-input-len", "1", "--random-range-ratio", "0.5"],
+     "could draw an empty prompt"),
+    (["--dataset-name", "random", "--random-output-len", "0"], "--random-output-len >= 1"),
+    (["--dataset-name", "sharegpt"], "invalid choice: 'sharegpt'"),
     (["--request-rate", "0"], "request rate must be > 0"),
     (["--request-rate", "fast"], "not a number"),
     (["--num-prompts", "0"], "--num-prompts must be at least 1"),
@@ -223,3 +259,32 @@ def test_max_concurrency_caps_the_requests_in_flight(capsys):
         cli_main(["bench", "serve", "--base-url", base, "--num-prompts", "4", "--max-concurrency", "2", "--min-len",
                   "4", "--max-input-len", "16", "--max-output-len", "8"])
     assert "\nMaximum request concurrency:" + " " * 12 + "2" in capsys.readouterr().out
+
+
+def test_random_workload_with_a_shared_prefix_hits_the_servers_prefix_cache(tmp_path, capsys):
+    """vLLM's random dataset with a 32-token shared prefix (two KV blocks) against qwen3-tiny at two rates:
+    every request completes at its drawn length, and every request after each rate's first finds the
+    prefix's two blocks in the prefix cache (the rates' prefixes differ: one fresh first token a rate)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    import httpx
+    from serving_helpers import running_server
+
+    def hits(base: str) -> float:
+        return next(s.value for f in text_string_to_metric_families(httpx.get(base + "/metrics").text)
+                    for s in f.samples if s.name == "minillm_prefix_cache_hits_total")
+
+    out = tmp_path / "random.json"
+    with running_server(model="qwen3-tiny") as base:  # its KV blocks hold 16 tokens (small_engine_args)
+        before = hits(base)
+        cli_main(["bench", "serve", "--base-url", base, "--dataset-name", "random", "--random-input-len", "10",
+                  "--random-output-len", "4", "--random-range-ratio", "0.5", "--random-prefix-len", "32",
+                  "--num-prompts", "4", "--request-rate", "inf", "20", "--json-file", str(out)])
+        after = hits(base)
+    res = json.loads(out.read_text())
+    prompts, output_lens = bench_serve.random_requests(4, 10, 4, 0.5, 32)
+    assert res["workload"]["name"] == "random" and res["workload"]["random_prefix_len"] == 32
+    for r in res["runs"]:
+        assert (r["completed"], r["failed"]) == (4, 0)
+        assert r["output_lens"] == output_lens and r["input_lens"] == [len(p) for p in prompts]
+    assert after - before == 2 * 3 * 32  # two rates x three later requests x the prefix's 32 tokens
