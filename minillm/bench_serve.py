@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -52,7 +53,11 @@ WORKLOADS = ("nanovllm", "sharegpt-like", "random")
 # vLLM's --dataset-name random: its flags and their defaults (RandomDataset's); the flags are None until filled
 RANDOM_DEFAULTS = {"random_input_len": 1024, "random_output_len": 128, "random_range_ratio": 0.0,
                    "random_prefix_len": 0}
-PERCENTILES = (50, 90, 99)  # reported beside the mean; 50 is reported as "median"
+PERCENTILES = (50, 90, 99)  # reported beside the mean; 50 is reported as "median" (--metric-percentiles)
+METRICS = ("ttft", "tpot", "itl", "e2el")  # the latencies reported (--percentile-metrics)
+METRIC_TITLES = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
+                 "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+ENDPOINT = "/v1/completions"  # the one endpoint the token-id prompts go to (vLLM's --endpoint)
 MAX_TOKEN_ID = 10000  # the nanovllm workload's prompts are random ids in [0, 10000]
 # The sharegpt-like workload: lognormal token counts (median, sigma of the log), clipped to the length bounds.
 # ShareGPT's conversations, tokenized, have prompts with a median near a hundred tokens and outputs of a
@@ -135,12 +140,13 @@ def latency_percentiles(values_s, percentiles=PERCENTILES) -> dict[str, float]:
 # <<< exercise 6.4
 
 
-def summarize(traces: list[RequestTrace], duration_s: float) -> dict:
+def summarize(traces: list[RequestTrace], duration_s: float, percentiles=PERCENTILES, metrics=METRICS) -> dict:
     """The run's figures in the shape (and under the names) of vLLM's benchmark_serving JSON.
 
     traces: every request sent (failed ones count in "failed" only); duration_s: first send to last
-    response closed. Throughputs are per second of that duration; latencies in ms: for X in ttft, tpot,
-    itl, e2el the keys mean_X_ms, median_X_ms, p90_X_ms, p99_X_ms.
+    response closed. Throughputs are per second of that duration; latencies in ms: for X in `metrics`
+    (by default ttft, tpot, itl, e2el) the keys mean_X_ms and one a percentile (latency_percentiles' names:
+    by default median_X_ms, p90_X_ms, p99_X_ms).
     """
     done = [t for t in traces if t.ok]
     inp = sum(t.prompt_tokens for t in done)
@@ -150,9 +156,9 @@ def summarize(traces: list[RequestTrace], duration_s: float) -> dict:
            "request_throughput": len(done) / duration_s if duration_s > 0 else math.nan,
            "output_throughput": out / duration_s if duration_s > 0 else math.nan,
            "total_token_throughput": (inp + out) / duration_s if duration_s > 0 else math.nan}
-    for name, values in (("ttft", ttfts(traces)), ("tpot", tpots(traces)), ("itl", itls(traces)),
-                         ("e2el", e2e_latencies(traces))):
-        for stat, v in latency_percentiles(values).items():
+    measures = {"ttft": ttfts, "tpot": tpots, "itl": itls, "e2el": e2e_latencies}
+    for name in metrics:
+        for stat, v in latency_percentiles(measures[name](traces), percentiles).items():
             res[f"{stat}_{name}_ms"] = v
     res["input_lens"] = [t.prompt_tokens for t in done]
     res["output_lens"] = [t.output_tokens for t in done]
@@ -329,7 +335,7 @@ async def _bench(args, prompts, output_lens) -> dict:
     base = args.base_url.rstrip("/")
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)  # every request at once if due
     async with httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(REQUEST_TIMEOUT_S), limits=limits) as client:
-        model = args.served_model
+        model = args.served_model_name or args.served_model
         if not model:
             try:
                 r = await client.get(f"{base}/v1/models")
@@ -339,7 +345,7 @@ async def _bench(args, prompts, output_lens) -> dict:
             if r.status_code != 200:
                 raise RuntimeError(f"GET {base}/v1/models: {_error_text(r.status_code, r.content)}")
             model = r.json()["data"][0]["id"]
-        url = f"{base}/v1/completions"
+        url = base + ENDPOINT
         # one short request first: the server answers, and its first-call costs stay out of the figures
         warm = await send_request(client, url, _payload(model, prompts[0][::-1], WARMUP_TOKENS, args.temperature),
                                   time.perf_counter(), WARMUP_TOKENS)
@@ -352,9 +358,10 @@ async def _bench(args, prompts, output_lens) -> dict:
                                                  rate, args.temperature, args.seed + k, args.burstiness,
                                                  args.max_concurrency)
             res = {"request_rate": _rate_name(rate), "burstiness": args.burstiness,
-                   "max_concurrency": args.max_concurrency, **summarize(traces, duration)}
+                   "max_concurrency": args.max_concurrency,
+                   **summarize(traces, duration, args.metric_percentiles, args.percentile_metrics)}
             runs.append(res)
-            print(format_run(res), flush=True)
+            print(format_run(res, args.metric_percentiles, args.percentile_metrics), flush=True)
     return {"backend": "minillm", "base_url": base, "model": model, "runs": runs}
 
 
@@ -368,8 +375,13 @@ def _log(msg: str) -> None:
     print(f"[bench serve] {msg}", file=sys.stderr, flush=True)
 
 
-def format_run(res: dict) -> str:
-    """One rate's figures as vLLM's benchmark_serving prints them."""
+def _stat_names(percentiles) -> list[str]:
+    """latency_percentiles' names for these percentiles: "median" for 50, else f"p{p:g}"."""
+    return ["median" if p == 50 else f"p{p:g}" for p in percentiles]
+
+
+def format_run(res: dict, percentiles=PERCENTILES, metrics=METRICS) -> str:
+    """One rate's figures as vLLM's benchmark_serving prints them (the mean and `percentiles` of `metrics`)."""
     w = 50
     lines = [f"{' Serving Benchmark Result ':=^{w}}",
              f"{'Request rate (req/s):':<40}{res['request_rate']:<10}",
@@ -384,10 +396,9 @@ def format_run(res: dict) -> str:
              f"{'Request throughput (req/s):':<40}{res['request_throughput']:<10.2f}",
              f"{'Output token throughput (tok/s):':<40}{res['output_throughput']:<10.2f}",
              f"{'Total token throughput (tok/s):':<40}{res['total_token_throughput']:<10.2f}"]
-    for key, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
-                       ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
-        lines.append(f"{' ' + title + ' ':-^{w}}")
-        for stat in ("mean", "median", "p90", "p99"):
+    for key in metrics:
+        lines.append(f"{' ' + METRIC_TITLES[key] + ' ':-^{w}}")
+        for stat in ("mean", *_stat_names(percentiles)):
             label = f"{stat.capitalize() if stat in ('mean', 'median') else stat.upper()} {key.upper()} (ms):"
             lines.append(f"{label:<40}{res[f'{stat}_{key}_ms']:<10.2f}")
     if res["errors"]:
@@ -396,20 +407,46 @@ def format_run(res: dict) -> str:
     return "\n".join(lines)
 
 
-def format_summary(result: dict) -> str:
-    """Every rate on one line each: the figures to compare across rates."""
-    head = f"{'rate':>8}{'done':>6}{'req/s':>8}{'out tok/s':>11}{'TTFT p50':>10}{'p99':>9}{'TPOT p50':>10}{'p99':>9}" \
-           f"{'ITL p50':>9}{'p99':>9}  (ms)"
+def format_summary(result: dict, percentiles=PERCENTILES, metrics=METRICS) -> str:
+    """Every rate on one line each: the figures to compare across rates (of `metrics`, e2el aside, the
+    lowest and highest of `percentiles`)."""
+    names = _stat_names(sorted(set(percentiles)))
+    stats = names[:1] + names[-1:] if len(names) > 1 else names
+    shown = [m for m in metrics if m != "e2el"]
+    head = f"{'rate':>8}{'done':>6}{'req/s':>8}{'out tok/s':>11}" + "".join(
+        f"{(m.upper() + ' ' if i == 0 else '') + ('p50' if s == 'median' else s):>{10 if i == 0 else 9}}"
+        for m in shown for i, s in enumerate(stats)) + "  (ms)"
     lines = [f"{result['model']} at {result['base_url']}, workload {result['workload']['name']}", head]
     for r in result["runs"]:
         lines.append(f"{r['request_rate']!s:>8}{r['completed']:>6}{r['request_throughput']:>8.2f}"
-                     f"{r['output_throughput']:>11.1f}{r['median_ttft_ms']:>10.1f}{r['p99_ttft_ms']:>9.1f}"
-                     f"{r['median_tpot_ms']:>10.1f}{r['p99_tpot_ms']:>9.1f}{r['median_itl_ms']:>9.1f}"
-                     f"{r['p99_itl_ms']:>9.1f}")
+                     f"{r['output_throughput']:>11.1f}" + "".join(
+                         f"{r[f'{s}_{m}_ms']:>{10 if i == 0 else 9}.1f}" for m in shown for i, s in enumerate(stats)))
     return "\n".join(lines)
 
 
 # ---- arguments and the command ----------------------------------------------------------------------
+def _percentiles(text: str) -> tuple[float, ...]:
+    """vLLM's --metric-percentiles: "25,50,99" -> (25.0, 50.0, 99.0), each in [0, 100]."""
+    try:
+        values = tuple(float(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of percentiles, e.g. 50,90,99") \
+            from None
+    if not all(0 <= p <= 100 for p in values):
+        raise argparse.ArgumentTypeError(f"percentiles lie in [0, 100], got {text}")
+    return values
+
+
+def _metrics(text: str) -> tuple[str, ...]:
+    """vLLM's --percentile-metrics: "ttft,itl" -> ("ttft", "itl"), each one of METRICS."""
+    names = tuple(m.strip() for m in text.split(","))
+    unknown = [m for m in names if m not in METRICS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown metric {unknown[0]!r}: use a comma-separated list of "
+                                         f"{', '.join(METRICS)}")
+    return names
+
+
 def _rate(text: str) -> float:
     try:
         rate = float(text)
@@ -427,6 +464,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="the server's port, when --base-url is left out")
     p.add_argument("--model", dest="served_model", default=None,
                    help="the model name to send (default: the first one GET /v1/models lists)")
+    p.add_argument("--served-model-name", default=None, help="vLLM's: the model name to send, over --model")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--request-rate", nargs="+", type=_rate, default=[math.inf], metavar="R",
                    help="requests per second, Poisson arrivals; several run one after the other; "
@@ -453,6 +491,20 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--seed", type=int, default=0, help="workload and arrival times (default 0)")
     p.add_argument("--json-file", default=None, help="write the result there as JSON")
+    # vLLM's bench serve flags, so that its command lines run here
+    p.add_argument("--save-result", action="store_true", help="vLLM's: write the result as JSON to --result-dir")
+    p.add_argument("--result-dir", default=None, help="vLLM's: where --save-result writes (default: here)")
+    p.add_argument("--result-filename", default=None,
+                   help="vLLM's: the file --save-result writes (default minillm-MODEL-YYYYmmdd-HHMMSS.json)")
+    p.add_argument("--metric-percentiles", type=_percentiles, default=PERCENTILES, metavar="P,P,...",
+                   help="vLLM's: the percentiles reported beside each mean (default 50,90,99)")
+    p.add_argument("--percentile-metrics", type=_metrics, default=METRICS, metavar="M,M,...",
+                   help=f"vLLM's: the latencies reported (default {','.join(METRICS)})")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="vLLM's: every request runs to its output length; minillm's bench always does")
+    p.add_argument("--backend", choices=("vllm", "openai"), default="vllm",
+                   help="vLLM's: both send to the OpenAI completions API, as here")
+    p.add_argument("--endpoint", default=ENDPOINT, help=f"vLLM's: only {ENDPOINT} (the prompts are token ids)")
     # the parent `bench` still fills in its own workload defaults by device (cli.check_bench_args): "cpu"
     # spares it probing CUDA, which sending requests does not need
     p.set_defaults(device="cpu")
@@ -476,6 +528,12 @@ def check_serve_args(args) -> None:
                          f"{args.min_len}, {args.max_input_len}, {args.max_output_len}")
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
         raise ValueError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.endpoint != ENDPOINT:
+        raise ValueError(f"--endpoint {args.endpoint}: bench serve sends token-id prompts to {ENDPOINT} only; "
+                         f"leave --endpoint out")
+    if not args.save_result and (args.result_dir or args.result_filename):
+        flag = "--result-dir" if args.result_dir else "--result-filename"
+        raise ValueError(f"{flag} names where --save-result writes: add --save-result (or --json-file FILE)")
     check_random_args(args)
 
 
@@ -523,9 +581,15 @@ def run_bench_serve(args) -> dict:
                           "temperature": args.temperature, "ignore_eos": True,
                           "prompt_tokens": sum(map(len, prompts)), "output_tokens": sum(output_lens)}
     result = {k: result[k] for k in ("backend", "base_url", "model", "workload", "runs")}
-    print(format_summary(result))
-    if args.json_file:
-        with open(args.json_file, "w") as f:
+    print(format_summary(result, args.metric_percentiles, args.percentile_metrics))
+    paths = [args.json_file] if args.json_file else []
+    if args.save_result:  # vLLM's naming: <backend>-<model>-<date>-<time>.json, in --result-dir
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        name = args.result_filename or f"minillm-{result['model'].replace('/', '_')}-{stamp}.json"
+        paths.append(os.path.join(args.result_dir or ".", name))
+    for path in paths:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w") as f:
             json.dump(result, f, indent=1)
     failed = sum(r["failed"] for r in result["runs"])
     if failed:

@@ -164,7 +164,43 @@ def test_vllms_dataset_name_random_and_its_flags():
     assert bench_serve.random_args(parse("serve")) == {}
 
 
+def test_summarize_and_tables_with_vllms_percentile_flags():
+    res = summarize(hand_made(), 2.5, percentiles=(25, 50, 99.9), metrics=("ttft", "itl"))
+    v = np.array([0.1, 0.3, 0.05, 0.2]) * 1e3  # the completed requests' TTFTs
+    assert res["p25_ttft_ms"] == pytest.approx(np.percentile(v, 25))
+    assert res["median_ttft_ms"] == pytest.approx(np.percentile(v, 50))
+    assert res["p99.9_ttft_ms"] == pytest.approx(np.percentile(v, 99.9))
+    assert not any(k.endswith(("tpot_ms", "e2el_ms")) or k.startswith("p90_") for k in res)  # only those asked
+    table = bench_serve.format_run({"request_rate": 2.0, **res}, (25, 50, 99.9), ("ttft", "itl"))
+    assert "P25 TTFT (ms):" in table and "Median ITL (ms):" in table and "P99.9 ITL (ms):" in table
+    assert "TPOT" not in table and "P90" not in table
+    summary = bench_serve.format_summary({"model": "m", "base_url": "u", "workload": {"name": "nanovllm"},
+                                          "runs": [{"request_rate": 2.0, **res}]}, (25, 50, 99.9), ("ttft", "itl"))
+    head, row = summary.splitlines()[1:]
+    assert head.split() == ["rate", "done", "req/s", "out", "tok/s", "TTFT", "p25", "p99.9", "ITL", "p25", "p99.9",
+                            "(ms)"]
+    assert float(row.split()[4]) == pytest.approx(res["p25_ttft_ms"], abs=0.05)
+
+
+def test_vllms_bench_serve_command_line_runs_here():
+    a = parse("serve", "--backend", "vllm", "--endpoint", "/v1/completions", "--served-model-name", "qwen",
+              "--model", "/models/qwen3", "--metric-percentiles", "25,50,75,99", "--percentile-metrics",
+              "ttft,tpot,itl,e2el", "--ignore-eos", "--save-result", "--result-dir", "out", "--result-filename", "r.json")
+    bench_serve.check_serve_args(a)
+    assert (a.metric_percentiles, a.percentile_metrics) == ((25.0, 50.0, 75.0, 99.0), bench_serve.METRICS)
+    assert (a.served_model_name, a.save_result, a.result_dir, a.result_filename) == ("qwen", True, "out", "r.json")
+    d = parse("serve")
+    assert (d.metric_percentiles, d.percentile_metrics, d.save_result) == (bench_serve.PERCENTILES, bench_serve.METRICS,
+                                                                           False)
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--endpoint", "/v1/chat/completions"], "sends token-id prompts to /v1/completions only"),
+    (["--result-dir", "out"], "--result-dir names where --save-result writes: add --save-result"),
+    (["--metric-percentiles", "50,101"], "percentiles lie in [0, 100]"),
+    (["--metric-percentiles", "p99"], "not a comma-separated list of percentiles"),
+    (["--percentile-metrics", "ttft,goodput"], "unknown metric 'goodput'"),
+    (["--backend", "tgi"], "invalid choice: 'tgi'"),
     (["--random-input-len", "8"], "--random-input-len sets the random workload: add --workload random"),
     (["--dataset-name", "random", "--random-range-ratio", "1"], "--random-range-ratio must be in [0, 1)"),
     (["--dataset-name", "random", "--random-input-len", "1", "--random-range-ratio", "0.5"],
@@ -205,7 +241,9 @@ def test_end_to_end_on_a_cpu_server(tmp_path, capsys):
         cli_main(["bench", "serve", "--base-url", base, "--request-rate", "inf", "20", "--num-prompts", "4",
                   "--seed", "1", "--json-file", str(out), *lengths])
         cli_main(["bench", "serve", "--base-url", base, "--workload", "sharegpt-like", "--num-prompts", "2",
-                  "--json-file", str(out2), *lengths])
+                  "--served-model-name", "qwen3-tiny", "--model", "not-served", "--save-result", "--result-dir",
+                  str(tmp_path / "results"), "--result-filename", out2.name, *lengths])
+        out2 = tmp_path / "results" / out2.name  # vLLM's --save-result wrote it there
     printed = capsys.readouterr().out
     assert printed.count("Serving Benchmark Result") == 3 and "Median TPOT (ms):" in printed
     res = json.loads(out.read_text())

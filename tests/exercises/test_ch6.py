@@ -920,9 +920,9 @@ def test_bench_serve_figures_in_the_engine(impl_name, server, monkeypatch):
     recorded = []
     real_summarize = bench_serve.summarize
 
-    def recording(traces, duration_s):
+    def recording(traces, duration_s, *options):
         recorded.append(traces)
-        return real_summarize(traces, duration_s)
+        return real_summarize(traces, duration_s, *options)
 
     monkeypatch.setattr(bench_serve, "summarize", recording)
     with use_impl(impl_name, exercises={"6.4"}):
