@@ -13,6 +13,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
+SEED_NONE = -1  # vLLM's SamplingParams turns seed=-1 into None: no seed of its own
 # Seeds, top-k and token ids end up in int64 tensors (or seed a torch.Generator): larger values overflow.
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 
@@ -169,6 +170,8 @@ class SamplingParams:
         need(isinstance(self.ignore_eos, bool), "ignore_eos", "True or False", self.ignore_eos)
         need(self.seed is None or (is_integer(self.seed) and INT64_MIN <= self.seed <= INT64_MAX), "seed",
              "None or an integer in [-2**63, 2**63 - 1] (int64, as vLLM's server takes it)", self.seed)
+        if self.seed == SEED_NONE:  # vLLM's spelling of "no seed"
+            self.seed = None
         ids = self.stop_token_ids = [] if self.stop_token_ids is None else self.stop_token_ids
         need(isinstance(ids, (list, tuple)) and all(is_integer(i) and 0 <= i <= INT64_MAX for i in ids),
              "stop_token_ids", "a list of token ids (integers in [0, 2**63 - 1])", ids)

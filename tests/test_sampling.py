@@ -48,8 +48,9 @@ def test_seeded_requests_are_reproducible_and_independent_of_the_batch():
 
 
 def test_vllm_spellings_top_k_0_and_negative_seeds():
-    """vLLM's top_k=0 means off, as -1 does; its seeds are any int64, negative ones too."""
+    """vLLM's top_k=0 means off, as -1 does; its seeds are any int64, negative ones too, but -1 is no seed."""
     assert SamplingParams(top_k=0).top_k == -1
+    assert SamplingParams(seed=-1).seed is None and SamplingParams(seed=-2).seed == -2
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args())
 
     def sample(**kw):
@@ -57,9 +58,10 @@ def test_vllm_spellings_top_k_0_and_negative_seeds():
         return llm.generate([5, 6, 7], p, use_tqdm=False)[0].outputs[0].token_ids
 
     assert sample(top_k=0, seed=7) == sample(top_k=-1, seed=7)
-    negative = sample(seed=-1)
-    assert sample(seed=-1) == negative  # a negative seed is a seed: the same tokens twice
+    negative = sample(seed=-2)
+    assert sample(seed=-2) == negative  # a negative seed is a seed: the same tokens twice
     assert sample(seed=-2**63) != negative
+    assert len({tuple(sample(seed=-1)) for _ in range(4)}) > 1  # -1: no seed, so the tokens vary
 
 
 def test_top_k_1_is_greedy():

@@ -54,6 +54,7 @@ from minillm.serving.sse import sse_event
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 ANY = ("*",)  # vLLM's default --allowed-origins, --allowed-methods and --allowed-headers: every one
 RETRY_AFTER_S = 1  # what a 503 asks the client to wait
+REQUEST_ID_HEADER = "X-Request-Id"  # vLLM's: the client's request id, over the body's request_id
 # The engine thread and the event loop share one GIL; a thread that wants it back waits up to the
 # interpreter's switch interval (5 ms by default, about one decode step) while the other runs Python.
 # A shorter one lets the engine thread launch the next step sooner: on one H200, qwen3-0.6b-random,
@@ -454,7 +455,7 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await parse(request, COMPLETION_FIELDS, COMPLETION_UNUSED)
-        client_id = request_id(body)
+        client_id = request.headers.get(REQUEST_ID_HEADER) or request_id(body)  # vLLM's order
         stream_mode, include_usage = stream_flags(body)
         params = sampling_params(body, async_llm.default_sampling_params(), chat=False)
         beams = use_beam_search(body)
@@ -469,7 +470,7 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await parse(request, CHAT_FIELDS, CHAT_UNUSED)
-        client_id = request_id(body)
+        client_id = request.headers.get(REQUEST_ID_HEADER) or request_id(body)  # vLLM's order
         stream_mode, include_usage = stream_flags(body)
         params = sampling_params(body, async_llm.default_sampling_params(chat=True), chat=True)
         beams = use_beam_search(body)
