@@ -350,15 +350,19 @@ def test_a_stop_tokens_text_is_left_out_unless_include_stop_str_in_output(qwen):
         assert (c.token_ids, c.text, c.finish_reason, c.stop_reason) == (ids, want, "stop", stop), include
         assert _streamed(qwen, STORY, params) == (want, out)
     engine = qwen.engine
-    eos, engine.eos_token_ids = engine.eos_token_ids, {stop}  # the same token as the model's EOS
+    eos, model_eos = engine.eos_token_ids, engine.tokenizer_eos_token_id
     try:
         params = SamplingParams(temperature=0.0, max_tokens=16)
-        out = qwen.generate(STORY, params, use_tqdm=False)[0]
-        c = out.outputs[0]
-        assert (c.token_ids, c.text, c.finish_reason, c.stop_reason) == (ids, tok.decode(ids[:-1]), "stop", None)
-        assert _streamed(qwen, STORY, params) == (c.text, out)
+        # the same token as the model's EOS (the tokenizer's): stop_reason None; as an extra EOS id of
+        # generation_config.json, which vLLM makes a stop token id: stop_reason that id
+        for engine.tokenizer_eos_token_id, reason in ((stop, None), (model_eos, stop)):
+            engine.eos_token_ids = {stop, model_eos}
+            out = qwen.generate(STORY, params, use_tqdm=False)[0]
+            c = out.outputs[0]
+            assert (c.token_ids, c.text, c.finish_reason, c.stop_reason) == (ids, tok.decode(ids[:-1]), "stop", reason)
+            assert _streamed(qwen, STORY, params) == (c.text, out)
     finally:
-        engine.eos_token_ids = eos
+        engine.eos_token_ids, engine.tokenizer_eos_token_id = eos, model_eos
 
 
 def test_stop_strings_count_only_past_the_first_min_tokens(qwen):

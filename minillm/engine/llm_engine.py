@@ -215,6 +215,9 @@ class LLMEngine:
         self.detokenizers: dict[int, IncrementalDetokenizer] = {}  # requests with stop strings
         self.stop_starts: dict[int, int] = {}  # their stop_text_start, once known (it never changes)
         self.eos_token_ids = set(eos)
+        # vLLM's model EOS (the tokenizer's): a sequence it ends has stop_reason None; the others of
+        # eos_token_ids (generation_config.json's extra ones) vLLM makes stop token ids, named in stop_reason
+        self.tokenizer_eos_token_id = self.tokenizer.eos_token_id if self.tokenizer else None
         # async scheduling needs a runner that can launch without waiting (one process)
         self.async_scheduling = config.async_scheduling and config.tensor_parallel_size == 1
         self.pending: Pending | None = None  # the launched step not yet read back
@@ -516,7 +519,7 @@ class LLMEngine:
         stop_reason = None
         if cut is not None:
             stop_reason, text = params.first_stop(text, start), cut
-        elif by_token and tokens[-1] in params.stop_token_ids:
+        elif by_token and (tokens[-1] in params.stop_token_ids or tokens[-1] != self.tokenizer_eos_token_id):
             stop_reason = tokens[-1]
         logprobs = None
         if seq.params.logprobs is not None:
