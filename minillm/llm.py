@@ -23,7 +23,7 @@ from minillm.inputs import PROMPT_KEYS
 from minillm.model_zoo import resolve_model
 from minillm.outputs import RequestOutput
 from minillm.sampling_params import BeamSearchParams, SamplingParams, describe, is_integer
-from minillm.tokenizer import IncrementalDetokenizer, Tokenizer, chat_template_options, text_content
+from minillm.tokenizer import IncrementalDetokenizer, Tokenizer, chat_template_options, template_fields, text_content
 
 
 def _no_lora(lora_request) -> None:
@@ -311,11 +311,25 @@ class LLM:
         message's content may be a string or OpenAI's list of text parts, as the server takes it."""
         tok = self._need_tokenizer()
         if isinstance(conversation, (list, tuple)):
-            conversation = [dict(m, content=text_content(m["content"], f"messages[{i}]['content']"))
-                            if isinstance(m, dict) and isinstance(m.get("content"), list) else m
-                            for i, m in enumerate(conversation)]
+            conversation = [self._template_message(m, i) for i, m in enumerate(conversation)]
         text = tok.apply_chat_template(conversation, **template_options)
         return text, tok.encode(text, add_special_tokens=False)  # the template wrote every special token
+
+    @staticmethod
+    def _template_message(m, i: int):
+        """messages[i] as vLLM's LLM.chat hands it to the template: a list of text parts joined, an assistant's
+        null content "" (a tool call's message has none), and tokenizer.template_fields' tool calls (their
+        JSON arguments parsed) and reasoning; anything else is left for apply_chat_template to check."""
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str)):
+            return m
+        if "content" not in m and m["role"] != "assistant":
+            return m
+        content = m.get("content")
+        if content is None and m["role"] == "assistant":
+            content = ""
+        elif isinstance(content, list):
+            content = text_content(content, f"messages[{i}]['content']")
+        return {**m, "content": content, **template_fields(m, f"messages[{i}]")}
 
     def stream(self, prompt, sampling_params: SamplingParams | None = None) -> "RequestStream":
         """Queue one request (prompt: text, token ids, or a conversation) and return an iterator over its

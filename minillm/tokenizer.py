@@ -350,6 +350,47 @@ def text_content(content, where: str = "content") -> str:
                      f"no other kind of part is supported), got {describe(content)}")
 
 
+def template_fields(m: dict, where: str = "message") -> dict:
+    """The fields of messages[i] besides role and content that vLLM hands the chat template: a string `name`;
+    an assistant's `tool_calls` (each function's JSON `arguments` string parsed to an object, as
+    transformers' templates expect; not JSON: {}) and `reasoning` (also `reasoning_content`, both keys set); a
+    tool message's `tool_call_id`. where: the message's name in errors ("messages[2]"); a malformed
+    tool_calls or reasoning is a ValueError."""
+    fields = {}
+    if isinstance(m.get("name"), str):
+        fields["name"] = m["name"]
+    if m["role"] == "assistant":
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+                                                      and isinstance(c["function"].get("name"), str) for c in calls):
+                raise ValueError(f"{where}.tool_calls must be a list of {{\"id\", \"type\": \"function\", "
+                                 f"\"function\": {{\"name\", \"arguments\"}}}} objects, got {describe(calls)}")
+            if calls:  # an empty list is dropped: the template takes the plain assistant path
+                fields["tool_calls"] = [{**c, "function": {**c["function"], "arguments": _arguments(c["function"])}}
+                                        for c in calls]
+        reasoning = m.get("reasoning", m.get("reasoning_content"))
+        if reasoning is not None:
+            if not isinstance(reasoning, str):
+                raise ValueError(f"{where}.reasoning must be a string, got {describe(reasoning)}")
+            fields["reasoning"] = fields["reasoning_content"] = reasoning
+    elif m["role"] == "tool" and "tool_call_id" in m:
+        fields["tool_call_id"] = m["tool_call_id"]
+    return fields
+
+
+def _arguments(function: dict):
+    """A tool call's arguments as the template reads them: the JSON string parsed (vLLM's rule: not JSON, or
+    neither a string nor an object/list, is {})."""
+    args = function.get("arguments")
+    if isinstance(args, str):
+        try:
+            return json.loads(args)
+        except json.JSONDecodeError:
+            return {}
+    return args if isinstance(args, (dict, list)) else {}
+
+
 def check_messages(messages) -> None:
     """Raise ValueError unless `messages` is a non-empty list of {"role": str, "content": str} dicts."""
     if not isinstance(messages, (list, tuple)) or not messages:

@@ -51,3 +51,44 @@ def check_exercise_boxes_and_switch(nb, chapter: int, exercise_ids: list[str], s
     assert f"use_my_code(chapter={chapter}, enabled=USE_MY_CODE)" in switch.source
     said = "".join(o.get("text", "") for o in switch.get("outputs", []))
     assert not said or f"USE_MY_CODE = False: chapter {chapter} runs minillm's reference code" in said, said
+
+
+# ---- a tool-calling conversation (vLLM's chat message fields) ------------------------------------------
+TOOL_TURNS = [  # an agent's conversation as the openai client sends it: arguments a JSON string
+    {"role": "system", "content": "You call tools."},
+    {"role": "user", "name": "ana", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "reasoning": "I should call get_weather.",
+     "tool_calls": [{"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "C"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "22 C, sunny"},
+]
+
+
+# a tool-calling template in the shape of Qwen3's (qwen3-tiny's own ChatML template reads role and content only)
+TOOL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}{% if m.name %} ({{ m.name }}){% endif %}\n"
+    "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}"
+    "{% for call in m.tool_calls or [] %}<tool_call>{{ {'name': call.function.name, "
+    "'arguments': call.function.arguments} | tojson }}</tool_call>{% endfor %}"
+    "{% if m.tool_call_id %}[{{ m.tool_call_id }}]{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def hf_tool_rendering(model: str = "qwen3-tiny") -> str:
+    """transformers' apply_chat_template(TOOL_TURNS, TOOL_TEMPLATE) over `model`'s tokenizer folder, the turns
+    as vLLM hands them to the template: the tool call's arguments an object, the reasoning as
+    reasoning_content, the null content "" (the reference for the server's chat_messages and LLM.chat)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from minillm.model_zoo import resolve_model
+    turns = json.loads(json.dumps(TOOL_TURNS))
+    turns[2]["tool_calls"][0]["function"]["arguments"] = json.loads(turns[2]["tool_calls"][0]["function"]["arguments"])
+    turns[2]["reasoning_content"] = turns[2].pop("reasoning")
+    turns[2]["content"] = ""
+    text = AutoTokenizer.from_pretrained(resolve_model(model)).apply_chat_template(
+        turns, chat_template=TOOL_TEMPLATE, tokenize=False, add_generation_prompt=True)
+    for needle in ("user (ana)", "<think>I should call", '"city": "Paris"', "[call_1]"):  # every field rendered
+        assert needle in text, needle
+    return text

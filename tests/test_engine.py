@@ -419,6 +419,16 @@ def test_chat_gives_the_rendered_prompt_and_takes_text_parts(qwen):
         qwen.chat([messages[0], {"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], params)
 
 
+def test_chat_hands_tool_calls_and_reasoning_to_the_template_as_vllm():
+    """vLLM's LLM.chat parses a conversation as its server does: an assistant's null content is "", its
+    tool calls' JSON arguments an object, its reasoning also reasoning_content; the prompt equals
+    transformers' rendering of the turns in that form."""
+    from helpers import TOOL_TEMPLATE, TOOL_TURNS, hf_tool_rendering
+    with LLM("qwen3-tiny", **small_engine_args()) as llm:
+        out = llm.chat(TOOL_TURNS, SamplingParams(temperature=0.0, max_tokens=2), chat_template=TOOL_TEMPLATE)[0]
+    assert out.prompt == hf_tool_rendering()
+
+
 def test_skip_special_tokens_and_detokenize_as_vllm(qwen):
     """vLLM's SamplingParams.skip_special_tokens (default True) and detokenize: the text is transformers'
     decode of the token ids with the same skip_special_tokens, streamed alike; with it False a stop

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.testclient import TestClient
 
-from helpers import one_torch_thread  # noqa: F401 (an autouse fixture)
+from helpers import TOOL_TEMPLATE, TOOL_TURNS, hf_tool_rendering, one_torch_thread  # noqa: F401 (one_torch_thread: an autouse fixture)
 from serving_helpers import serve_process, server_handle
 
 pytestmark = pytest.mark.timeout(180)
@@ -213,47 +213,17 @@ def test_request_id_is_the_responses_id_as_vllm(server, client):
     assert r.id == "chatcmpl-g2"
 
 
-TOOL_TURNS = [  # an agent's conversation as the openai client sends it: arguments a JSON string
-    {"role": "system", "content": "You call tools."},
-    {"role": "user", "name": "ana", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "reasoning": "I should call get_weather.",
-     "tool_calls": [{"id": "call_1", "type": "function",
-                     "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "C"}'}}]},
-    {"role": "tool", "tool_call_id": "call_1", "content": "22 C, sunny"},
-]
-
-
-# a tool-calling template in the shape of Qwen3's (qwen3-tiny's own ChatML template reads role and content only)
-TOOL_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}{% if m.name %} ({{ m.name }}){% endif %}\n"
-    "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}"
-    "{% for call in m.tool_calls or [] %}<tool_call>{{ {'name': call.function.name, "
-    "'arguments': call.function.arguments} | tojson }}</tool_call>{% endfor %}"
-    "{% if m.tool_call_id %}[{{ m.tool_call_id }}]{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
 def test_tool_calls_names_and_reasoning_reach_the_template_as_vllm_hands_them(server):
     """vLLM's parse_chat_messages keeps a message's name, an assistant's tool_calls (arguments parsed from
     JSON) and reasoning (also as reasoning_content), and a tool message's tool_call_id for the template: the
     server's messages render as transformers' apply_chat_template renders the same turns with the arguments
     as an object; the server takes such a conversation, and refuses malformed tool_calls with a 400."""
-    from transformers import AutoTokenizer
-
     from minillm.model_zoo import resolve_model
     from minillm.serving.protocol import chat_messages
     from minillm.tokenizer import Tokenizer
-    hf = AutoTokenizer.from_pretrained(resolve_model(MODEL))
-    turns = json.loads(json.dumps(TOOL_TURNS))
-    turns[2]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris", "unit": "C"}
-    turns[2]["reasoning_content"] = turns[2].pop("reasoning")
-    turns[2]["content"] = ""  # vLLM's (and minillm's) text for a null content
-    want = hf.apply_chat_template(turns, chat_template=TOOL_TEMPLATE, tokenize=False, add_generation_prompt=True)
-    for needle in ("user (ana)", "<think>I should call", '"city": "Paris"', "[call_1]"):
-        assert needle in want
     mine = Tokenizer(resolve_model(MODEL)).apply_chat_template(chat_messages({"messages": TOOL_TURNS}),
                                                                chat_template=TOOL_TEMPLATE)
-    assert mine == want
+    assert mine == hf_tool_rendering(MODEL)
     r = post(server, "/v1/chat/completions", {"messages": TOOL_TURNS, "max_tokens": 2})
     assert r.status_code == 200, r.text
     bad = json.loads(json.dumps(TOOL_TURNS))

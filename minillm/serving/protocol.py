@@ -13,7 +13,7 @@ import re
 
 from minillm.outputs import CompletionOutput
 from minillm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, describe, is_integer
-from minillm.tokenizer import chat_template_options, check_text, text_content
+from minillm.tokenizer import chat_template_options, check_text, template_fields, text_content
 
 MAX_BODY_BYTES = 1 << 20  # a larger request body is a 413
 
@@ -359,49 +359,11 @@ def chat_messages(body: dict) -> list[dict]:
             content = text_content(content, f"messages[{i}].content")
         except ValueError as e:
             raise bad_request(str(e), param="messages") from None
-        out.append({"role": m["role"], "content": content, **template_fields(m, i)})
-    return out
-
-
-def template_fields(m: dict, i: int) -> dict:
-    """The fields of messages[i] besides role and content that vLLM hands the chat template: a string `name`;
-    an assistant's `tool_calls` (each function's JSON `arguments` string parsed to an object, as
-    transformers' templates expect; not JSON: {}) and `reasoning` (also `reasoning_content`, both keys set); a
-    tool message's `tool_call_id`."""
-    fields, where = {}, f"messages[{i}]"
-    if isinstance(m.get("name"), str):
-        fields["name"] = m["name"]
-    if m["role"] == "assistant":
-        calls = m.get("tool_calls")
-        if calls is not None:
-            if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
-                                                      and isinstance(c["function"].get("name"), str) for c in calls):
-                raise bad_request(f"{where}.tool_calls must be a list of {{\"id\", \"type\": \"function\", "
-                                  f"\"function\": {{\"name\", \"arguments\"}}}} objects, got {describe(calls)}",
-                                  param="messages")
-            if calls:  # an empty list is dropped: the template takes the plain assistant path
-                fields["tool_calls"] = [{**c, "function": {**c["function"], "arguments": _arguments(c["function"])}}
-                                        for c in calls]
-        reasoning = m.get("reasoning", m.get("reasoning_content"))
-        if reasoning is not None:
-            if not isinstance(reasoning, str):
-                raise bad_request(f"{where}.reasoning must be a string, got {describe(reasoning)}", param="messages")
-            fields["reasoning"] = fields["reasoning_content"] = reasoning
-    elif m["role"] == "tool" and "tool_call_id" in m:
-        fields["tool_call_id"] = m["tool_call_id"]
-    return fields
-
-
-def _arguments(function: dict):
-    """A tool call's arguments as the template reads them: the JSON string parsed (vLLM's rule: not JSON, or
-    neither a string nor an object/list, is {})."""
-    args = function.get("arguments")
-    if isinstance(args, str):
         try:
-            return json.loads(args)
-        except json.JSONDecodeError:
-            return {}
-    return args if isinstance(args, (dict, list)) else {}
+            out.append({"role": m["role"], "content": content, **template_fields(m, f"messages[{i}]")})
+        except ValueError as e:
+            raise bad_request(str(e), param="messages") from None
+    return out
 
 
 # ---- responses -----------------------------------------------------------------------------------
