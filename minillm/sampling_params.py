@@ -13,6 +13,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
+MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams and OpenAI's API refuse a hotter one
 SEED_NONE = -1  # vLLM's SamplingParams turns seed=-1 into None: no seed of its own
 # Seeds, top-k and token ids end up in int64 tensors (or seed a torch.Generator): larger values overflow.
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
@@ -157,7 +158,9 @@ class SamplingParams:
                 raise ValueError(f"SamplingParams.{name} must be {accepts}, got {describe(value)}")
 
         t, p, k = self.temperature, self.top_p, self.top_k
-        need(is_real(t) and math.isfinite(t) and t >= 0, "temperature", "a finite number >= 0 (0 means greedy)", t)
+        need(is_real(t) and math.isfinite(t) and 0 <= t <= MAX_TEMPERATURE, "temperature",
+             f"a finite number >= 0 and <= {MAX_TEMPERATURE:g} (0 means greedy; vLLM and OpenAI take at most "
+             f"{MAX_TEMPERATURE:g})", t)
         if 0 < t < MIN_TEMPERATURE:
             logger.warning("SamplingParams.temperature %s is below %s, which may give nan or inf in the logits: "
                            "raised to %s, as vLLM does (0 is greedy)", t, MIN_TEMPERATURE, MIN_TEMPERATURE)

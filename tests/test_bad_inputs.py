@@ -203,7 +203,7 @@ def test_other_integer_prompt_forms_give_the_list_tokens(tiny, prompt):
 BAD_PARAMS = [
     ("temperature", math.nan), ("temperature", math.inf), ("temperature", -math.inf), ("temperature", -0.1),
     ("temperature", "0.5"), ("temperature", None), ("temperature", True), ("temperature", [1.0]),
-    ("temperature", 1j),
+    ("temperature", 1j), ("temperature", 2.5),  # vLLM's range: [0, 2]
     ("top_p", 0), ("top_p", -0.5), ("top_p", 1.5), ("top_p", math.nan), ("top_p", math.inf), ("top_p", "1"),
     ("top_p", None), ("top_p", True),
     ("top_k", -2), ("top_k", 10**30), ("top_k", 2**63), ("top_k", 1.5), ("top_k", 5.0),
