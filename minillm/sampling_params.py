@@ -67,12 +67,12 @@ class RequestOutputKind(enum.IntEnum):
 
 @dataclass(kw_only=True)  # vLLM's first field is n and minillm's temperature: SamplingParams(2) must not mean either
 class SamplingParams:
-    """temperature 0 is greedy, and one in (0, 0.01) is raised to 0.01 (MIN_TEMPERATURE) with a logged
-    warning, as vLLM does; top_k -1 (or 0, vLLM's other spelling), top_p 1.0 and min_p 0.0 keep the
-    whole vocabulary.
+    """temperature 0 is greedy, one in (0, 0.01) is raised to 0.01 (MIN_TEMPERATURE) with a logged
+    warning, and one above 2 (MAX_TEMPERATURE) is refused, as vLLM does; top_k -1 (or 0, vLLM's other
+    spelling), top_p 1.0 and min_p 0.0 keep the whole vocabulary.
 
     `seed` gives the request its own random stream, so its tokens do not depend on what else is in
-    the batch. Generation stops at max_tokens (None: only max_model_len limits it), at an EOS token
+    the batch (-1, as in vLLM, is no seed). Generation stops at max_tokens (None: only max_model_len limits it), at an EOS token
     (unless ignore_eos), at any of stop_token_ids, or when the text produced contains one of `stop`
     (the text is cut before it, or after it with include_stop_str_in_output). The text leaves out the
     token that stopped it (EOS or a stop token id; token_ids keep it) unless include_stop_str_in_output,
