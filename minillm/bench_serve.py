@@ -145,7 +145,7 @@ def summarize(traces: list[RequestTrace], duration_s: float, percentiles=PERCENT
 
     traces: every request sent (failed ones count in "failed" only); duration_s: first send to last
     response closed. Throughputs are per second of that duration; latencies in ms: for X in `metrics`
-    (by default ttft, tpot, itl, e2el) the keys mean_X_ms and one a percentile (latency_percentiles' names:
+    (by default ttft, tpot, itl, e2el) the keys mean_X_ms and one per percentile (latency_percentiles' names:
     by default median_X_ms, p90_X_ms, p99_X_ms).
     """
     done = [t for t in traces if t.ok]
