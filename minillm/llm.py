@@ -329,7 +329,9 @@ class LLM:
             content = ""
         elif isinstance(content, list):
             content = text_content(content, f"messages[{i}]['content']")
-        return {**m, "content": content, **template_fields(m, f"messages[{i}]")}
+        # tool_calls only as template_fields gives them (parsed; an empty list dropped, as vLLM drops it)
+        kept = {k: v for k, v in m.items() if k != "tool_calls"}
+        return {**kept, "content": content, **template_fields(m, f"messages[{i}]")}
 
     def stream(self, prompt, sampling_params: SamplingParams | None = None) -> "RequestStream":
         """Queue one request (prompt: text, token ids, or a conversation) and return an iterator over its
