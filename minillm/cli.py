@@ -270,7 +270,8 @@ def cmd_serve(args) -> None:
             serve(async_llm, names, sock, api_key=args.api_key, model=args.model, allowed_origins=args.allowed_origins,
                   allowed_methods=args.allowed_methods, allowed_headers=args.allowed_headers,
                   allow_credentials=args.allow_credentials, chat_template=chat_template,
-                  response_role=args.response_role, log_level=args.uvicorn_log_level,
+                  response_role=args.response_role, enable_request_id_headers=args.enable_request_id_headers,
+                  log_level=args.uvicorn_log_level,
                   access_log=not args.disable_uvicorn_access_log)
         finally:
             async_llm.shutdown()
@@ -388,6 +389,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the HTTP server's log level")
     s.add_argument("--disable-uvicorn-access-log", action="store_true",
                    help="no log line per HTTP request (uvicorn's access log)")
+    s.add_argument("--enable-request-id-headers", action="store_true",
+                   help="every response carries an X-Request-Id header: the request's own, else a fresh id")
     s.add_argument("--chat-template", default=None,
                    help="a Jinja chat template, or the path of a file holding one, used for every chat request "
                         "instead of the model's own")

@@ -69,11 +69,12 @@ class RequestOutputKind(enum.IntEnum):
 class SamplingParams:
     """temperature 0 is greedy, one in (0, 0.01) is raised to 0.01 (MIN_TEMPERATURE) with a logged
     warning, and one above 2 (MAX_TEMPERATURE) is refused, as vLLM does; top_k -1 (or 0, vLLM's other
-    spelling), top_p 1.0 and min_p 0.0 keep the whole vocabulary.
+    spelling), top_p 1.0 and min_p 0.0 keep the whole vocabulary. n > 1 samples need a temperature above
+    0: greedy samples would all be the same, and vLLM refuses them too (beam search keeps the n likeliest).
 
     `seed` gives the request its own random stream, so its tokens do not depend on what else is in
-    the batch (-1, as in vLLM, is no seed). Generation stops at max_tokens (None: only max_model_len limits it), at an EOS token
-    (unless ignore_eos), at any of stop_token_ids, or when the text produced contains one of `stop`
+    the batch (-1, as in vLLM, is no seed). Generation stops at max_tokens (None: only max_model_len
+    limits it), at an EOS token (unless ignore_eos), at any of stop_token_ids, or when the text produced contains one of `stop`
     (the text is cut before it, or after it with include_stop_str_in_output). The text leaves out the
     token that stopped it (EOS or a stop token id; token_ids keep it) unless include_stop_str_in_output,
     as vLLM's detokenizer does. min_tokens holds EOS and stop_token_ids back until that many tokens
@@ -210,6 +211,11 @@ class SamplingParams:
              "None or a non-empty list of token ids (integers in [0, 2**63 - 1])", allowed)
         self.allowed_token_ids = None if allowed is None else [int(i) for i in allowed]
         need(is_integer(self.n) and 1 <= self.n <= MAX_N, "n", f"an integer in [1, {MAX_N}]", self.n)
+        if t == 0 and self.n > 1:  # vLLM's _verify_greedy_sampling
+            raise ValueError(f"SamplingParams.n must be 1 when temperature is 0 (greedy: all {self.n} samples would "
+                             f"be the same token for token), got n={self.n}: set a temperature above 0 for {self.n} "
+                             f"different samples, or use beam search (LLM.beam_search; use_beam_search: true on "
+                             f"the server) for the {self.n} likeliest sequences")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             need(v is None or (is_integer(v) and 0 <= v <= MAX_LOGPROBS), name,

@@ -235,9 +235,18 @@ def test_bad_sampling_value_names_the_field(tiny, name, value):
     assert_whole(tiny)
 
 
+def test_greedy_sampling_takes_one_sample(tiny):
+    """vLLM's _verify_greedy_sampling: n greedy samples would all be the same; the message says what to do."""
+    with pytest.raises(ValueError, match=r"SamplingParams.n must be 1 when temperature is 0 .*got n=2: set a "
+                                         r"temperature above 0 .* or use beam search"):
+        SamplingParams(n=2, temperature=0.0)
+    assert SamplingParams(n=2, temperature=0.5).n == 2 and SamplingParams(n=1, temperature=0.0).n == 1
+    assert_whole(tiny)
+
+
 CHANGED_AFTER = [("temperature", math.nan), ("seed", 2**64), ("top_k", 10**30), ("max_tokens", 0),
                  ("stop", 5), ("stop_token_ids", 5), ("top_p", 2.0), ("ignore_eos", "no"), ("bad_words", [""]),
-                 ("truncate_prompt_tokens", 0), ("detokenize", "no")]
+                 ("truncate_prompt_tokens", 0), ("detokenize", "no"), ("n", 2)]  # n=2: greedy, as below
 
 
 @pytest.mark.parametrize("name, value", CHANGED_AFTER, ids=[f"{n}={v!r}" for n, v in CHANGED_AFTER])

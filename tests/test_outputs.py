@@ -166,7 +166,8 @@ def test_n_samples_share_the_prompts_blocks_and_copy_the_last_on_write():
     in place), so 7 + 3 blocks are in use, not 4 x 7."""
     llm = LLM(ref_path("tiny-qwen3"), **small_engine_args(enable_prefix_caching=False, async_scheduling=False))
     engine = llm.engine
-    parent = engine.add_request(LONG_PROMPT, SamplingParams(n=4, temperature=0.0, max_tokens=8, ignore_eos=True))
+    # top_k=1 samples the greedy token: n greedy samples at temperature 0 are refused, as vLLM refuses them
+    parent = engine.add_request(LONG_PROMPT, SamplingParams(n=4, top_k=1, max_tokens=8, ignore_eos=True))
     engine.step()  # the prefill: the prompt computed once, the 4 samples forked from it
     samples = parent.samples
     assert len(samples) == 4 and used_blocks(llm) == 7

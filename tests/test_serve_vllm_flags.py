@@ -94,13 +94,26 @@ def chat(url: str, body: dict) -> dict:
     return r.json()
 
 
-def test_response_role_and_uvicorns_log_flags():
+def test_response_role_request_id_headers_and_uvicorns_log_flags():
     """--response-role names a new turn's answer (vLLM's rule: a continued message keeps its own role);
-    --uvicorn-log-level and --disable-uvicorn-access-log reach uvicorn (its access log is the line per request)."""
+    --enable-request-id-headers puts X-Request-Id on every response, the request's own or a uuid4 hex (vLLM's
+    XRequestIdMiddleware), and without it there is none; --uvicorn-log-level and --disable-uvicorn-access-log
+    reach uvicorn (its access log is the line per request)."""
     output = []
     with serve_process(MODEL, "--device", "cpu", "--dtype", "float32", "--max-model-len", "128", "--max-num-seqs",
-                       "2", "--response-role", "narrator", "--uvicorn-log-level", "info", output=output) as url:
+                       "2", "--response-role", "narrator", "--uvicorn-log-level", "info",
+                       "--enable-request-id-headers", output=output) as url:
         assert chat(url, {"messages": MESSAGES})["choices"][0]["message"]["role"] == "narrator"
+        given = httpx.post(url + "/v1/completions", headers={"X-Request-Id": "gw-7"}, timeout=60,
+                           json={"prompt": "Hi", "max_tokens": 2})
+        assert given.headers["x-request-id"] == "gw-7" and given.json()["id"] == "cmpl-gw-7"
+        fresh = [httpx.get(url + path, timeout=60) for path in ("/health", "/v1/models", "/no/such/path")]
+        assert [r.status_code for r in fresh] == [200, 200, 404]
+        ids = [r.headers.get("x-request-id", "") for r in fresh]
+        assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids) and len(set(ids)) == 3, ids
+        with httpx.stream("POST", url + "/v1/completions", headers={"X-Request-Id": "s-1"}, timeout=60,
+                          json={"prompt": "Hi", "max_tokens": 2, "stream": True}) as r:
+            assert r.headers["x-request-id"] == "s-1" and list(r.iter_lines())
         open_turn = MESSAGES + [{"role": "assistant", "content": "Once upon"}]
         continued = chat(url, {"messages": open_turn, "add_generation_prompt": False, "continue_final_message": True})
         assert continued["choices"][0]["message"]["role"] == "assistant"
@@ -113,6 +126,9 @@ def test_response_role_and_uvicorns_log_flags():
     with serve_process(MODEL, "--device", "cpu", "--dtype", "float32", "--max-model-len", "128", "--max-num-seqs",
                        "2", "--disable-uvicorn-access-log", output=quiet) as url:
         assert chat(url, {"messages": MESSAGES})["choices"][0]["message"]["role"] == "assistant"
+        r = httpx.post(url + "/v1/completions", headers={"X-Request-Id": "gw-8"}, timeout=60,
+                       json={"prompt": "Hi", "max_tokens": 2})
+        assert "x-request-id" not in r.headers and r.json()["id"] == "cmpl-gw-8"  # off by default, as in vLLM
     assert not any("POST /v1/chat/completions" in line for line in quiet), "".join(quiet)
     assert any("Uvicorn running" in line or "Application startup complete" in line for line in quiet), "".join(quiet)
 

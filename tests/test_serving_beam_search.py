@@ -169,6 +169,25 @@ def test_a_field_the_search_would_ignore_is_refused_by_name(server, field, value
     assert error["param"] == field and "not used by a beam search" in error["message"]
 
 
+def test_greedy_samples_are_refused_and_a_greedy_search_of_n_beams_is_not(server, hf):
+    """vLLM's rule: n > 1 at temperature 0 is a 400 (the samples would all be the same), naming n and the fix;
+    with use_beam_search the same n is the width of a search at temperature 0, as vLLM runs it."""
+    for path, prompt in (("/v1/completions", dict(prompt="Hi")),
+                         ("/v1/chat/completions", dict(messages=[{"role": "user", "content": "Hi"}]))):
+        r = post(server, path, dict(prompt, n=2, temperature=0, max_tokens=2))
+        assert r.status_code == 400, r.text
+        e = r.json()["error"]
+        assert e["param"] == "n" and e["message"].startswith("n must be 1 when temperature is 0"), e
+        assert "use_beam_search: true" in e["message"]
+    _, tok = hf
+    ids = tok.encode(PROMPTS[0])
+    r = post(server, "/v1/completions", dict(prompt=ids, use_beam_search=True, n=3, temperature=0, max_tokens=3,
+                                             ignore_eos=True))
+    assert r.status_code == 200, r.text
+    want, _ = hf_beams(hf, ids, 3, 3)
+    assert [c["text"] for c in r.json()["choices"]] == [tok.decode(t) for t in want]
+
+
 def test_beam_search_errors_name_the_field_and_the_fix(server):
     def error(path, body):
         r = post(server, path, body)

@@ -197,9 +197,12 @@ def stream_flags(body: dict) -> tuple[bool, bool]:
     return stream, flag(opts, "include_usage", within="stream_options")
 
 
-def sampling_params(body: dict, defaults: SamplingParams, chat: bool) -> SamplingParams:
-    """The request's sampling fields over the model's defaults (LLM.get_default_sampling_params)."""
-    changes = {name: body[name] for name in SAMPLING_FIELDS if body.get(name) is not None}
+def sampling_params(body: dict, defaults: SamplingParams, chat: bool, beams: bool = False) -> SamplingParams:
+    """The request's sampling fields over the model's defaults (LLM.get_default_sampling_params). beams: a beam
+    search's request (use_beam_search), whose n is its beam width (beam_width reads it), not a sample count:
+    its SamplingParams keep n=1, so a greedy search of n beams is not refused as n greedy samples are."""
+    changes = {name: body[name] for name in SAMPLING_FIELDS
+               if body.get(name) is not None and not (beams and name == "n")}
     renamed = {}  # SamplingParams field -> the request field it came from
     if chat:
         if body.get("max_completion_tokens") is not None:
@@ -266,17 +269,23 @@ def use_beam_search(body: dict) -> bool:
 
 
 def beam_search_params(body: dict, params: SamplingParams, max_tokens: int) -> BeamSearchParams:
-    """A beam-search request's BeamSearchParams, as vLLM builds them: beam_width its n, its temperature,
-    ignore_eos and include_stop_str_in_output (params: the request's SamplingParams), its length_penalty
-    (default 1.0); max_tokens: the request's, or what the context leaves the prompt."""
-    penalty = body.get("length_penalty")
+    """A beam-search request's BeamSearchParams, as vLLM builds them: beam_width its n (1 when left out), its
+    temperature, ignore_eos and include_stop_str_in_output (params: the request's SamplingParams), its
+    length_penalty (default 1.0); max_tokens: the request's, or what the context leaves the prompt."""
+    penalty, width = body.get("length_penalty"), body.get("n")
     try:
-        return BeamSearchParams(beam_width=params.n, max_tokens=max_tokens, ignore_eos=params.ignore_eos,
+        return BeamSearchParams(beam_width=1 if width is None else width, max_tokens=max_tokens,
+                                ignore_eos=params.ignore_eos,
                                 temperature=params.temperature, length_penalty=1.0 if penalty is None else penalty,
                                 include_stop_str_in_output=params.include_stop_str_in_output)
     except ValueError as e:  # BeamSearchParams.beam_width must be ... -> n
         renamed = {"beam_width": "n"}
         raise bad_request(request_message(e, renamed), param=param_of(e, renamed)) from None
+
+
+def beam_width(body: dict) -> int:
+    """A beam search's width: its n, checked as beam_search_params checks it (a 400 naming n)."""
+    return beam_search_params(body, SamplingParams(), 1).beam_width
 
 
 def echo_only(body: dict) -> bool:

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minillm.engine.llm_engine import PromptTooLongError
@@ -43,8 +44,9 @@ from minillm.serving.async_engine import AsyncStream, EngineClient, EngineError,
 from minillm.serving.beams import BeamSearchStream
 from minillm.serving.protocol import (CHAT_FIELDS, CHAT_UNUSED, COMPLETION_FIELDS, COMPLETION_UNUSED,
                                       DETOKENIZE_FIELDS, MAX_BODY_BYTES, TOKENIZE_CHAT_FIELDS, TOKENIZE_CHAT_UNUSED,
-                                      TOKENIZE_FIELDS, APIError, bad_request, beam_search_params, chat_logprobs,
-                                      chat_messages, check_fields, completion_logprobs, completion_prompts, echo_only,
+                                      TOKENIZE_FIELDS, APIError, bad_request, beam_search_params, beam_width,
+                                      chat_logprobs, chat_messages, check_fields, completion_logprobs,
+                                      completion_prompts, echo_only,
                                       flag, merge, optional_string, param_of, prompt_logprobs_json, request_id,
                                       request_message, sampling_params, stream_flags, template_options, token_id_list,
                                       usage, use_beam_search)
@@ -204,10 +206,33 @@ def _model_permission(created: int) -> dict:
             "group": None, "is_blocking": False}
 
 
+class RequestIdHeaders:
+    """vLLM's --enable-request-id-headers (its XRequestIdMiddleware), as ASGI middleware: every HTTP response
+    carries an X-Request-Id header, the one the request sent, else a fresh uuid4 hex."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        value = Headers(scope=scope).get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+
+        async def send_with_id(message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []),
+                                      (REQUEST_ID_HEADER.lower().encode(), value.encode("latin-1"))]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
 def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key: str | None = None,
                model: str | None = None, allowed_origins: Sequence[str] = ANY, allowed_methods: Sequence[str] = ANY,
                allowed_headers: Sequence[str] = ANY, allow_credentials: bool = False,
-               chat_template: str | None = None, response_role: str = "assistant") -> FastAPI:
+               chat_template: str | None = None, response_role: str = "assistant",
+               enable_request_id_headers: bool = False) -> FastAPI:
     """The server's routes over one EngineClient (an AsyncLLM or an EngineCoreClient; the caller owns it and
     shuts it down). model_name: the name clients send, or several (vLLM's --served-model-name: a request may
     name any, responses carry the first, /v1/models lists each). model: what `serve` was given (default the
@@ -215,7 +240,8 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
     --allowed-headers and --allow-credentials, for Starlette's CORSMiddleware as vLLM installs it: by default
     a page from any origin may call the server. chat_template (vLLM's --chat-template, a Jinja string)
     replaces the model's own for every chat request and /tokenize. response_role (vLLM's --response-role):
-    the role of a chat answer that opens a new turn (one that continues the last message keeps its role)."""
+    the role of a chat answer that opens a new turn (one that continues the last message keeps its role).
+    enable_request_id_headers (vLLM's flag): each response carries an X-Request-Id header (RequestIdHeaders)."""
     names = [model_name] if isinstance(model_name, str) else list(model_name)
     if not names or not all(isinstance(n, str) and n for n in names):
         raise ValueError(f"model_name must be a non-empty name or a list of them, got {model_name!r}")
@@ -223,6 +249,8 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=allowed_methods,
                        allow_headers=allowed_headers, allow_credentials=allow_credentials)
+    if enable_request_id_headers:  # added last, so outermost: CORS preflights and errors carry it too
+        app.add_middleware(RequestIdHeaders)
     created = int(time.time())
     root = model_root(model or model_name)
     served = ", ".join(repr(n) for n in names)
@@ -323,10 +351,11 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
     def submit_beams(prompts: list, params, body: dict, chat: bool) -> list[BeamSearchStream]:
         """A beam search per prompt (use_beam_search), all or none, each read as a request's stream: n beams,
         max_tokens as given, else the smaller of the default and what the context leaves the prompt."""
-        queued = len(prompts) * params.n  # each step queues n requests a prompt: past this a 503 would never pass
+        width = beam_width(body)
+        queued = len(prompts) * width  # each step queues n requests a prompt: past this a 503 would never pass
         if queued > async_llm.max_waiting:
             what = f"{len(prompts)} prompts x " if len(prompts) > 1 else ""
-            raise bad_request(f"a beam search of {what}n={params.n} beams queues {queued} requests a step, but this "
+            raise bad_request(f"a beam search of {what}n={width} beams queues {queued} requests a step, but this "
                               f"server queues at most {async_llm.max_waiting} (--max-waiting): ask for fewer beams "
                               f"(or prompts), or start the server with a larger --max-waiting", param="n")
         checked = check_all(prompts, params, body, chat)
@@ -367,16 +396,16 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
         """echo with max_tokens 0: the one token the engine ran for it is not part of the answer."""
         return dataclasses.replace(c, text="", token_ids=[], logprobs=None if c.logprobs is None else [])
 
-    async def run(request: Request, streams: list[AsyncStream], params, chat: bool, stream_mode: bool,
+    async def run(request: Request, streams: list[AsyncStream], params, n: int, chat: bool, stream_mode: bool,
                   include_usage: bool, echo: bool = False, only_echo: bool = False, client_id: str | None = None,
                   role: str = "assistant"):
-        """The response to one or more requests (a completion's list of prompts); the choices of prompt p
-        are numbered p * n + i, as OpenAI numbers them. echo (completions): each choice starts with its
-        prompt; only_echo: and holds nothing else. client_id: the request's request_id, which the response's
+        """The response to one or more requests (a completion's list of prompts), n choices a prompt (params.n
+        samples, or a beam search's width); the choices of prompt p are numbered p * n + i, as OpenAI numbers
+        them. echo (completions): each choice starts with its prompt; only_echo: and holds nothing else. client_id: the request's request_id, which the response's
         id carries (else the engine's id of its first request). role: a chat answer's message role."""
         rid = ("chatcmpl-" if chat else "cmpl-") + (client_id or streams[0].request_id)
         kind = "chat.completion" if chat else "text_completion"
-        k, n = params.logprobs, params.n
+        k = params.logprobs
         n_prompt = sum(len(s.prompt_token_ids) for s in streams)
         echoes = echo_texts(streams, params) if echo else [None] * len(streams)
         with_prompt_logprobs = params.prompt_logprobs is not None  # asked for, or by echo with logprobs
@@ -417,7 +446,7 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
             n_tokens, offsets, prompt_logprobs = 0, {}, {}
             try:
                 if chat:
-                    for i in range(params.n):
+                    for i in range(n):
                         yield _sse({**head, "choices": [{"index": i, "delta": {"role": role, "content": ""},
                                                          "logprobs": None, "finish_reason": None,
                                                          "stop_reason": None}], **extra})
@@ -457,14 +486,15 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
         body = await parse(request, COMPLETION_FIELDS, COMPLETION_UNUSED)
         client_id = request.headers.get(REQUEST_ID_HEADER) or request_id(body)  # vLLM's order
         stream_mode, include_usage = stream_flags(body)
-        params = sampling_params(body, async_llm.default_sampling_params(), chat=False)
         beams = use_beam_search(body)
+        params = sampling_params(body, async_llm.default_sampling_params(), chat=False, beams=beams)
         echo = flag(body, "echo")
         if echo and async_llm.tokenizer is None:
             raise bad_request("echo needs the model's tokenizer to write the prompt as text, and this model has "
                               "no tokenizer.json: leave echo out", param="echo")
         streams = (submit_beams if beams else submit)(completion_prompts(body), params, body, chat=False)
-        return await run(request, streams, params, False, stream_mode, include_usage, echo=echo,
+        n = beam_width(body) if beams else params.n
+        return await run(request, streams, params, n, False, stream_mode, include_usage, echo=echo,
                          only_echo=echo_only(body), client_id=client_id)
 
     @app.post("/v1/chat/completions")
@@ -472,8 +502,8 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
         body = await parse(request, CHAT_FIELDS, CHAT_UNUSED)
         client_id = request.headers.get(REQUEST_ID_HEADER) or request_id(body)  # vLLM's order
         stream_mode, include_usage = stream_flags(body)
-        params = sampling_params(body, async_llm.default_sampling_params(chat=True), chat=True)
         beams = use_beam_search(body)
+        params = sampling_params(body, async_llm.default_sampling_params(chat=True), chat=True, beams=beams)
         messages = chat_messages(body)
         options = chat_options(body)
         if async_llm.tokenizer is None:
@@ -485,7 +515,8 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
         # vLLM's rule: a new turn is --response-role's; a continued message keeps its own role
         role = response_role if options["add_generation_prompt"] else messages[-1]["role"]
         streams = (submit_beams if beams else submit)([prompt], params, body, chat=True)
-        return await run(request, streams, params, True, stream_mode,
+        n = beam_width(body) if beams else params.n
+        return await run(request, streams, params, n, True, stream_mode,
                          include_usage, client_id=client_id, role=role)
 
     def need_tokenizer():
@@ -565,8 +596,8 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
 
     @app.get("/health")
     async def health():
-        if async_llm.is_running:
-            return {"status": "ok"}
+        if async_llm.is_running:  # vLLM's answer: 200 and an empty body
+            return Response(status_code=200)
         raise APIError(503, "the engine is not running", type="service_unavailable")
 
     @app.get("/metrics")
@@ -605,7 +636,7 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
 def serve(async_llm: EngineClient, model_name: str | Sequence[str], sock, api_key: str | None = None,
           log_level: str = "info", access_log: bool = True, **app_options) -> None:
     """Serve on an already bound socket until Ctrl-C or SIGTERM (app_options: create_app's model, CORS,
-    chat_template and response_role options; log_level and access_log: uvicorn's, as vLLM's
+    chat_template, response_role and enable_request_id_headers options; log_level and access_log: uvicorn's, as vLLM's
     --uvicorn-log-level and --disable-uvicorn-access-log set them). On the signal the EngineClient is shut
     down first (what is in flight fails at once), then uvicorn closes the connections; the caller may call
     its shutdown() again (it is idempotent). Returns after SIGTERM; raises KeyboardInterrupt after Ctrl-C
