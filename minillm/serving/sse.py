@@ -42,7 +42,8 @@ def sse_data(line: str, lines: list[str]) -> str | None:
     data line. Comments (lines starting with ':') and other fields (event, id, retry, unknown
     names) are ignored. A field is `name:value`; after the colon one space, if present, is
     dropped (only one: the rest of the value is kept as it is); a line with no colon is a field
-    name with an empty value. Otherwise return None.
+    name with an empty value. Names are case-sensitive and taken as written: only exactly `data`
+    is a data field ("Data", " data" and "data " are other fields). Otherwise return None.
 
         lines = []
         sse_data("data: hello", lines) -> None      (lines == ["hello"])

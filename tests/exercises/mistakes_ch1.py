@@ -173,6 +173,16 @@ def header_rejects_a_header_ending_the_file(data, file_size=None) -> tuple[dict,
     return right_parse_header(data, file_size=size - 1)  # the reference, told the file is one byte shorter
 
 
+def header_refuses_empty_tensors(data, file_size=None) -> tuple[dict, int]:
+    """Checks 0 <= begin < end where the rule is begin <= end: a tensor with no elements is refused."""
+    header, start = right_parse_header(data, file_size=file_size)
+    for name, entry in header.items():
+        begin, end = entry["data_offsets"]
+        if begin == end:  # the bug: an empty tensor's byte range is empty, and valid
+            raise ValueError(f"tensor {name!r}: data_offsets [{begin}, {end}] hold no bytes")
+    return header, start
+
+
 def header_big_endian(data, file_size=None) -> tuple[dict, int]:
     """Reads N big-endian (struct.unpack(">Q", ...), int.from_bytes(..., "big")): safetensors writes it
     little-endian, so N comes out about 2**56 times too large and every file is refused as too short."""
@@ -249,7 +259,7 @@ def param_name_matches_inside_a_word(ckpt_name: str, packed_modules_mapping: dic
 
 def _load(model, path: str, check_names: bool = True, check_shapes: bool = True, check_complete: bool = True,
           skip_ignored: bool = True, skip_tied_head: bool = True, any_shard_completes: bool = False,
-          loader_for_packed_only: bool = False):
+          loader_for_packed_only: bool = False, numel_only: bool = False):
     """The right load_model with one of its checks switched off."""
     packed = getattr(model, "packed_modules_mapping", {})
     params = dict(model.named_parameters())
@@ -268,7 +278,11 @@ def _load(model, path: str, check_names: bool = True, check_shapes: bool = True,
         loader = getattr(param, "weight_loader", None)
         with torch.no_grad():
             if loader is None or (loader_for_packed_only and shard is None):  # (the bug: a whole tensor copied)
-                if check_shapes and tuple(param.shape) != tuple(tensor.shape):
+                if numel_only:  # (the bug: the element counts compared, and the tensor reshaped to fit)
+                    if param.numel() != tensor.numel():
+                        raise ValueError(f"{ckpt_name}: {tensor.numel()} elements, expected {param.numel()}")
+                    tensor = tensor.reshape(param.shape)
+                elif check_shapes and tuple(param.shape) != tuple(tensor.shape):
                     raise ValueError(f"{ckpt_name}: shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
                 param.data.copy_(tensor)
             else:
@@ -294,6 +308,11 @@ def load_with_loaders_for_packed_only(model, path: str) -> None:
 def load_without_shape_check(model, path: str) -> None:
     """Copies a tensor without a weight_loader without comparing the shapes first."""
     _load(model, path, check_shapes=False)
+
+
+def load_checking_numel_not_shape(model, path: str) -> None:
+    """Compares element counts where the rule is the shape, and reshapes the tensor to the parameter's."""
+    _load(model, path, numel_only=True)
 
 
 def load_without_completeness_check(model, path: str) -> None:
@@ -595,6 +614,11 @@ MISTAKES: list[Mistake] = [
             "last byte, and safetensors writes every file whose tensors hold no bytes (or that holds none) that "
             "way. Raise only when N > file_size - 8",
             "test_ch1.py::test_header_of_a_file_that_is_all_header"),
+    Mistake("ch1_header_refuses_empty_tensors", "1.2", {"parse_safetensors_header": header_refuses_empty_tensors},
+            "the offsets check refuses begin == end (0 <= begin < end where the rule is 0 <= begin <= end): a tensor "
+            "with no elements (a shape with a 0 in it) holds no bytes, so its data_offsets are [x, x], and "
+            "safetensors writes such tensors. Refuse only begin > end (or begin < 0)",
+            "test_ch1.py::test_header_of_a_file_that_is_all_header"),
     Mistake("ch1_header_big_endian", "1.2", {"parse_safetensors_header": header_big_endian},
             "the header's length N is read big-endian (struct.unpack('>Q', ...), or int.from_bytes(..., 'big')): "
             "safetensors writes it little-endian, so N comes out about 2**56 times too large and every file is "
@@ -651,6 +675,11 @@ MISTAKES: list[Mistake] = [
             "load_model copies a tensor without a weight_loader before comparing shapes: check "
             "param.shape == tensor.shape first and raise ValueError naming the checkpoint tensor",
             REJECTS, {"change": "reshape model.norm.weight", "match": "model.norm.weight"}),
+    Mistake("ch1_load_checks_numel_not_shape", "1.3", {"load_model": load_checking_numel_not_shape},
+            "load_model compares element counts where the rule is the shape (param.numel() == tensor.numel(), then "
+            "a reshape): a (64,) norm stored as (8, 8) loads, though that checkpoint is not this model's. Compare "
+            "tuple(param.shape) == tuple(tensor.shape) and raise ValueError naming the checkpoint tensor",
+            REJECTS, {"change": "fold model.norm.weight", "match": "model.norm.weight"}),
     Mistake("ch1_load_without_completeness_check", "1.3", {"load_model": load_without_completeness_check},
             "load_model never checks that every parameter was filled: remember the shard ids each parameter "
             "received and, at the end, raise ValueError for any that lacks one of expected_shards(...)",

@@ -22,6 +22,13 @@ def shard_weight_always_rows(weight, dim, rank, world_size):
     return weight[rank * part:(rank + 1) * part]  # the bug: slices dim 0 whatever `dim` says
 
 
+def shard_weight_chunks_dim0(weight, dim, rank, world_size):
+    size = weight.shape[dim]
+    if size % world_size:
+        raise ValueError(f"cannot split dim {dim} of size {size} into {world_size} equal shards")
+    return weight.chunk(world_size, dim=0)[rank]  # the bug: chunks dim 0 whatever `dim` says
+
+
 def shard_weight_starts_at_rank(weight, dim, rank, world_size):
     size = weight.shape[dim]
     if size % world_size:
@@ -206,6 +213,11 @@ MISTAKES: list[Mistake] = [
     Mistake("ch4_shard_weight_always_rows", "4.1", {"shard_weight": shard_weight_always_rows},
             "shard_weight cut dim 0 whatever `dim` said: row-parallel layers (o_proj, down_proj) split dim 1, "
             "their input features. Cut along `dim`: weight.narrow(dim, rank * part, part)",
+            "test_ch4.py::test_shard_weight_and_packed_match_torch_chunk"),
+    Mistake("ch4_shard_weight_chunks_dim0", "4.1", {"shard_weight": shard_weight_chunks_dim0},
+            "shard_weight chunked dim 0 whatever `dim` said (weight.chunk(world_size, dim=0)): row-parallel layers "
+            "(o_proj, down_proj) split dim 1, their input features. Chunk along `dim`: "
+            "weight.chunk(world_size, dim=dim)[rank], or weight.narrow(dim, rank * part, part)",
             "test_ch4.py::test_shard_weight_and_packed_match_torch_chunk"),
     Mistake("ch4_shard_weight_starts_at_rank", "4.1", {"shard_weight": shard_weight_starts_at_rank},
             "rank r's shard starts at element r: the shards are consecutive chunks of part = size // world_size "

@@ -110,6 +110,26 @@ def append_placeholders_model_len_strict(token_lists, num_prompt_tokens, max_tok
     return positions, at_limit
 
 
+def append_placeholders_model_len_early(token_lists, num_prompt_tokens, max_tokens, max_model_len):
+    positions, at_limit = [], []
+    for tokens, prompt_len, limit in zip(token_lists, num_prompt_tokens, max_tokens):
+        positions.append(len(tokens))
+        tokens.append(PLACEHOLDER_TOKEN)
+        # the bug: the placeholder counted twice for max_model_len, so the sequence stops a token short of it
+        at_limit.append(len(tokens) - prompt_len >= limit or len(tokens) + 1 >= max_model_len)
+    return positions, at_limit
+
+
+def append_placeholders_max_tokens_early(token_lists, num_prompt_tokens, max_tokens, max_model_len):
+    positions, at_limit = [], []
+    for tokens, prompt_len, limit in zip(token_lists, num_prompt_tokens, max_tokens):
+        positions.append(len(tokens))
+        tokens.append(PLACEHOLDER_TOKEN)
+        # the bug: the placeholder counted twice for max_tokens, so the completion stops a token short of it
+        at_limit.append(len(tokens) - prompt_len + 1 >= limit or len(tokens) >= max_model_len)
+    return positions, at_limit
+
+
 def _fill(token_lists, positions, sampled, at_limit, eos_token_ids, params, *, eos_always=False,
           length_at_any_position=False, drop_next=True, length_first=False, first_eos_only=False,
           eos_skips_stop_ids=False):
@@ -795,6 +815,16 @@ MISTAKES = [
             "placeholder is appended, or after appending it with > instead of >= (the same result). The placeholder "
             "counts like a token: append it, then at_limit = completion length >= max_tokens or length >= "
             "max_model_len",
+            "test_ch5.py::test_append_placeholders"),
+    Mistake("ch5_append_model_len_early", "5.2", {"append_placeholders": append_placeholders_model_len_early},
+            "at_limit comes one token early for max_model_len (len(tokens) + 1 >= max_model_len after appending: the "
+            "placeholder counted twice), so a sequence stops at max_model_len - 1 tokens. Append the placeholder, "
+            "then at_limit = ... or len(tokens) >= max_model_len",
+            "test_ch5.py::test_append_placeholders"),
+    Mistake("ch5_append_max_tokens_early", "5.2", {"append_placeholders": append_placeholders_max_tokens_early},
+            "at_limit comes one token early for max_tokens (completion length + 1 >= max_tokens after appending: the "
+            "placeholder counted twice), so a request gets max_tokens - 1 tokens. Append the placeholder, then "
+            "at_limit = len(tokens) - prompt_len >= max_tokens or ...",
             "test_ch5.py::test_append_placeholders"),
     Mistake("ch5_fill_eos_despite_ignore_eos", "5.2", {"fill_placeholders": fill_placeholders_eos_despite_ignore_eos},
             "an EOS token stops a request that set ignore_eos=True: ignore_eos switches off the EOS ids only "

@@ -345,6 +345,18 @@ def sse_data_name_prefix(line, lines):
     return _read7(line, lines, lambda s: _one_space_dropped(s.partition(":")[2]) if s.startswith("data") else None)
 
 
+def sse_data_any_case(line, lines):
+    # the bug: the field name compared without its case ("Data: x" read as data)
+    return _read7(line, lines, lambda s: None if s.startswith(":") or s.partition(":")[0].lower() != "data"
+                  else _one_space_dropped(s.partition(":")[2]))
+
+
+def sse_data_name_stripped(line, lines):
+    # the bug: the field name stripped of spaces and compared without its case (" data: x", "Data : x" read as data)
+    return _read7(line, lines, lambda s: None if s.startswith(":") or s.partition(":")[0].strip().lower() != "data"
+                  else _one_space_dropped(s.partition(":")[2]))
+
+
 def sse_data_never_clears(line, lines):
     return _read7(line, lines, _data_value, clear=False)
 
@@ -525,13 +537,14 @@ def itls_without_chunks(traces):
 
 
 def _percentiles7(values_s, percentiles, *, fractions=False, empty_nan=True, p50_named_median=True,
-                  int_keys=False, median_always=False):
+                  int_keys=False, repr_keys=False, median_always=False):
     v = np.asarray(values_s, dtype=np.float64) * 1e3
     out = {"mean": float(v.mean()) if v.size else math.nan}
     if median_always:  # the bug: a median whether or not 50 is asked for
         out["median"] = float(np.median(v)) if v.size else math.nan
     for p in percentiles:
-        key = "median" if p == 50 and p50_named_median else f"p{int(p)}" if int_keys else f"p{p:g}"
+        key = ("median" if p == 50 and p50_named_median else f"p{int(p)}" if int_keys else f"p{p}" if repr_keys
+               else f"p{p:g}")
         if not v.size and empty_nan:
             out[key] = math.nan
         else:
@@ -588,6 +601,10 @@ def latency_percentiles_p50_key(values_s, percentiles=PERCENTILES):
 
 def latency_percentiles_int_keys(values_s, percentiles=PERCENTILES):
     return _percentiles7(values_s, percentiles, int_keys=True)  # the bug: f"p{int(p)}": 99.9 overwrites "p99"
+
+
+def latency_percentiles_repr_keys(values_s, percentiles=PERCENTILES):
+    return _percentiles7(values_s, percentiles, repr_keys=True)  # the bug: f"p{p}": 90.0 gives "p90.0"
 
 
 def latency_percentiles_median_always(values_s, percentiles=PERCENTILES):
@@ -690,6 +707,14 @@ MISTAKES = [
     Mistake("ch6_sse_data_name_prefix", "6.1", {"sse_data": sse_data_name_prefix},
             "any field whose name starts with 'data' is read as data (line.startswith('data')): 'dataset: x' is "
             "another field. The name, the text before the first colon, must be exactly 'data'",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_any_case", "6.1", {"sse_data": sse_data_any_case},
+            "the field name is compared without its case ('Data: x' read as data): field names are case-sensitive, "
+            "so 'Data' is another field, ignored. The name, the text before the first colon, must be exactly 'data'",
+            "test_ch6.py::test_sse_data_reads_a_stream"),
+    Mistake("ch6_sse_data_name_stripped", "6.1", {"sse_data": sse_data_name_stripped},
+            "the field name is stripped and compared without its case (name.strip().lower()): ' data', 'data ' and "
+            "'Data' are other fields, ignored. The name, the text before the first colon, must be exactly 'data'",
             "test_ch6.py::test_sse_data_reads_a_stream"),
     Mistake("ch6_sse_data_never_clears", "6.1", {"sse_data": sse_data_never_clears},
             "the data lines of an event are not cleared when it is dispatched (lines = [] binds a new local list; "
@@ -957,6 +982,10 @@ MISTAKES = [
             "a percentile's key is f'p{int(p)}': 99.9 becomes 'p99' and overwrites the 99th. Key it f'p{p:g}' "
             "('p99.9', and 'p90' for 90 or 90.0), as vLLM's benchmark names them",
             "test_ch6.py::test_latency_percentiles_match_statistics"),
+    Mistake("ch6_percentiles_repr_keys", "6.4", {"latency_percentiles": latency_percentiles_repr_keys},
+            "a percentile's key is f'p{p}': the 90.0 that bench serve's --metric-percentiles reads ('50,90,99' as "
+            "floats) is keyed 'p90.0'. Key it f'p{p:g}' ('p90' for 90 or 90.0, 'p99.9'), as vLLM's benchmark names "
+            "them", "test_ch6.py::test_latency_percentiles_match_statistics"),
     Mistake("ch6_percentiles_median_always", "6.4", {"latency_percentiles": latency_percentiles_median_always},
             "the summary has a 'median' although 50 is not among the percentiles asked for: 'mean', then one key "
             "per percentile asked for (50 is keyed 'median'), nothing else",

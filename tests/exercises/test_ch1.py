@@ -173,9 +173,10 @@ def _header_outcome(parse, data: bytes):
 def test_header_of_a_file_that_is_all_header(impl):
     """safetensors writes a file whose tensors hold no bytes (or that holds none) as its header alone."""
     from safetensors.torch import load, save
-    # a second look before a bug is named: the outcome on a file with tensor bytes too (a length read big-endian
-    # refuses it, as it refuses these; a check that refuses only a header ending the file reads it)
-    ordinary = save({"w": torch.arange(6.0).reshape(2, 3)})
+    # a second look before a bug is named: the outcome on a file with tensor bytes too, and an empty tensor among
+    # them (a length read big-endian refuses it, as it refuses these, and so does a check that refuses empty
+    # tensors; a check that refuses only a header ending the file reads it)
+    ordinary = save({"w": torch.arange(6.0).reshape(2, 3), "none": torch.zeros(0)})
     agree = (lambda fn: _header_outcome(fn, ordinary), lambda: _header_outcome(impl.parse_safetensors_header, ordinary))
     for data in _all_header_files():
         (n,) = struct.unpack("<Q", data[:8])
@@ -481,11 +482,13 @@ BAD_CHECKPOINTS = [
     ("add model.layers.0.surprise.weight", "surprise"),
     ("reshape model.norm.weight", "model.norm.weight"),
     ("reshape model.layers.0.self_attn.k_proj.weight", "k_proj"),
+    ("fold model.norm.weight", "model.norm.weight"),  # as many elements in another shape: (64,) as (8, 8)
 ]
 
 
 def _bad_checkpoint(tmp_path, change: str) -> str:
-    """A copy of tiny-qwen3 in tmp_path after `change` (drop, add or reshape one tensor) -> its folder."""
+    """A copy of tiny-qwen3 in tmp_path after `change` (drop, add, reshape (a row less) or fold (the same elements
+    in 8 rows) one tensor) -> its folder."""
     from safetensors.torch import load_file, save_file
     d = tmp_path / ("bad " + change)
     if d.exists():
@@ -496,6 +499,8 @@ def _bad_checkpoint(tmp_path, change: str) -> str:
         del tensors[key]
     elif verb == "add":
         tensors[key] = torch.zeros(3)
+    elif verb == "fold":
+        tensors[key] = tensors[key].reshape(8, -1).clone()
     else:
         tensors[key] = tensors[key][:-1].clone()
     d.mkdir()

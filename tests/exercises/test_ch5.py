@@ -213,8 +213,8 @@ EOS = {2, 11}  # two EOS ids, as a model whose config lists several has (the eng
 
 @pytest.mark.ex5_2
 def test_append_placeholders(impl):
-    lists = [[5, 6, 7], [5, 6, 7, 40], [5, 6, 7, 40, P], [1] * 9]
-    args = ([3, 3, 3, 2], [4, 2, 3, 100], 10)  # prompt lengths, max_tokens, max_model_len
+    lists = [[5, 6, 7], [5, 6, 7, 40], [5, 6, 7, 40, P], [1] * 9, [5, 6, 7, 40], [1] * 8]
+    args = ([3, 3, 3, 2, 3, 2], [4, 2, 3, 100, 3, 100], 10)  # prompt lengths, max_tokens, max_model_len
 
     def run(fn):
         copies = [list(t) for t in lists]
@@ -225,9 +225,10 @@ def test_append_placeholders(impl):
     # a second look before a bug is named: whole generations with it (two bugs can give the same at_limit here, one
     # lagging a token, one that does not count the placeholders, which lags one or two)
     generated = lambda fn: outcome(lambda: generate_asynchronously(fn, right_fill, PROBE_REQUESTS, PROBE_MAX_LEN))  # noqa: E731
-    check_equal(got, ([3, 4, 5, 9], [False, True, True, True]), "5.2",
+    check_equal(got, ([3, 4, 5, 9, 4, 8], [False, True, True, True, False, False]), "5.2",
                 "(positions, at_limit) for completions of 0, 1 (max_tokens 2) and 2 (max_tokens 3, the last still a "
-                "placeholder) tokens, and a 9-token sequence with max_model_len 10",
+                "placeholder) tokens, a 9-token sequence with max_model_len 10, and, one token short of their "
+                "limits, a completion of 1 token with max_tokens 3 and an 8-token sequence",
                 suspects=suspects_of("append_placeholders", lambda fn: run(fn)[0],
                                      agree=(generated, lambda: generated(impl.append_placeholders))))
     check_equal(got_lists, [t + [P] for t in lists], "5.2", "the token lists after append_placeholders",

@@ -885,7 +885,9 @@ SUMMARY_CASES = [([], None), ([0.25], None), ([0.1, 0.3], None), ([0.5, 0.5, 0.5
                  (np.random.default_rng(7).exponential(0.05, 100).round(6).tolist(), None),
                  ([0.012, 0.02, 0.031, 0.04, 0.5], (25, 50, 75, 95)),
                  # a tenth of a percent (vLLM's p99.9), and no 50 asked for (no "median" then)
-                 (np.random.default_rng(9).lognormal(-3, 1, 40).round(6).tolist(), (90, 99, 99.9))]
+                 (np.random.default_rng(9).lognormal(-3, 1, 40).round(6).tolist(), (90, 99, 99.9)),
+                 # floats, as bench serve's --metric-percentiles parses "50,90,99" (keys "median", "p90", "p99")
+                 (np.random.default_rng(10).lognormal(-3, 1, 12).round(6).tolist(), (50.0, 90.0, 99.0))]
 
 
 @pytest.mark.ex6_4
