@@ -74,12 +74,12 @@ class SamplingParams:
 
     `seed` gives the request its own random stream, so its tokens do not depend on what else is in
     the batch (-1, as in vLLM, is no seed). Generation stops at max_tokens (None: only max_model_len
-    limits it), at an EOS token (unless ignore_eos), at any of stop_token_ids, or when the text produced contains one of `stop`
-    (the text is cut before it, or after it with include_stop_str_in_output). The text leaves out the
-    token that stopped it (EOS or a stop token id; token_ids keep it) unless include_stop_str_in_output,
-    as vLLM's detokenizer does. min_tokens holds EOS and stop_token_ids back until that many tokens
-    are out, and a stop string stops only where it ends past the text of those first min_tokens
-    tokens (vLLM's rule: one wholly inside that text is ignored).
+    limits it), at an EOS token (unless ignore_eos), at any of stop_token_ids, or when the text produced
+    contains one of `stop` (the text is cut before it, or after it with include_stop_str_in_output). The
+    text leaves out the token that stopped it (EOS or a stop token id; token_ids keep it) unless
+    include_stop_str_in_output, as vLLM's detokenizer does. min_tokens holds EOS and stop_token_ids back
+    until that many tokens are out, and a stop string stops only where it ends past the text of those
+    first min_tokens tokens (vLLM's rule: one wholly inside that text is ignored).
 
     Logits processors (vLLM's meaning; minillm.layers.logits_processors), applied to the logits in
     this order before temperature: logit_bias {token id: bias} added (clamped to [-100, 100]);

@@ -401,8 +401,9 @@ def create_app(async_llm: EngineClient, model_name: str | Sequence[str], api_key
                   role: str = "assistant"):
         """The response to one or more requests (a completion's list of prompts), n choices a prompt (params.n
         samples, or a beam search's width); the choices of prompt p are numbered p * n + i, as OpenAI numbers
-        them. echo (completions): each choice starts with its prompt; only_echo: and holds nothing else. client_id: the request's request_id, which the response's
-        id carries (else the engine's id of its first request). role: a chat answer's message role."""
+        them. echo (completions): each choice starts with its prompt; only_echo: and holds nothing else.
+        client_id: the request's request_id, which the response's id carries (else the engine's id of its first
+        request). role: a chat answer's message role."""
         rid = ("chatcmpl-" if chat else "cmpl-") + (client_id or streams[0].request_id)
         kind = "chat.completion" if chat else "text_completion"
         k = params.logprobs

@@ -86,6 +86,18 @@ def rms_norm_in_weight_dtype(x, weight, eps):
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(weight.dtype)
 
 
+def rms_norm_result_in_x_dtype(x, weight, eps):
+    """Casts the result to x.dtype: fp32 weights over bf16 x give bf16, where torch's promotion gives fp32."""
+    xf = x.float()
+    return (weight * (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)).to(x.dtype)
+
+
+def rms_norm_weight_in_x_dtype(x, weight, eps):
+    """Casts the weight to x.dtype before the product: fp32 weights over bf16 x give bf16 (rounded weights)."""
+    xf = x.float()
+    return weight.to(x.dtype) * (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
+
+
 def rms_norm_mean_without_keepdim(x, weight, eps):
     """x.pow(2).mean(dim=-1) without keepdim=True: the [..., 1] column of mean squares becomes [...], which
     broadcasts against x's LAST dimension (an error, or a silent wrong result where the sizes agree)."""
@@ -97,6 +109,12 @@ def rms_norm_mean_without_keepdim(x, weight, eps):
 def add_rms_norm_sum_in_residual_dtype(x, residual, weight, eps):
     """Casts the sum to residual.dtype: a bf16 stream under an fp32 block output stays bf16."""
     new_residual = (x + residual).to(residual.dtype)
+    return rms_norm(new_residual, weight, eps), new_residual
+
+
+def add_rms_norm_sum_in_x_dtype(x, residual, weight, eps):
+    """Casts the sum to x.dtype: an fp32 stream under a bf16 block output drops to bf16."""
+    new_residual = (x + residual).to(x.dtype)
     return rms_norm(new_residual, weight, eps), new_residual
 
 
@@ -1534,6 +1552,7 @@ def launcher_of(kernel):
 NORM = "test_ch2.py::test_rms_norm_matches_qwen3_rmsnorm"
 ADD_NORM = "test_ch2.py::test_add_rms_norm_matches_qwen3_rmsnorm_of_the_sum"
 MIXED_NORM = "test_ch2.py::test_rms_norm_of_mixed_dtypes_matches_qwen3_rmsnorm"
+MIXED_ADD = "test_ch2.py::test_add_rms_norm_of_mixed_dtypes_adds_as_torch"
 ROTARY = "test_ch2.py::test_apply_rotary_on_a_packed_batch_matches_transformers"
 PREFILL_ATTN = "test_ch2.py::test_causal_attention_prefill_matches_sdpa"
 MLP = "test_ch2.py::test_silu_and_mul_makes_qwen3_mlp"
@@ -1588,6 +1607,14 @@ MISTAKES: list[Mistake] = [
             "rms_norm casts the normalized x to weight.dtype: cast it back to x.dtype (the input's), then multiply by "
             "the weight, as transformers' Qwen3RMSNorm does: the result's dtype is then torch's promotion of the two "
             "(fp32 when either is fp32)", MIXED_NORM, {"dtypes": ("float32", "bfloat16")}),
+    Mistake("ch2_rms_norm_result_in_x_dtype", "2.1", {"rms_norm": rms_norm_result_in_x_dtype},
+            "rms_norm casts its result to x.dtype: Qwen3RMSNorm returns weight * (normalized x, cast to x.dtype) as "
+            "torch multiplies them, so fp32 weights over bf16 x give fp32 (torch's promotion); drop the last cast",
+            MIXED_NORM, {"dtypes": ("bfloat16", "float32")}),
+    Mistake("ch2_rms_norm_weight_in_x_dtype", "2.1", {"rms_norm": rms_norm_weight_in_x_dtype},
+            "rms_norm casts the weight to x.dtype (weight.to(x.dtype)): fp32 weights over bf16 x are rounded to bf16 "
+            "and the result is bf16. Multiply the weight as it is by the normalized x cast to x.dtype: torch's "
+            "promotion gives fp32 when either is fp32", MIXED_NORM, {"dtypes": ("bfloat16", "float32")}),
     Mistake("ch2_rms_norm_mean_without_keepdim", "2.1", {"rms_norm": rms_norm_mean_without_keepdim},
             "the mean square is taken without keepdim=True: x.pow(2).mean(dim=-1) is [N], not [N, 1], so "
             "multiplying x [N, D] by it broadcasts against the LAST dimension (an error here, a silently wrong "
@@ -1595,7 +1622,11 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_add_rms_norm_sum_in_residual_dtype", "2.2", {"add_rms_norm": add_rms_norm_sum_in_residual_dtype},
             "add_rms_norm casts the sum to the residual's dtype: x + residual as torch adds it (its type promotion: "
             "fp32 when either is fp32), as the unfused `residual + hidden` gives it; no cast",
-            "test_ch2.py::test_add_rms_norm_of_mixed_dtypes_adds_as_torch"),
+            MIXED_ADD, {"dtypes": ("float32", "bfloat16")}),
+    Mistake("ch2_add_rms_norm_sum_in_x_dtype", "2.2", {"add_rms_norm": add_rms_norm_sum_in_x_dtype},
+            "add_rms_norm casts the sum to x's dtype ((x + residual).to(x.dtype)): bf16 x on an fp32 residual stream "
+            "drops the stream to bf16. Keep x + residual as torch adds it (fp32 when either is fp32); no cast",
+            MIXED_ADD, {"dtypes": ("bfloat16", "float32")}),
     Mistake("ch2_add_rms_norm_returns_normed_twice", "2.2", {"add_rms_norm": add_rms_norm_returns_normed_twice},
             "add_rms_norm returns the normalized sum twice: the second output is the new residual itself, x + "
             "residual un-normalized, the stream the next block adds to", ADD_NORM),

@@ -471,7 +471,7 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
                    budget_for_the_first=False, one_seq_too_many=False, chunk_runs_at_once=False, chunk_in_both=False,
                    decode_first_every_step=False, victim_stays_running=False, preempts_itself=False,
                    budget_strict=False, never_chunks=False, victims_queued_last=False, joins_running_at_once=False,
-                   tokens_not_summed=False):
+                   tokens_not_summed=False, running_before_half_prefilled=False):
     """schedule_step with one bug switched on."""
     scheduled, preempted, num_tokens = [], [], 0
     head = waiting[0] if waiting else None
@@ -518,12 +518,15 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
     while running:
         seq = running.popleft()
         while not block_manager.can_append(seq):
-            if not spare_half_prefilled and waiting and waiting[0].block_table:
+            half_prefilled = bool(waiting and waiting[0].block_table)
+            if half_prefilled and not (spare_half_prefilled or running_before_half_prefilled):
                 victim = waiting.popleft()
             elif preempts_itself:  # the bug: the sequence that needs the block gives up its own
                 victim = seq
             elif running:  # the bug (preempt_oldest): the victim comes off the left, the oldest
                 victim = running.popleft() if preempt_oldest else running.pop()
+            elif half_prefilled and running_before_half_prefilled:  # (the bug: the prompt only after `running`)
+                victim = waiting.popleft()
             else:
                 victim = seq
             if not victim_stays_running:  # (the bug: its status is left RUNNING)
@@ -568,6 +571,12 @@ def schedule_step_forgets_computed_tokens(waiting: deque, running: deque, block_
 def schedule_step_chunks_back_to_back(waiting: deque, running: deque, block_manager, max_num_seqs,
                                       max_num_batched_tokens):
     return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, no_decode_first=True)
+
+
+def schedule_step_running_before_half_prefilled(waiting: deque, running: deque, block_manager, max_num_seqs,
+                                                 max_num_batched_tokens):
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens,
+                          running_before_half_prefilled=True)
 
 
 def schedule_step_spares_the_half_prefilled(waiting: deque, running: deque, block_manager, max_num_seqs,
@@ -790,6 +799,12 @@ MISTAKES: list[Mistake] = [
             "the whole prompt. Decodes first: when the front of `waiting` holds blocks, its num_new_tokens > 0 "
             "and `running` is not empty, set its num_new_tokens to 0 and decode the running sequences",
             "test_ch3.py::test_schedule_step_decodes_between_chunks"),
+    Mistake("ch3_schedule_running_before_half_prefilled", "3.6",
+            {"schedule_step": schedule_step_running_before_half_prefilled},
+            "the end of `running` is preempted before the prompt half prefilled at the front of `waiting`: that "
+            "prompt was admitted last, so it is the first victim whenever it holds blocks; the end of `running` "
+            "comes only when no prompt does",
+            "test_ch3.py::test_schedule_step_preempts_the_half_prefilled_prompt_before_running_ones"),
     Mistake("ch3_schedule_spares_the_half_prefilled", "3.6",
             {"schedule_step": schedule_step_spares_the_half_prefilled},
             "under KV pressure a running sequence is preempted while the prompt being chunked keeps its blocks: "

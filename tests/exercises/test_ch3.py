@@ -1054,6 +1054,27 @@ def test_schedule_step_preempts_a_half_prefilled_prompt_first(impl):
     check_script(impl, preempt_half_prefilled_script)
 
 
+def preempt_half_prefilled_before_running_script(schedule_step):
+    bm = ScriptBlockManager(num_blocks=5, block_size=4)
+    A, B, C = _seqs([4, 4, 12])
+    waiting, running = deque([A, B, C]), deque()
+    schedule_step(waiting, running, bm, 8, 8)  # A and B whole (a block each); C would pass the budget
+    A.append_token(1)
+    B.append_token(1)  # each 5th token needs a block
+    out = schedule_step(waiting, running, bm, 8, 8)
+    yield _step("(step 2 output, free blocks): a chunk of C takes its 3 blocks, none is left",
+                (out, bm.num_free_blocks), (([C], True, []), 0))
+    out = schedule_step(waiting, running, bm, 8, 8)
+    yield _step("(step 3 output, waiting, running): A and B must decode and each needs a block; C, admitted last "
+                "and half prefilled, is preempted before either running sequence, and its 3 blocks serve both",
+                (out, waiting, running), (([A, B], False, [C]), [C], [A, B]))
+
+
+@pytest.mark.ex3_6
+def test_schedule_step_preempts_the_half_prefilled_prompt_before_running_ones(impl):
+    check_script(impl, preempt_half_prefilled_before_running_script)
+
+
 @pytest.mark.ex3_6
 def test_schedule_step_admits_in_order_within_budgets(impl):
     check_script(impl, admit_in_order_script)
