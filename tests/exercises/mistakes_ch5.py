@@ -90,44 +90,39 @@ def top_k_top_p_kth_value(logits, top_k, top_p):
     return right_top_k_top_p(logits.masked_fill(logits < kth, float("-inf")), None, top_p)
 
 
-def append_placeholders_max_tokens_strict(token_lists, num_prompt_tokens, max_tokens, max_model_len):
+def _append(token_lists, num_prompt_tokens, max_tokens, max_model_len, at_limit_of):
+    """append_placeholders with its at_limit rule replaced: at_limit_of(completion length, length, max_tokens,
+    max_model_len), each taken after the placeholder is appended."""
     positions, at_limit = [], []
     for tokens, prompt_len, limit in zip(token_lists, num_prompt_tokens, max_tokens):
         positions.append(len(tokens))
         tokens.append(PLACEHOLDER_TOKEN)
-        # the bug: > max_tokens, so a request's placeholder that makes max_tokens tokens is not its last
-        at_limit.append(len(tokens) - prompt_len > limit or len(tokens) >= max_model_len)
+        at_limit.append(at_limit_of(len(tokens) - prompt_len, len(tokens), limit, max_model_len))
     return positions, at_limit
+
+
+def append_placeholders_max_tokens_strict(token_lists, num_prompt_tokens, max_tokens, max_model_len):
+    # the bug: > max_tokens, so a request's placeholder that makes max_tokens tokens is not its last
+    return _append(token_lists, num_prompt_tokens, max_tokens, max_model_len,
+                   lambda done, length, limit, model_len: done > limit or length >= model_len)
 
 
 def append_placeholders_model_len_strict(token_lists, num_prompt_tokens, max_tokens, max_model_len):
-    positions, at_limit = [], []
-    for tokens, prompt_len, limit in zip(token_lists, num_prompt_tokens, max_tokens):
-        positions.append(len(tokens))
-        tokens.append(PLACEHOLDER_TOKEN)
-        # the bug: > max_model_len, so a sequence that reaches max_model_len tokens is scheduled again
-        at_limit.append(len(tokens) - prompt_len >= limit or len(tokens) > max_model_len)
-    return positions, at_limit
+    # the bug: > max_model_len, so a sequence that reaches max_model_len tokens is scheduled again
+    return _append(token_lists, num_prompt_tokens, max_tokens, max_model_len,
+                   lambda done, length, limit, model_len: done >= limit or length > model_len)
 
 
 def append_placeholders_model_len_early(token_lists, num_prompt_tokens, max_tokens, max_model_len):
-    positions, at_limit = [], []
-    for tokens, prompt_len, limit in zip(token_lists, num_prompt_tokens, max_tokens):
-        positions.append(len(tokens))
-        tokens.append(PLACEHOLDER_TOKEN)
-        # the bug: the placeholder counted twice for max_model_len, so the sequence stops a token short of it
-        at_limit.append(len(tokens) - prompt_len >= limit or len(tokens) + 1 >= max_model_len)
-    return positions, at_limit
+    # the bug: the placeholder counted twice for max_model_len, so the sequence stops a token short of it
+    return _append(token_lists, num_prompt_tokens, max_tokens, max_model_len,
+                   lambda done, length, limit, model_len: done >= limit or length + 1 >= model_len)
 
 
 def append_placeholders_max_tokens_early(token_lists, num_prompt_tokens, max_tokens, max_model_len):
-    positions, at_limit = [], []
-    for tokens, prompt_len, limit in zip(token_lists, num_prompt_tokens, max_tokens):
-        positions.append(len(tokens))
-        tokens.append(PLACEHOLDER_TOKEN)
-        # the bug: the placeholder counted twice for max_tokens, so the completion stops a token short of it
-        at_limit.append(len(tokens) - prompt_len + 1 >= limit or len(tokens) >= max_model_len)
-    return positions, at_limit
+    # the bug: the placeholder counted twice for max_tokens, so the completion stops a token short of it
+    return _append(token_lists, num_prompt_tokens, max_tokens, max_model_len,
+                   lambda done, length, limit, model_len: done + 1 >= limit or length >= model_len)
 
 
 def _fill(token_lists, positions, sampled, at_limit, eos_token_ids, params, *, eos_always=False,
