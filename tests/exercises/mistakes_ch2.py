@@ -246,7 +246,7 @@ def apply_rotary_ignoring_positions(x, positions, cos_sin):
 # ---- 2.4 causal attention ------------------------------------------------------------------------
 def _attention(q, k, v, scale, diagonal_shift=0, align_to_end=True, tile_kv_heads=False, mask_after_softmax=False,
                softmax_dim=-1, negate_diagonal=False, invert_mask=False, in_fp32=True, fill=float("-inf"),
-               kv_head_by_count=False, reshaped_not_permuted=False):
+               kv_head_by_count=False, reshaped_not_permuted=False, exp_over_sum=False):
     """The right causal_attention, with one of its details changed."""
     Lq, H, _ = q.shape
     Lk, Hkv, _ = k.shape
@@ -271,6 +271,9 @@ def _attention(q, k, v, scale, diagonal_shift=0, align_to_end=True, tile_kv_head
     scores = scores.masked_fill(~visible, fill)
     if reshaped_not_permuted:  # [H, Lq, D] reshaped to [Lq, H, D]: the rows come out in the wrong order
         return torch.einsum("hqk,khd->hqd", scores.softmax(dim=-1), v).reshape(Lq, H, -1).to(q.dtype)
+    if exp_over_sum:  # the softmax as exp(s) / sum(exp(s)), no max subtracted: past 88.7 fp32's exp is inf
+        e = scores.exp()
+        return torch.einsum("hqk,khd->qhd", e / e.sum(dim=-1, keepdim=True), v).to(q.dtype)
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).to(q.dtype)
 
 
@@ -292,6 +295,11 @@ def attention_kv_heads_tiled(q, k, v, scale):
 def attention_kv_head_by_count(q, k, v, scale):
     """Query head h reads KV head h // Hkv (the number of KV heads taken for the group size H // Hkv)."""
     return _attention(q, k, v, scale, kv_head_by_count=True)
+
+
+def attention_softmax_without_max(q, k, v, scale):
+    """The softmax written as exp(s) / exp(s).sum(): right until a score passes 88.7, where fp32's exp is inf."""
+    return _attention(q, k, v, scale, exp_over_sum=True)
 
 
 def attention_reshaped_not_permuted(q, k, v, scale):
@@ -1718,6 +1726,11 @@ MISTAKES: list[Mistake] = [
             "A group of H // Hkv consecutive query heads shares a KV head, so h reads KV head h // (H // Hkv) "
             "(repeat_interleave(H // Hkv, dim=1) gives it); with H = 4, Hkv = 2 the two agree, which hides it",
             PREFILL_ATTN, {"heads": (4, 4)}),
+    Mistake("ch2_attention_softmax_without_max", "2.4", {"causal_attention": attention_softmax_without_max},
+            "the softmax is exp(s) / exp(s).sum() with no max subtracted: an attention score past 88.7 makes fp32's "
+            "exp inf, and inf / inf is NaN. Subtract each row's max first (s - s.amax(-1, keepdim=True)), as "
+            "torch.softmax and SDPA do, or call torch.softmax",
+            "test_ch2.py::test_causal_attention_logits_past_88_in_fp32"),
     Mistake("ch2_attention_reshaped_not_permuted", "2.4", {"causal_attention": attention_reshaped_not_permuted},
             "the output is computed as [H, Lq, D] and reshaped to [Lq, H, D]: reshape keeps the memory order, so "
             "row i then holds pieces of other heads and queries. Permute the axes (.transpose(0, 1), or write the "

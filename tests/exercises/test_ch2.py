@@ -407,6 +407,25 @@ def test_causal_attention_with_fewer_queries_than_keys_matches_sdpa(impl, lq):
                           for hint, fn in wrong_versions("causal_attention").items()})
 
 
+ATTN_LOGIT_GAIN = 40  # q scaled up: the case's largest visible attention score goes from ~3 to past 88.7
+
+
+@pytest.mark.ex2_4
+def test_causal_attention_logits_past_88_in_fp32(impl):
+    """fp32 with attention scores past 88.7, where fp32's exp overflows to inf: a softmax written as
+    exp(s) / exp(s).sum() then gives inf / inf = NaN; subtracting the row's max first (as torch.softmax and
+    SDPA do) keeps every exponent <= 0. Against SDPA in float64."""
+    q, k, v = randn(9, 4, 16, seed=8) * ATTN_LOGIT_GAIN, randn(9, 2, 16, seed=9), randn(9, 2, 16, seed=10)
+    scale = 0.25
+    scores = torch.einsum("qhd,khd->hqk", q, k.repeat_interleave(2, dim=1)) * scale
+    largest = float(scores.masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril(), float("-inf")).max())
+    assert largest > 88.8  # the premise: a visible score past exp's fp32 range
+    want = sdpa(q.double(), k.double(), v.double(), scale, causal=True).float()
+    check_close(call_pure(impl.causal_attention, "causal_attention", "2.4", q, k, v, scale), want, "2.4",
+                f"attention in fp32 with scores up to {largest:.1f} (9 queries, 4 query heads, 2 KV heads)",
+                **TOL_ATTN, suspects=suspects("causal_attention", q, k, v, scale))
+
+
 BF16_ATTN_SCALE = 0.3  # not a power of two: q * scale taken in bf16 rounds (0.25 would be exact)
 
 
