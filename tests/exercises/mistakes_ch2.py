@@ -33,6 +33,12 @@ def rms_norm_eps_outside_sqrt(x, weight, eps):
     return weight * (xf / (xf.pow(2).mean(dim=-1, keepdim=True).sqrt() + eps)).to(x.dtype)
 
 
+def rms_norm_eps_after_rsqrt(x, weight, eps):
+    """Multiplies by rsqrt(mean(x**2)) + eps: eps added after the reciprocal root."""
+    xf = x.float()
+    return weight * (xf * (torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True)) + eps)).to(x.dtype)
+
+
 def rms_norm_sum_not_mean(x, weight, eps):
     """Divides by the root of the SUM of squares (the L2 norm), not of their mean."""
     xf = x.float()
@@ -180,6 +186,13 @@ def rope_cos_sin_in_fp64(head_dim, max_position, base):
     return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
 
 
+def rope_cos_sin_from_position_1(head_dim, max_position, base):
+    """Row p holds position p + 1's rotation: the positions counted from 1 (torch.arange(1, P + 1))."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    angles = torch.arange(1, max_position + 1, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+
 def rope_cos_sin_negative_power(head_dim, max_position, base):
     """inv_freq = base ** (-2j / d) in fp32: the same number as 1.0 / base ** (2j / d), rounded differently."""
     inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
@@ -246,13 +259,16 @@ def apply_rotary_ignoring_positions(x, positions, cos_sin):
 # ---- 2.4 causal attention ------------------------------------------------------------------------
 def _attention(q, k, v, scale, diagonal_shift=0, align_to_end=True, tile_kv_heads=False, mask_after_softmax=False,
                softmax_dim=-1, negate_diagonal=False, invert_mask=False, in_fp32=True, fill=float("-inf"),
-               kv_head_by_count=False, reshaped_not_permuted=False, exp_over_sum=False):
+               kv_head_by_count=False, reshaped_not_permuted=False, exp_over_sum=False,
+               weights_in_input_dtype=False, tile_k_only=False):
     """The right causal_attention, with one of its details changed."""
     Lq, H, _ = q.shape
     Lk, Hkv, _ = k.shape
     upcast = (lambda t: t.float()) if in_fp32 else (lambda t: t)
     if tile_kv_heads:  # query head h reads KV head h % Hkv
         k, v = upcast(k).repeat(1, H // Hkv, 1), upcast(v).repeat(1, H // Hkv, 1)
+    elif tile_k_only:  # k tiled (head h reads KV head h % Hkv's keys), v interleaved as it should be
+        k, v = upcast(k).repeat(1, H // Hkv, 1), upcast(v).repeat_interleave(H // Hkv, dim=1)
     elif kv_head_by_count:  # query head h reads KV head h // Hkv: the count of KV heads taken for the group size
         kv_head = torch.arange(H) // Hkv
         k, v = upcast(k)[:, kv_head], upcast(v)[:, kv_head]
@@ -271,6 +287,8 @@ def _attention(q, k, v, scale, diagonal_shift=0, align_to_end=True, tile_kv_head
     scores = scores.masked_fill(~visible, fill)
     if reshaped_not_permuted:  # [H, Lq, D] reshaped to [Lq, H, D]: the rows come out in the wrong order
         return torch.einsum("hqk,khd->hqd", scores.softmax(dim=-1), v).reshape(Lq, H, -1).to(q.dtype)
+    if weights_in_input_dtype:  # the softmax's weights rounded to q's dtype before the product with v
+        return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1).to(q.dtype).float(), v).to(q.dtype)
     if exp_over_sum:  # the softmax as exp(s) / sum(exp(s)), no max subtracted: past 88.7 fp32's exp is inf
         e = scores.exp()
         return torch.einsum("hqk,khd->qhd", e / e.sum(dim=-1, keepdim=True), v).to(q.dtype)
@@ -295,6 +313,17 @@ def attention_kv_heads_tiled(q, k, v, scale):
 def attention_kv_head_by_count(q, k, v, scale):
     """Query head h reads KV head h // Hkv (the number of KV heads taken for the group size H // Hkv)."""
     return _attention(q, k, v, scale, kv_head_by_count=True)
+
+
+def attention_weights_in_input_dtype(q, k, v, scale):
+    """Rounds the softmax's weights to q's dtype (bf16) before the product with v."""
+    return _attention(q, k, v, scale, weights_in_input_dtype=True)
+
+
+def attention_k_tiled_only(q, k, v, scale):
+    """k.repeat(...) for the keys, repeat_interleave for the values: query head h's scores and values come from
+    different KV heads."""
+    return _attention(q, k, v, scale, tile_k_only=True)
 
 
 def attention_softmax_without_max(q, k, v, scale):
@@ -327,6 +356,16 @@ def attention_scales_q_in_place(q, k, v, scale):
     dtype, q = q.dtype, q.float()
     q.mul_(scale)
     return _attention(q, k, v, 1.0).to(dtype)
+
+
+def attention_scale_on_q_and_k(q, k, v, scale):
+    """Multiplies q and k each by scale: the scores come out scaled by scale ** 2."""
+    return _attention(q, k, v, scale * scale)
+
+
+def attention_softmax_over_heads(q, k, v, scale):
+    """softmax(dim=0) on the [H, Lq, Lk] scores: each (query, key) pair's weights sum to 1 over the heads."""
+    return _attention(q, k, v, scale, softmax_dim=0)
 
 
 def attention_softmax_over_queries(q, k, v, scale):
@@ -411,6 +450,12 @@ def silu_and_mul_in_fp32(x):
     return F.silu(gate) * up
 
 
+def silu_plus_up(x):
+    """silu(gate) + up: the gate's output added to up, not multiplied."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) + up
+
+
 def gelu_instead_of_silu(x):
     """gelu(gate) * up (GPT-2's activation): Qwen's MLP uses SiLU."""
     gate, up = x.chunk(2, dim=-1)
@@ -421,7 +466,8 @@ def gelu_instead_of_silu(x):
 def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, restart_residual=False,
            post_norm_without_residual=False, skip_qk_norm=False, first_residual_normed=False,
            qk_norms_swapped=False, rope_on_v=False, post_residual_discarded=False, return_sum=False,
-           kv_swapped=False, fixed_eps=False, first_residual_doubled=False, qk_fixed_eps=False):
+           kv_swapped=False, fixed_eps=False, first_residual_doubled=False, qk_fixed_eps=False,
+           k_with_q_norm=False, rope_on_q_only=False, post_norm_is_input_norm=False, k_norm_on_v=False):
     """The right decoder_layer, with one of its steps changed."""
     if fixed_eps:  # the bug: Qwen3's rms_norm_eps written in, not the model's p.eps
         p = p._replace(eps=1e-6)
@@ -438,12 +484,20 @@ def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, rest
         k, v = v, k
     q, k, v = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, D)
     q_norm, k_norm = (p.k_norm, p.q_norm) if qk_norms_swapped else (p.q_norm, p.k_norm)
+    if k_with_q_norm:  # the bug: k normalized with q_norm's weight
+        k_norm = p.q_norm
+    if post_norm_is_input_norm:  # the bug: the input norm's weight before the MLP too
+        p = p._replace(post_norm=p.input_norm)
     if p.q_norm is not None and not (qk_norm_after_rope or skip_qk_norm):
         qk_eps = 1e-6 if qk_fixed_eps else p.eps  # the bug: Qwen3's eps written into the QK-norms only
         q, k = apply_rms_norm(q, q_norm, qk_eps), apply_rms_norm(k, k_norm, qk_eps)
-    q, k = apply_rotary(q, positions, p.cos_sin), apply_rotary(k, positions, p.cos_sin)
+    q = apply_rotary(q, positions, p.cos_sin)
+    if not rope_on_q_only:  # (the bug: k keeps no position)
+        k = apply_rotary(k, positions, p.cos_sin)
     if rope_on_v:
         v = apply_rotary(v, positions, p.cos_sin)
+    if k_norm_on_v and p.k_norm is not None:  # the bug: v normalized too
+        v = apply_rms_norm(v, p.k_norm, p.eps)
     if p.q_norm is not None and qk_norm_after_rope:
         q, k = apply_rms_norm(q, p.q_norm, p.eps), apply_rms_norm(k, p.k_norm, p.eps)
     h = p.o_proj(p.attn(q, k, v).reshape(n, H * D))
@@ -455,6 +509,26 @@ def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, rest
         h, residual = apply_rms_norm(h, p.post_norm, p.eps, residual)
     mlp_out = p.down_proj(silu_and_mul(p.gate_up_proj(h)))
     return (mlp_out + residual if return_sum else mlp_out), residual
+
+
+def layer_k_with_q_norm(positions, hidden_states, residual, p):
+    """Normalizes k with p.q_norm (q with its own)."""
+    return _layer(positions, hidden_states, residual, p, k_with_q_norm=True)
+
+
+def layer_rope_on_q_only(positions, hidden_states, residual, p):
+    """Rotates q but not k."""
+    return _layer(positions, hidden_states, residual, p, rope_on_q_only=True)
+
+
+def layer_post_norm_is_input_norm(positions, hidden_states, residual, p):
+    """Normalizes before the MLP with the input norm's weight (p.input_norm), not p.post_norm."""
+    return _layer(positions, hidden_states, residual, p, post_norm_is_input_norm=True)
+
+
+def layer_k_norm_on_v(positions, hidden_states, residual, p):
+    """Normalizes v with p.k_norm as well."""
+    return _layer(positions, hidden_states, residual, p, k_norm_on_v=True)
 
 
 def layer_k_v_swapped(positions, hidden_states, residual, p):
@@ -1586,6 +1660,9 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_rms_norm_eps_outside_sqrt", "2.1", {"rms_norm": rms_norm_eps_outside_sqrt},
             "eps is added outside the square root: divide by sqrt(mean(x**2) + eps), i.e. multiply by "
             "torch.rsqrt(mean + eps)", "test_ch2.py::test_rms_norm_uses_eps"),
+    Mistake("ch2_rms_norm_eps_after_rsqrt", "2.1", {"rms_norm": rms_norm_eps_after_rsqrt},
+            "eps is added after the reciprocal root (torch.rsqrt(mean) + eps): it belongs inside, "
+            "torch.rsqrt(mean(x**2) + eps)", "test_ch2.py::test_rms_norm_uses_eps"),
     Mistake("ch2_rms_norm_sum_not_mean", "2.1", {"rms_norm": rms_norm_sum_not_mean},
             "rms_norm divides by the root of the SUM of squares (the L2 norm): RMS is the root of their MEAN, "
             "x.pow(2).mean(dim=-1, keepdim=True)", NORM, {"shape": (18, 64)}),
@@ -1675,6 +1752,10 @@ MISTAKES: list[Mistake] = [
             "from transformers'. Follow its recipe in fp32: inv_freq = 1.0 / (base ** (torch.arange(0, d, "
             "2).float() / d)), angles = positions (fp32) x inv_freq",
             "test_ch2.py::test_rope_cos_sin_has_transformers_angles_at_qwen3s_shape"),
+    Mistake("ch2_rope_cos_sin_from_position_1", "2.3", {"rope_cos_sin": rope_cos_sin_from_position_1},
+            "row p of the table holds position p + 1's rotation (positions counted from 1, torch.arange(1, P + 1)): "
+            "positions start at 0, so row 0 is cos 1 | sin 0, and the angles are torch.arange(P) x inv_freq",
+            "test_ch2.py::test_rope_cos_sin_matches_qwen3_rotary_embedding", {"theta": 10000.0}),
     Mistake("ch2_rope_negative_power", "2.3", {"rope_cos_sin": rope_cos_sin_negative_power},
             "inv_freq is base ** (-2j / d): the same number as transformers' 1.0 / base ** (2j / d), but rounded "
             "differently in fp32, and at 4,096 positions an angle's error grows 4,096-fold (the table differs by up "
@@ -1726,6 +1807,14 @@ MISTAKES: list[Mistake] = [
             "A group of H // Hkv consecutive query heads shares a KV head, so h reads KV head h // (H // Hkv) "
             "(repeat_interleave(H // Hkv, dim=1) gives it); with H = 4, Hkv = 2 the two agree, which hides it",
             PREFILL_ATTN, {"heads": (4, 4)}),
+    Mistake("ch2_attention_weights_in_input_dtype", "2.4", {"causal_attention": attention_weights_in_input_dtype},
+            "the softmax's weights are rounded to q's dtype (bf16) before the product with v: keep them in fp32 "
+            "through weights @ v, and cast the result to q.dtype once, at the end",
+            "test_ch2.py::test_causal_attention_bf16_keeps_dtype_and_matches"),
+    Mistake("ch2_attention_k_tiled_only", "2.4", {"causal_attention": attention_k_tiled_only},
+            "the keys' heads are tiled (k.repeat) while the values' are interleaved (repeat_interleave), so query "
+            "head h scores one KV head's keys and reads another's values: expand both with repeat_interleave("
+            "H // Hkv, dim=1), head h reading KV head h // (H // Hkv)", PREFILL_ATTN, {"heads": (4, 2)}),
     Mistake("ch2_attention_softmax_without_max", "2.4", {"causal_attention": attention_softmax_without_max},
             "the softmax is exp(s) / exp(s).sum() with no max subtracted: an attention score past 88.7 makes fp32's "
             "exp inf, and inf / inf is NaN. Subtract each row's max first (s - s.amax(-1, keepdim=True)), as "
@@ -1754,6 +1843,13 @@ MISTAKES: list[Mistake] = [
             "causal_attention returns its fp32 result: cast the output back to q.dtype (.to(q.dtype)), so a bf16 "
             "model gets bf16 activations; only the math runs in fp32",
             "test_ch2.py::test_causal_attention_bf16_keeps_dtype_and_matches"),
+    Mistake("ch2_attention_scale_on_q_and_k", "2.4", {"causal_attention": attention_scale_on_q_and_k},
+            "both q and k are multiplied by scale, so the scores are scaled by scale ** 2: scale the product once, "
+            "(q . k) * scale (or q * scale alone)", PREFILL_ATTN, {"heads": (4, 4)}),
+    Mistake("ch2_attention_softmax_over_heads", "2.4", {"causal_attention": attention_softmax_over_heads},
+            "the softmax runs over the heads (dim=0 of the [H, Lq, Lk] scores; a masked key is -inf in every head, "
+            "so those weights are NaN): each query's weights over the keys must sum to 1, so softmax(dim=-1)",
+            PREFILL_ATTN, {"heads": (4, 4)}),
     Mistake("ch2_attention_softmax_over_queries", "2.4", {"causal_attention": attention_softmax_over_queries},
             "the softmax runs over the queries (dim=-2 of the [H, Lq, Lk] scores): each query's weights over the "
             "keys must sum to 1, so softmax(dim=-1), along the keys", PREFILL_ATTN, {"heads": (4, 4)}),
@@ -1798,6 +1894,8 @@ MISTAKES: list[Mistake] = [
             "x.chunk(2) splits along dim 0, the tokens (or the batch), giving half as many rows of the full width: "
             "gate and up are the two halves of the last dimension, so split along the last dimension: "
             "x.chunk(2, dim=-1)", MLP, {"shape": (2, 9, 64)}),
+    Mistake("ch2_silu_plus_up", "2.5", {"silu_and_mul": silu_plus_up},
+            "silu(gate) is added to up: the gated MLP multiplies them, silu(gate) * up", MLP, {"shape": (18, 64)}),
     Mistake("ch2_silu_on_both_halves", "2.5", {"silu_and_mul": silu_on_both_halves},
             "SiLU is applied to both halves: only the gate goes through it, silu(gate) * up", MLP, {"shape": (18, 64)}),
     Mistake("ch2_silu_and_mul_in_fp32", "2.5", {"silu_and_mul": silu_and_mul_in_fp32},
@@ -1845,6 +1943,18 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_layer_qk_norms_swapped", "2.6", {"decoder_layer": layer_qk_norms_swapped},
             "q is normalized with k_norm's weight and k with q_norm's: q_norm goes with q, k_norm with k", LAYER,
             {"first": True}),
+    Mistake("ch2_layer_k_with_q_norm", "2.6", {"decoder_layer": layer_k_with_q_norm},
+            "k is normalized with q_norm's weight: k has its own, p.k_norm (q_norm for q, k_norm for k)", LAYER,
+            {"first": True}),
+    Mistake("ch2_layer_rope_on_q_only", "2.6", {"decoder_layer": layer_rope_on_q_only},
+            "only q is rotated: RoPE encodes the positions in q . k, so k must be rotated at its own positions too "
+            "(and the cache keeps the rotated k)", LAYER, {"first": True}),
+    Mistake("ch2_layer_post_norm_is_input_norm", "2.6", {"decoder_layer": layer_post_norm_is_input_norm},
+            "the norm before the MLP uses the input norm's weight: it has its own, p.post_norm "
+            "(post_attention_layernorm)", LAYER, {"first": True}),
+    Mistake("ch2_layer_k_norm_on_v", "2.6", {"decoder_layer": layer_k_norm_on_v},
+            "v is normalized with k_norm too: QK-norm normalizes q and k only; v goes into attention as qkv_proj "
+            "gives it", LAYER, {"first": True}),
     Mistake("ch2_layer_rope_on_v", "2.6", {"decoder_layer": layer_rope_on_v},
             "v is rotated too: RoPE encodes positions in the q . k products only; rotate q and k, leave v as it is",
             LAYER, {"first": True}),

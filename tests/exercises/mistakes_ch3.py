@@ -28,6 +28,12 @@ def slot_mapping_one_ahead(block_table, start, end, block_size):
     return block_table[pos // block_size].astype(np.int64) * block_size + pos % block_size
 
 
+def slot_mapping_block_by_ceil(block_table, start, end, block_size):
+    pos = np.arange(start, end, dtype=np.int64)
+    # the bug: the logical block rounded up, ceil(pos / block_size): only a block's first position gets its own
+    return block_table[-(-pos // block_size)].astype(np.int64) * block_size + pos % block_size
+
+
 def slot_mapping_from_zero(block_table, start, end, block_size):
     pos = np.arange(end - start, dtype=np.int64)  # the bug: start ignored, positions from 0
     return block_table[pos // block_size].astype(np.int64) * block_size + pos % block_size
@@ -594,6 +600,10 @@ def schedule_step_victim_at_the_back(waiting: deque, running: deque, block_manag
 # ---- the list ------------------------------------------------------------------------------------------
 MISTAKES: list[Mistake] = [
     # 3.1
+    Mistake("ch3_slot_mapping_block_by_ceil", "3.1", {"slot_mapping_for": slot_mapping_block_by_ceil},
+            "the logical block is rounded up ((pos + block_size - 1) // block_size): position pos lies in block "
+            "pos // block_size, rounded down, so positions 1 .. block_size - 1 belong to block 0 with position 0",
+            "test_ch3.py::test_slot_mapping_for_positions", {"block_size": 16}),
     Mistake("ch3_slot_mapping_one_ahead", "3.1", {"slot_mapping_for": slot_mapping_one_ahead},
             "every slot is the NEXT position's slot (off by one): position pos lives in logical block "
             "pos // block_size at row pos % block_size, with pos running from start to end - 1 "
@@ -827,7 +837,8 @@ def fork_aliases_the_parent(parent_table, blocks):
 
 
 def _append_slot(block_table, num_tokens, block_size, blocks, take_block, *, copy=True, release=True,
-                 always_copy=False, new_block_test=lambda n, bs: (n - 1) % bs == 0, last=lambda n, bs: -1):
+                 always_copy=False, new_block_test=lambda n, bs: (n - 1) % bs == 0, last=lambda n, bs: -1,
+                 release_all=False):
     """append_slot with one bug switched on (last: the table index taken for the newest token's block)."""
     if new_block_test(num_tokens, block_size):
         block_table.append(take_block().block_id)
@@ -837,7 +848,9 @@ def _append_slot(block_table, num_tokens, block_size, blocks, take_block, *, cop
     if not copy or (old.ref_count == 1 and not always_copy):
         return None
     new = take_block()
-    if release:
+    if release_all:  # the bug: every reference dropped, the other samples' too
+        old.ref_count = 0
+    elif release:
         old.ref_count -= 1
     block_table[i] = new.block_id
     return old.block_id, new.block_id
@@ -849,6 +862,10 @@ def append_slot_writes_into_shared(block_table, num_tokens, block_size, blocks, 
 
 def append_slot_keeps_the_reference(block_table, num_tokens, block_size, blocks, take_block):
     return _append_slot(block_table, num_tokens, block_size, blocks, take_block, release=False)
+
+
+def append_slot_frees_the_shared_block(block_table, num_tokens, block_size, blocks, take_block):
+    return _append_slot(block_table, num_tokens, block_size, blocks, take_block, release_all=True)
 
 
 def append_slot_copies_its_own_block(block_table, num_tokens, block_size, blocks, take_block):
@@ -891,6 +908,10 @@ MISTAKES += [
             "after the copy the shared block keeps this sequence's reference: its ref_count never reaches 0 "
             "and the block is never freed. Subtract 1 from the old block's ref_count when the table moves to "
             "the copy",
+            "test_ch3.py::test_append_slot_copies_a_shared_block_before_writing", {"case": 2}),
+    Mistake("ch3_append_slot_frees_the_shared_block", "3.7", {"append_slot": append_slot_frees_the_shared_block},
+            "after the copy the shared block's ref_count is set to 0: the other samples still read it, so it would "
+            "be freed and handed out under them. Give up this sequence's reference only: old.ref_count -= 1",
             "test_ch3.py::test_append_slot_copies_a_shared_block_before_writing", {"case": 2}),
     Mistake("ch3_append_slot_copies_its_own_block", "3.7", {"append_slot": append_slot_copies_its_own_block},
             "the last block is copied even when the sequence holds it alone (ref_count 1): a block and a copy "
