@@ -114,7 +114,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
     Hints: repeat_interleave the KV heads H // Hkv times along the head axis (query heads
     g*(H/Hkv) .. (g+1)*(H/Hkv)-1 share KV head g); torch.einsum for the two products; a boolean
-    mask from torch.ones(Lq, Lk).tril(diagonal=Lk - Lq); masked_fill with -inf before the softmax.
+    mask from torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).tril(diagonal=Lk - Lq) (on q's
+    device: the engine calls this with GPU tensors); masked_fill with -inf before the softmax.
     """
     raise NotImplementedError("Exercise 2.4: implement causal_attention in exercises/ch2.py (see notebooks/02_decoder_layer.ipynb, section '5. Attention: GQA and the causal mask')")
 

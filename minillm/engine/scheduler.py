@@ -55,7 +55,7 @@ def schedule_step(waiting: deque[Sequence], running: deque[Sequence], block_mana
        `waiting` (it restarts from scratch, first, when room comes back), and in `preempted`, itself
        included. A sequence that stays gets block_manager.may_append(seq).
        At the end `running` holds the scheduled sequences, in order. -> (scheduled, False, preempted);
-       with nothing to run, ([], False, []).
+       with nothing to run, ([], False, []); with every sequence preempted, ([], False, preempted).
 
     Hints: pop sequences off the left of `running` one by one and put the scheduled ones back at the
     end; the victims come off its right. A step of only prompts that fit the budget is the same with

@@ -115,6 +115,17 @@ def bpe_returns_bytes(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]:
         parts[i:i + 2] = [parts[i] + parts[i + 1]]
 
 
+def bpe_longest_prefix(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
+    """Cuts off the longest prefix that is a token, again and again (greedy longest match), instead of merging
+    adjacent pairs in rank order."""
+    ids, start = [], 0
+    while start < len(piece):
+        end = next(j for j in range(len(piece), start, -1) if piece[start:j] in ranks)
+        ids.append(ranks[piece[start:end]])
+        start = end
+    return ids
+
+
 # ---- 1.2 safetensors -----------------------------------------------------------------------------
 def _numel(shape: list[int]) -> int:
     n = 1
@@ -401,6 +412,25 @@ def forward_logits_in_fp32(model, input_ids, positions):
     return model.lm_head(hidden).float()
 
 
+def forward_skips_the_last_layer(model, input_ids, positions):
+    """Loops over model.model.layers[:-1]: the last decoder layer never runs."""
+    hidden, residual = model.model.embed_tokens(input_ids), None
+    for layer in model.model.layers[:-1]:
+        hidden, residual = layer(positions, hidden, residual)
+    hidden, _ = model.model.norm(hidden, residual)
+    return model.lm_head(hidden)
+
+
+def forward_logits_of_the_last_position(model, input_ids, positions):
+    """Gives the LM head the last position alone (hidden[-1:], as last_logits does): logits [1, vocab], not
+    [N, vocab]."""
+    hidden, residual = model.model.embed_tokens(input_ids), None
+    for layer in model.model.layers:
+        hidden, residual = layer(positions, hidden, residual)
+    hidden, _ = model.model.norm(hidden, residual)
+    return model.lm_head(hidden[-1:])
+
+
 # ---- 1.5 generate without a cache ----------------------------------------------------------------
 def naive_never_appends(runner, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """Runs the prompt every step but never appends the new token to the sequence it feeds."""
@@ -589,6 +619,11 @@ MISTAKES: list[Mistake] = [
     Mistake("ch1_bpe_returns_bytes", "1.1", {"bpe_encode": bpe_returns_bytes},
             "returns the merged byte strings instead of token ids: finish with [ranks[part] for part in parts]",
             BPE),
+    Mistake("ch1_bpe_longest_prefix", "1.1", {"bpe_encode": bpe_longest_prefix},
+            "cuts off the longest prefix that is in ranks, again and again (greedy longest match): BPE is not a "
+            "dictionary lookup, the longest token at a position is often not what the merges build (b'\\ttabs' is "
+            "[b'\\tt', b'abs'], not [b'\\ttab', b's']). Start from single bytes and repeatedly merge the adjacent "
+            "pair of LOWEST rank (the merge learned first), until no adjacent pair is in ranks", BPE),
     Mistake("ch1_header_keeps_metadata", "1.2", {"parse_safetensors_header": header_keeps_metadata},
             "the header still holds the '__metadata__' entry, which is not a tensor: header.pop('__metadata__', "
             "None) before returning", "test_ch1.py::test_header_matches_safetensors"),
@@ -730,6 +765,16 @@ MISTAKES: list[Mistake] = [
             "return model.lm_head(hidden) as it is, in the model's dtype, as compute_logits does; the sampler "
             "upcasts what it needs, and an fp32 copy of [N, vocab] logits (151,936 columns for Qwen3) is twice "
             "the memory", FORWARD_BF16),
+    Mistake("ch1_forward_skips_the_last_layer", "1.4", {"forward_pipeline": forward_skips_the_last_layer},
+            "the last decoder layer never runs (a loop over model.model.layers[:-1], or range(len(layers) - 1)): "
+            "the LM head then scores hidden states one layer short. Run every layer of model.model.layers (the "
+            "final norm is not among them, it is model.model.norm), then the final norm", FORWARD, FAST_MODEL),
+    Mistake("ch1_forward_logits_of_the_last_position", "1.4",
+            {"forward_pipeline": forward_logits_of_the_last_position},
+            "returns the logits of the last position only (model.lm_head(hidden[-1:])): forward_pipeline gives "
+            "logits for all N positions, [N, vocab], as transformers' forward does; picking the row to sample from "
+            "is the caller's job (last_logits takes hidden[-1:] itself). Return model.lm_head(hidden)",
+            FORWARD, FAST_MODEL),
     Mistake("ch1_naive_stops_at_eos", "1.5", {"greedy_generate_naive": naive_stops_at_eos},
             "the loop stops at EOS: here EOS is not special (the docstring: 'EOS is not special here'), and "
             "transformers' reference generated exactly max_new_tokens tokens past it. Leave stopping at EOS to the "

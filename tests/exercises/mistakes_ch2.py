@@ -140,6 +140,14 @@ def add_rms_norm_of_x_only(x, residual, weight, eps):
     return rms_norm(x, weight, eps), x + residual
 
 
+def add_rms_norm_of_residual_only(x, residual, weight, eps):
+    """Normalizes the residual it was given, before adding x: returns the right new residual, but the norm of
+    the old stream, not of x + residual."""
+    normed = rms_norm(residual, weight, eps)
+    residual = x + residual
+    return normed, residual
+
+
 def add_rms_norm_in_place(x, residual, weight, eps):
     """Adds into the caller's residual tensor in place (residual += x)."""
     residual += x
@@ -207,6 +215,15 @@ def rope_cos_sin_not_inverted(head_dim, max_position, base):
     return torch.cat([angles.cos(), angles.sin()], dim=-1)
 
 
+def rope_cos_sin_transformers_layout(head_dim, max_position, base):
+    """Copies Qwen3RotaryEmbedding's layout: emb = cat(angles, angles), the table [cos(emb) | sin(emb)] of
+    shape [P, 2d] (each of the d/2 angles twice in cos and twice in sin), not [P, d]."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    angles = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat([angles, angles], dim=-1)
+    return torch.cat([emb.cos(), emb.sin()], dim=-1)
+
+
 def apply_rotary_cos_sin_swapped(x, positions, cos_sin):
     """Unpacks the cache row as sin, cos = ...chunk(2): the cache holds [cos | sin]."""
     sin, cos = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
@@ -235,6 +252,24 @@ def apply_rotary_interleaved(x, positions, cos_sin):
     return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2).to(x.dtype)
 
 
+def apply_rotary_pair_frequencies_on_halves(x, positions, cos_sin):
+    """Rotates the halves in transformers' form, x * cos + rotate_half(x) * sin, but widens cos and sin to d
+    with repeat_interleave(2) (each frequency twice in a row, as for GPT-J's interleaved pairs), where the
+    halves need them repeated whole, cat([cos, cos]): element j turns by frequency j // 2, not j mod d/2."""
+    cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)  # [N, 1, d/2] each
+    cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)  # [N, 1, d]
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return (xf * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
+
+
+def apply_rotary_table_in_input_dtype(x, positions, cos_sin):
+    """Rounds the cos/sin rows to x's dtype (bf16 here) before the rotation, which itself runs in fp32."""
+    cos, sin = cos_sin[positions].to(x.dtype).unsqueeze(1).chunk(2, dim=-1)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
 def apply_rotary_positions_from_the_first(x, positions, cos_sin):
     """Counts positions from the batch's first token (positions - positions[0])."""
     cos, sin = cos_sin[positions - positions[0]].unsqueeze(1).chunk(2, dim=-1)
@@ -260,7 +295,7 @@ def apply_rotary_ignoring_positions(x, positions, cos_sin):
 def _attention(q, k, v, scale, diagonal_shift=0, align_to_end=True, tile_kv_heads=False, mask_after_softmax=False,
                softmax_dim=-1, negate_diagonal=False, invert_mask=False, in_fp32=True, fill=float("-inf"),
                kv_head_by_count=False, reshaped_not_permuted=False, exp_over_sum=False,
-               weights_in_input_dtype=False, tile_k_only=False):
+               weights_in_input_dtype=False, tile_k_only=False, mask_only_if_square=False):
     """The right causal_attention, with one of its details changed."""
     Lq, H, _ = q.shape
     Lk, Hkv, _ = k.shape
@@ -279,6 +314,8 @@ def _attention(q, k, v, scale, diagonal_shift=0, align_to_end=True, tile_kv_head
     visible = torch.ones(Lq, Lk, dtype=torch.bool).tril(diagonal=-diagonal if negate_diagonal else diagonal)
     if invert_mask:
         visible = ~visible
+    if mask_only_if_square and Lq != Lk:  # the mask skipped unless Lq == Lk: every key visible
+        visible = torch.ones(Lq, Lk, dtype=torch.bool)
     if softmax_dim != -1:  # each key's weights normalized over the queries
         weights = scores.masked_fill(~visible, float("-inf")).softmax(dim=softmax_dim)
         return torch.einsum("hqk,khd->qhd", weights, v).to(q.dtype)
@@ -334,6 +371,11 @@ def attention_softmax_without_max(q, k, v, scale):
 def attention_reshaped_not_permuted(q, k, v, scale):
     """Computes the output as [H, Lq, D] and reshapes it to [Lq, H, D] instead of permuting it."""
     return _attention(q, k, v, scale, reshaped_not_permuted=True)
+
+
+def attention_masks_only_a_prefill(q, k, v, scale):
+    """Applies the causal mask only when Lq == Lk (`if Lq == Lk:`): fewer queries than keys get no mask."""
+    return _attention(q, k, v, scale, mask_only_if_square=True)
 
 
 def attention_without_scale(q, k, v, scale):
@@ -467,7 +509,8 @@ def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, rest
            post_norm_without_residual=False, skip_qk_norm=False, first_residual_normed=False,
            qk_norms_swapped=False, rope_on_v=False, post_residual_discarded=False, return_sum=False,
            kv_swapped=False, fixed_eps=False, first_residual_doubled=False, qk_fixed_eps=False,
-           k_with_q_norm=False, rope_on_q_only=False, post_norm_is_input_norm=False, k_norm_on_v=False):
+           k_with_q_norm=False, rope_on_q_only=False, post_norm_is_input_norm=False, k_norm_on_v=False,
+           attn_out_transposed=False):
     """The right decoder_layer, with one of its steps changed."""
     if fixed_eps:  # the bug: Qwen3's rms_norm_eps written in, not the model's p.eps
         p = p._replace(eps=1e-6)
@@ -500,7 +543,10 @@ def _layer(positions, hidden_states, residual, p, qk_norm_after_rope=False, rest
         v = apply_rms_norm(v, p.k_norm, p.eps)
     if p.q_norm is not None and qk_norm_after_rope:
         q, k = apply_rms_norm(q, p.q_norm, p.eps), apply_rms_norm(k, p.k_norm, p.eps)
-    h = p.o_proj(p.attn(q, k, v).reshape(n, H * D))
+    o = p.attn(q, k, v)
+    if attn_out_transposed:  # the bug: [N, H, D] transposed to [H, N, D], then reshaped to [N, H * D]
+        o = o.transpose(0, 1)
+    h = p.o_proj(o.reshape(n, H * D))
     if post_norm_without_residual:
         h = apply_rms_norm(h, p.post_norm, p.eps)
     elif post_residual_discarded:
@@ -590,6 +636,12 @@ def layer_post_norm_residual_discarded(positions, hidden_states, residual, p):
     """h, _ = apply_rms_norm(h, p.post_norm, p.eps, residual): the MLP gets the right input, but the layer
     returns the residual from before the attention add."""
     return _layer(positions, hidden_states, residual, p, post_residual_discarded=True)
+
+
+def layer_attn_out_transposed(positions, hidden_states, residual, p):
+    """Flattens the attention output with .transpose(0, 1).reshape(n, H * D): [N, H, D] is already token-major,
+    so the transpose makes it [H, N, D] and each row of the reshape mixes heads of other tokens."""
+    return _layer(positions, hidden_states, residual, p, attn_out_transposed=True)
 
 
 def layer_returns_full_output(positions, hidden_states, residual, p):
@@ -1721,6 +1773,10 @@ MISTAKES: list[Mistake] = [
     Mistake("ch2_add_rms_norm_of_x_only", "2.2", {"add_rms_norm": add_rms_norm_of_x_only},
             "add_rms_norm normalizes x alone: normalize the sum x + residual (normed = rms_norm(new_residual, "
             "...))", ADD_NORM),
+    Mistake("ch2_add_rms_norm_of_residual_only", "2.2", {"add_rms_norm": add_rms_norm_of_residual_only},
+            "add_rms_norm normalizes the residual it was given (rms_norm(residual, ...) before the add): the new "
+            "residual it returns is right, but the norm is of the old stream. Add first, then normalize the sum: "
+            "residual = x + residual, normed = rms_norm(residual, weight, eps)", ADD_NORM),
     Mistake("ch2_add_rms_norm_in_place", "2.2", {"add_rms_norm": add_rms_norm_in_place},
             "add_rms_norm adds into the caller's residual tensor in place (residual += x or add_): write "
             "residual = x + residual, a new tensor, so the caller's inputs stay as they were",
@@ -1765,6 +1821,12 @@ MISTAKES: list[Mistake] = [
             "rope_cos_sin's frequencies are base ** (2j / d), which grow with j: theta_j = base ** (-2j / d), i.e. "
             "inv_freq = 1.0 / base ** (torch.arange(0, d, 2) / d)",
             "test_ch2.py::test_rope_cos_sin_matches_qwen3_rotary_embedding", {"theta": 10000.0}),
+    Mistake("ch2_rope_cos_sin_transformers_layout", "2.3", {"rope_cos_sin": rope_cos_sin_transformers_layout},
+            "rope_cos_sin returns transformers' layout, [cos(emb) | sin(emb)] with emb = torch.cat([angles, angles]): "
+            "a [P, 2d] table, each angle twice in cos and twice in sin. The cache is [P, d]: the d/2 cosines, then "
+            "the d/2 sines, each angle once: torch.cat([angles.cos(), angles.sin()], dim=-1) of the [P, d/2] angles "
+            "(apply_rotary uses each column for both halves of x)",
+            "test_ch2.py::test_rope_cos_sin_matches_qwen3_rotary_embedding", {"theta": 10000.0}),
     Mistake("ch2_rope_sign_flipped", "2.3", {"apply_rotary": apply_rotary_sign_flipped},
             "apply_rotary rotates by -angle: the first half is x1 * cos - x2 * sin and the second half "
             "x2 * cos + x1 * sin (check which term carries the minus sign)", ROTARY, {"offsets": (0, 0, 0, 0)}),
@@ -1772,6 +1834,12 @@ MISTAKES: list[Mistake] = [
             "apply_rotary rotates interleaved pairs (x[0], x[1]), (x[2], x[3]), ... (the GPT-J layout): Qwen "
             "and Llama pair dimension j with j + d/2, so split x into its two halves with x.chunk(2, dim=-1)",
             ROTARY, {"offsets": (0, 0, 0, 0)}),
+    Mistake("ch2_rope_pair_frequencies_on_halves", "2.3", {"apply_rotary": apply_rotary_pair_frequencies_on_halves},
+            "apply_rotary widens cos and sin to d with repeat_interleave(2) (c0 c0 c1 c1 ..., each frequency for a "
+            "GPT-J pair of neighbours) but rotates the two halves (x * cos + rotate_half(x) * sin): element j then "
+            "turns at frequency j // 2, and x[j], x[j + d/2] no longer share an angle. In the neox layout they share "
+            "frequency j mod d/2: repeat the halves whole, torch.cat([cos, cos], dim=-1) (and sin), or use the d/2 "
+            "columns as they are, [x1 * cos - x2 * sin | x2 * cos + x1 * sin]", ROTARY, {"offsets": (0, 0, 0, 0)}),
     Mistake("ch2_rope_ignores_positions", "2.3", {"apply_rotary": apply_rotary_ignoring_positions},
             "apply_rotary takes cache row i for the i-th token of the batch: index the cache with the "
             "tokens' positions (cos_sin[positions]), which restart at each sequence and skip a cached prefix",
@@ -1790,6 +1858,11 @@ MISTAKES: list[Mistake] = [
             "apply_rotary computes in x's dtype (bf16): the table and each product are rounded on the way, so "
             "some outputs land a bf16 step off. Compute in fp32 (x.float(), the fp32 table) and round once at the "
             "end with .to(x.dtype)", "test_ch2.py::test_apply_rotary_keeps_dtype"),
+    Mistake("ch2_rope_table_in_input_dtype", "2.3", {"apply_rotary": apply_rotary_table_in_input_dtype},
+            "apply_rotary rounds the cos/sin table to x's dtype (cos_sin.to(x.dtype): bf16 keeps 8 bits) before the "
+            "rotation: the products run in fp32, but on rounded cos and sin, so some outputs land a bf16 step off. "
+            "Leave the table in fp32 as rope_cos_sin gives it, rotate x.float(), and round once at the end with "
+            ".to(x.dtype)", "test_ch2.py::test_apply_rotary_keeps_dtype"),
     Mistake("ch2_attention_sees_next_key", "2.4", {"causal_attention": attention_sees_next_key},
             "the causal mask is off by one: each query also sees the key after it; query i (at position "
             "Lk - Lq + i) sees keys 0 .. Lk - Lq + i, so tril(diagonal=Lk - Lq)", PREFILL_ATTN,
@@ -1798,6 +1871,12 @@ MISTAKES: list[Mistake] = [
             "the causal mask starts the queries at position 0: with fewer queries than keys (a decode, a "
             "cached prefix) query i sits at position Lk - Lq + i, so tril(diagonal=Lk - Lq), not tril()",
             "test_ch2.py::test_causal_attention_with_fewer_queries_than_keys_matches_sdpa", {"lq": 1}),
+    Mistake("ch2_attention_masks_only_a_prefill", "2.4", {"causal_attention": attention_masks_only_a_prefill},
+            "the causal mask is applied only when Lq == Lk: with fewer queries than keys (a prompt after a "
+            "prefix-cache hit, a chunked prefill) each query then sees the keys after it too. Mask on every call: "
+            "query i, at position Lk - Lq + i, sees keys 0 .. Lk - Lq + i, so tril(diagonal=Lk - Lq), which is the "
+            "plain tril() when Lq == Lk and hides nothing for a decode (Lq == 1)",
+            "test_ch2.py::test_causal_attention_with_fewer_queries_than_keys_matches_sdpa", {"lq": 4}),
     Mistake("ch2_attention_kv_heads_tiled", "2.4", {"causal_attention": attention_kv_heads_tiled},
             "GQA maps query heads to the wrong KV heads (k.repeat tiles them: head h reads KV head h % Hkv): "
             "consecutive query heads share a KV head, h reads KV head h // (H // Hkv), which is what "
@@ -1962,6 +2041,11 @@ MISTAKES: list[Mistake] = [
             "the residual that post_attention_layernorm returns is dropped (h, _ = apply_rms_norm(h, p.post_norm, "
             "p.eps, residual)): the MLP gets the right input, but the layer returns the stream from before the "
             "attention add. Keep it: h, residual = apply_rms_norm(h, p.post_norm, p.eps, residual)", LAYER,
+            {"first": True}),
+    Mistake("ch2_layer_attn_out_transposed", "2.6", {"decoder_layer": layer_attn_out_transposed},
+            "the attention output is flattened through .transpose(0, 1) before the reshape: attn returns [N, H, D], "
+            "already one row per token, so the transpose makes it [H, N, D] and each row of reshape(n, H * D) holds "
+            "heads of other tokens. Reshape it as it comes: p.attn(q, k, v).reshape(n, H * D)", LAYER,
             {"first": True}),
     Mistake("ch2_layer_returns_full_output", "2.6", {"decoder_layer": layer_returns_full_output},
             "the layer returns (mlp_out + residual, residual): return mlp_out alone as the first value; the next "

@@ -269,6 +269,7 @@ STORE_IGNORES_BLOCK_STRIDE = 4
 STORE_VALUE_AT_KEY_STRIDE, STORE_VALUE_FROM_KEY = 5, 6
 STORE_PROGRAM_IGNORED, STORE_TILES_NOT_SCALED, STORE_K_V_SWAPPED, STORE_SLOTS_IN_INT32 = 7, 8, 9, 10
 STORE_THROUGH_FP16 = 11
+STORE_STORES_WITHOUT_COLUMN_GUARD, STORE_LOADS_UNMASKED = 12, 13
 
 
 @triton.jit
@@ -307,9 +308,14 @@ def buggy_store_kvcache_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slo
     elif BUG == STORE_VALUE_FROM_KEY:  # the value load copied from the key's, pointer and all
         k = tl.load(key_ptr + tok[:, None] * key_stride + col[None, :], mask=mask)
         v = tl.load(key_ptr + tok[:, None] * key_stride + col[None, :], mask=mask)
+    elif BUG == STORE_LOADS_UNMASKED:  # the key/value loads take no mask: every token and column of the tile is read
+        k = tl.load(key_ptr + tok[:, None] * key_stride + col[None, :])
+        v = tl.load(value_ptr + tok[:, None] * value_stride + col[None, :])
     else:
         k = tl.load(key_ptr + tok[:, None] * key_stride + col[None, :], mask=mask)
         v = tl.load(value_ptr + tok[:, None] * value_stride + col[None, :], mask=mask)
+    if BUG == STORE_STORES_WITHOUT_COLUMN_GUARD:  # the stores' mask has only the slot condition (the loads' is whole)
+        mask = (slot >= 0)[:, None]
     if BUG == STORE_K_V_SWAPPED:  # the key rows into v_cache, the value rows into k_cache
         k, v = v, k
     if BUG == STORE_THROUGH_FP16:  # rounded to a dtype written in, not the cache's
@@ -334,13 +340,15 @@ store_kvcache_tiles_not_scaled = _store_with(STORE_TILES_NOT_SCALED)
 store_kvcache_k_v_swapped = _store_with(STORE_K_V_SWAPPED)
 store_kvcache_slots_in_int32 = _store_with(STORE_SLOTS_IN_INT32)
 store_kvcache_through_fp16 = _store_with(STORE_THROUGH_FP16)
+store_kvcache_stores_without_column_guard = _store_with(STORE_STORES_WITHOUT_COLUMN_GUARD)
+store_kvcache_loads_unmasked = _store_with(STORE_LOADS_UNMASKED)
 
 
 # ---- 3.5 the paged decode kernel -----------------------------------------------------------------------
 DECODE_HEADS_MODULO, DECODE_NO_RESCALE, DECODE_LSE_NATURAL_LOG = 1, 2, 3
 DECODE_MAX_FROM_ZERO, DECODE_EXP_NOT_EXP2, DECODE_UNMASKED_SCORES, DECODE_DIVIDES_BY_ZERO = 4, 5, 6, 7
 DECODE_OUT_AT_Q_STRIDES, DECODE_CHUNK_UNROUNDED, DECODE_Q_PAST_HEAD_DIM, DECODE_CHUNK_FLOOR = 8, 9, 10, 11
-DECODE_BLOCK_IDS_IN_INT32, DECODE_SUM_NOT_RESCALED = 12, 13
+DECODE_BLOCK_IDS_IN_INT32, DECODE_SUM_NOT_RESCALED, DECODE_END_UNCLAMPED = 12, 13, 14
 
 
 @triton.jit
@@ -362,7 +370,10 @@ def buggy_paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
     else:
         chunk = (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     start = s * chunk
-    end = tl.minimum(start + chunk, seq_len)
+    if BUG == DECODE_END_UNCLAMPED:  # the split's end is not clamped to the context length
+        end = start + chunk
+    else:
+        end = tl.minimum(start + chunk, seq_len)
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -468,6 +479,7 @@ paged_decode_attention_out_at_q_strides = _decode_with(DECODE_OUT_AT_Q_STRIDES)
 paged_decode_attention_chunk_unrounded = _decode_with(DECODE_CHUNK_UNROUNDED)
 paged_decode_attention_block_ids_in_int32 = _decode_with(DECODE_BLOCK_IDS_IN_INT32)
 paged_decode_attention_sum_not_rescaled = _decode_with(DECODE_SUM_NOT_RESCALED)
+paged_decode_attention_end_unclamped = _decode_with(DECODE_END_UNCLAMPED)
 
 
 # ---- 3.6 one scheduler step -----------------------------------------------------------------------------
@@ -477,13 +489,17 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
                    budget_for_the_first=False, one_seq_too_many=False, chunk_runs_at_once=False, chunk_in_both=False,
                    decode_first_every_step=False, victim_stays_running=False, preempts_itself=False,
                    budget_strict=False, never_chunks=False, victims_queued_last=False, joins_running_at_once=False,
-                   tokens_not_summed=False, running_before_half_prefilled=False):
+                   tokens_not_summed=False, running_before_half_prefilled=False, status_not_set=False,
+                   none_join_running=False, decode_first_without_running=False, victims_not_returned=False,
+                   itself_not_returned=False):
     """schedule_step with one bug switched on."""
     scheduled, preempted, num_tokens = [], [], 0
     head = waiting[0] if waiting else None
     # the bug (decode_first_every_step): decodes first whenever a chunked prompt waits, not only right after its chunk
+    # the bug (decode_first_without_running): decodes first with nothing running, so the step runs nothing
     decode_first = (not no_decode_first and head is not None and bool(head.block_table)
-                    and (decode_first_every_step or head.num_new_tokens > 0) and bool(running))
+                    and (decode_first_every_step or head.num_new_tokens > 0)
+                    and (decode_first_without_running or bool(running)))
     if decode_first:
         head.num_new_tokens = 0
     for seq in list(waiting):
@@ -510,14 +526,18 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
         scheduled.append(seq)
         if seq.num_computed_tokens < len(seq) and not chunk_runs_at_once:
             break
-        seq.status = SequenceStatus.RUNNING  # the bug (chunk_runs_at_once): a chunk too, into `running`
+        # the bug (status_not_set, none_join_running): a completed prefill keeps status WAITING
+        if not (status_not_set or none_join_running):
+            seq.status = SequenceStatus.RUNNING  # the bug (chunk_runs_at_once): a chunk too, into `running`
         waiting.remove(seq)
         if joins_running_at_once:  # the bug: in `running` at once, so len(running) + taken counts it twice
             running.append(seq)
         if seq.num_computed_tokens < len(seq):
             break
     if scheduled:  # the bug (chunk_in_both): the chunked prompt joins `running` as well
-        running.extend(s for s in scheduled if (chunk_in_both or s.status == SequenceStatus.RUNNING)
+        # (status_not_set: the completed prefills join by their count; none_join_running: by their status, WAITING)
+        running.extend(s for s in scheduled if (chunk_in_both or s.status == SequenceStatus.RUNNING
+                                                or (status_not_set and s.num_computed_tokens == len(s)))
                        and s not in running)
         return scheduled, True, preempted
 
@@ -542,7 +562,9 @@ def _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batche
                 waiting.append(victim)
             elif not victims_queued_last:  # (the bug: the step's victims go back together, below)
                 waiting.appendleft(victim)
-            preempted.append(victim)
+            # the bug (victims_not_returned): no victim in `preempted`; (itself_not_returned): not the sequence itself
+            if not (victims_not_returned or (itself_not_returned and victim is seq)):
+                preempted.append(victim)
             if victim is seq:
                 break
         else:
@@ -1368,4 +1390,87 @@ MISTAKES += [
             "the block take_block() hands out gets ref_count += 1: it already comes with ref_count 1 (this "
             "table's reference), and a count of 2 keeps it from ever being freed. Use it as it is",
             "test_ch3.py::test_append_slot_copies_a_shared_block_before_writing", {"case": 0}),
+]
+
+
+# ---- more wrong versions (a third audit) -------------------------------------------------------------------
+def schedule_step_status_not_set(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    """A sequence whose prefill completes joins `running` with its status left WAITING."""
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens, status_not_set=True)
+
+
+def schedule_step_none_join_running(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    """The status is left WAITING, and `running` takes the admitted sequences by status RUNNING: none."""
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens,
+                          none_join_running=True)
+
+
+def schedule_step_decodes_first_with_nothing_running(waiting, running, block_manager, max_num_seqs,
+                                                     max_num_batched_tokens):
+    """Decodes first after a chunk even when `running` is empty (the test lacks `and running`)."""
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens,
+                          decode_first_without_running=True)
+
+
+def schedule_step_victims_not_returned(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    """The victims leave `running` but are not appended to `preempted`."""
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens,
+                          victims_not_returned=True)
+
+
+def schedule_step_itself_not_returned(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens):
+    """A sequence that preempts itself is not appended to `preempted` (the other victims are)."""
+    return _schedule_step(waiting, running, block_manager, max_num_seqs, max_num_batched_tokens,
+                          itself_not_returned=True)
+
+
+MISTAKES += [
+    # 3.4
+    Mistake("ch3_store_stores_without_column_guard", "3.4",
+            {"store_kvcache": store_kvcache_stores_without_column_guard},
+            "the stores' mask has only the slot condition, (slot >= 0)[:, None], without the column guard: the "
+            "masked loads leave the tile's columns ROW .. BLOCK_R - 1 at 0, and the stores write those zeros over "
+            "the first BLOCK_R - ROW elements of the next cache row (another token's K/V). Store with the loads' "
+            "whole mask, (slot >= 0)[:, None] & (col < ROW)[None, :]",
+            "test_ch3.py::test_store_kernel_writes_exactly_the_slots", {"dtype": torch.float32, "block_size": 16}),
+    Mistake("ch3_store_loads_unmasked", "3.4", {"store_kvcache": store_kvcache_loads_unmasked},
+            "the loads take no mask: the last program's tokens past num_tokens and every row's columns past ROW are "
+            "read outside key and value (the bounds check stops the load; on a GPU it reads memory that is not the "
+            "tensor, or faults). Mask every load as the stores are masked: key and value with (slot >= 0)[:, None] "
+            "& (col < ROW)[None, :], the slots with tok < num_tokens (other=-1)",
+            "test_ch3.py::test_store_kernel_follows_the_cache_block_stride"),
+    # 3.5
+    Mistake("ch3_decode_kernel_end_unclamped", "3.5", {"paged_decode_attention": paged_decode_attention_end_unclamped},
+            "a split's end is start + chunk, not clamped to the context length: chunk is rounded up to whole tiles "
+            "of BLOCK_N, so the last split attends to keys past context_lens[b], read through table entries past "
+            "the sequence's blocks (-1, or past the table) and cache rows it never wrote. end = tl.minimum(start + "
+            "chunk, L), as the kernel's docstring says",
+            "test_ch3.py::test_paged_decode_kernel_reads_a_cache_past_2_gib_elements", {"page": 64, "hkv": 1, "d": 16}),
+    # 3.6
+    Mistake("ch3_schedule_status_not_set", "3.6", {"schedule_step": schedule_step_status_not_set},
+            "a sequence whose prefill completes joins `running` with status WAITING: set seq.status = "
+            "SequenceStatus.RUNNING as it leaves `waiting` (a prompt that got only a chunk stays WAITING)",
+            "test_ch3.py::test_schedule_step_admits_in_order_within_budgets"),
+    Mistake("ch3_schedule_none_join_running", "3.6", {"schedule_step": schedule_step_none_join_running},
+            "no admitted sequence joins `running`: a sequence whose prefill completes keeps status WAITING, and "
+            "the ones that join `running` after the loop are picked by status RUNNING. Set seq.status = "
+            "SequenceStatus.RUNNING as its prefill completes and it leaves `waiting`",
+            "test_ch3.py::test_schedule_step_admits_in_order_within_budgets"),
+    Mistake("ch3_schedule_decodes_first_with_nothing_running", "3.6",
+            {"schedule_step": schedule_step_decodes_first_with_nothing_running},
+            "decodes first with nothing running: after a chunk of a long prompt the next step skips admission "
+            "even when `running` is empty, and runs nothing, ([], False, []). Skip admission only when the front "
+            "of `waiting` holds blocks, its num_new_tokens > 0 and `running` is not empty (`and running`)",
+            "test_ch3.py::test_schedule_step_chunks_a_long_prompt"),
+    # (before victims_not_returned: where the only victim is the sequence itself, that bug gives this one's result,
+    # and this hint is true of it too)
+    Mistake("ch3_schedule_itself_not_returned", "3.6", {"schedule_step": schedule_step_itself_not_returned},
+            "a sequence that preempts itself (no other is left to give up blocks) is missing from the returned "
+            "`preempted` list: it is a victim like the others, so append it to `preempted` too",
+            "test_ch3.py::test_schedule_step_preempts_until_a_block_frees"),
+    Mistake("ch3_schedule_victims_not_returned", "3.6", {"schedule_step": schedule_step_victims_not_returned},
+            "a preempted sequence leaves `running` but is missing from the returned `preempted` list (the engine "
+            "counts preemptions from it): append every victim to `preempted` as it is preempted, the sequence "
+            "itself included",
+            "test_ch3.py::test_schedule_step_preempts_the_newest"),
 ]

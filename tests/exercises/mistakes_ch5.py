@@ -71,6 +71,12 @@ def graph_batch_sizes_duplicates(max_num_seqs):
     return sorted(sizes + [max_num_seqs])  # the bug: no set(), so a multiple of 16 is listed twice
 
 
+def graph_batch_sizes_from_zero(max_num_seqs):
+    """Takes the multiples of 16 from range(0, max_num_seqs + 1, 16): 0 is listed as a size."""
+    sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs] + list(range(0, max_num_seqs + 1, 16))
+    return sorted(set(sizes + [max_num_seqs]))
+
+
 # ---- 5.2 async placeholders ---------------------------------------------------------------------------
 def append_placeholders_limit_before(token_lists, num_prompt_tokens, max_tokens, max_model_len):
     positions, at_limit = [], []
@@ -226,7 +232,7 @@ def top_k_top_p_left_sorted(logits, top_k, top_p):
 
 def _gumbel(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None, *,
             temperature_after_noise=False, noise_sign=1.0, mask_before_temperature=False, use_generators=True,
-            divide_in_place=False, greedy_argmax=True, argmax_if_truthy=False, where_swapped=False):
+            divide_in_place=False, greedy_argmax=True, argmax_if_truthy=False, where_swapped=False, noise="gumbel"):
     """gumbel_sample with one bug switched on (the noise is drawn exactly as the right version draws it)."""
     told = bool(any_greedy) if argmax_if_truthy else any_greedy is not False
     greedy = logits.argmax(dim=-1) if told and greedy_argmax else None
@@ -244,7 +250,10 @@ def _gumbel(logits, temperatures, top_k=None, top_p=None, generators=None, any_g
         for row, gen in enumerate(generators):
             if gen is not None:
                 uniform[row] = torch.rand(logits.shape[1], generator=gen, device=logits.device)
-    noisy = logits - noise_sign * uniform.log().neg().log()
+    if noise == "gumbel":
+        noisy = logits - noise_sign * uniform.log().neg().log()
+    else:  # the bug: one of the two logs of -log(-log U) left out
+        noisy = {"-log U": logits - uniform.log(), "log U": logits + uniform.log()}[noise]
     if temperature_after_noise:
         noisy = noisy / t
     sampled = noisy.argmax(dim=-1)
@@ -280,6 +289,17 @@ def gumbel_divides_in_place(logits, temperatures, top_k=None, top_p=None, genera
 def gumbel_greedy_by_clamp(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None):
     # the bug: no argmax for temperature 0; logits / 1e-6 is trusted to swamp the noise (it does not between ties)
     return _gumbel(logits, temperatures, top_k, top_p, generators, any_greedy, greedy_argmax=False)
+
+
+def gumbel_noise_minus_log_u(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None):
+    """Adds -log U (exponential noise) where the right version adds G = -log(-log U): argmax(x - log U)."""
+    return _gumbel(logits, temperatures, top_k, top_p, generators, any_greedy, noise="-log U")
+
+
+def gumbel_noise_log_u(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None):
+    """Subtracts -log U where the right version subtracts log(-log U) (the chain's last .log() left out):
+    argmax(x + log U)."""
+    return _gumbel(logits, temperatures, top_k, top_p, generators, any_greedy, noise="log U")
 
 
 def gumbel_argmax_only_if_any_greedy(logits, temperatures, top_k=None, top_p=None, generators=None, any_greedy=None):
@@ -651,6 +671,13 @@ def model_bytes_params_with_a_table(mc, dtype_bytes):
     return _bytes8(mc, dtype_bytes, table_in_params=True)  # the bug: the embedding (or head) among the parameters
 
 
+def model_bytes_kv_head_dim_from_hidden_size(mc, dtype_bytes):
+    """Counts each K/V head as hidden_size / num_attention_heads elements, not head_dim."""
+    weights, _, params = right_model_bytes(mc, dtype_bytes)
+    h, L = mc.hidden_size, mc.num_hidden_layers
+    return weights, 2 * L * mc.num_key_value_heads * (h // mc.num_attention_heads) * dtype_bytes, params
+
+
 def _floor8(mc, dtype_bytes, prompt_lens, output_lens, copy_gbps, matmul_tflops, *, bytes_per_gb=1e9,
             flops_per_tflop=1e12, seconds=1.0, tokens="output", context="prompt+made", overlap=False,
             attention_heads="query", attention_layers=True, flops_per_param=2, attention=True, finished_read=False,
@@ -804,6 +831,11 @@ MISTAKES = [
             "sequence's cache block. A padding row points at no block, as at capture: tables[bs:padded] = "
             "PAD_BLOCK (-1)",
             "test_ch5.py::test_pad_graph_inputs"),
+    Mistake("ch5_graph_sizes_from_zero", "5.1", {"graph_batch_sizes": graph_batch_sizes_from_zero},
+            "0 is listed as a size (the multiples of 16 taken from range(0, max_num_seqs + 1, 16)): no decode batch "
+            "has 0 rows, so that graph is a capture at start-up that never runs. The multiples of 16 start at 16: "
+            "range(16, max_num_seqs + 1, 16)",
+            "test_ch5.py::test_graph_batch_sizes"),
     # 5.2
     Mistake("ch5_append_limit_before_placeholder", "5.2", {"append_placeholders": append_placeholders_limit_before},
             "at_limit lags one token, so a request gets max_tokens + 1 tokens: it is decided before the "
@@ -987,6 +1019,16 @@ MISTAKES = [
             "the logits are multiplied by the temperature: sampling softmax(logits / T) divides them (T < 1 "
             "sharpens the distribution, T > 1 flattens it)",
             "test_ch5.py::test_sampling_distribution"),
+    Mistake("ch5_gumbel_noise_minus_log_u", "5.3", {"gumbel_sample": gumbel_noise_minus_log_u},
+            "the noise is -log U, one log short: -log U is exponential noise, and argmax(x - log U) is not "
+            "distributed as softmax(x). Gumbel noise is G = -log(-log U): the sample is argmax(x - log(-log U)) "
+            "(argmax(softmax(x) / (-log U)) is the same draw)",
+            "test_ch5.py::test_sampling_distribution"),
+    Mistake("ch5_gumbel_noise_log_u", "5.3", {"gumbel_sample": gumbel_noise_log_u},
+            "the noise is log U: the last log of the chain is left out (x - (-log U), i.e. "
+            "logits - u.log().neg()), and argmax(x + log U) is not distributed as softmax(x). Subtract log(-log U): "
+            "argmax(x - u.log().neg().log()), Gumbel noise G = -log(-log U)",
+            "test_ch5.py::test_sampling_distribution"),
     # 5.4
     Mistake("ch5_bytes_reads_the_embedding", "5.4", {"model_bytes": model_bytes_reads_the_embedding},
             "a decode step reads the embedding table whole: it reads only the B rows of the batch's tokens "
@@ -1100,6 +1142,11 @@ MISTAKES = [
     Mistake("ch5_kv_of_one_layer", "5.4", {"model_bytes": model_bytes_kv_of_one_layer},
             "the K/V per token counts one layer: every layer caches its own key and value of each token, "
             "2 x num_hidden_layers x kv heads x head_dim x bytes",
+            "test_ch5.py::test_model_bytes_match_transformers"),
+    Mistake("ch5_kv_head_dim_from_hidden_size", "5.4", {"model_bytes": model_bytes_kv_head_dim_from_hidden_size},
+            "the K/V per token takes a head as hidden_size / num_attention_heads elements (2 x layers x hidden_size x "
+            "Hkv / H x bytes, a formula for models whose heads split hidden_size): Qwen3 sets head_dim on its own "
+            "(Qwen3-0.6B: 128, where 1024 / 16 = 64). Use mc.head_dim: 2 x layers x kv heads x head_dim x bytes",
             "test_ch5.py::test_model_bytes_match_transformers"),
     Mistake("ch5_bytes_mlp_two_matrices", "5.4", {"model_bytes": model_bytes_mlp_two_matrices},
             "the MLP is counted as two matrices: SwiGLU has three, gate_proj and up_proj (hidden_size x "

@@ -12,6 +12,7 @@ inputs hypothesis draws (properties.for_all: seeded, bounded): a failure shrinks
 
     pytest tests/exercises -m ex3_1 --impl=exercises
 """
+import functools
 import re
 from collections import Counter, deque
 from itertools import islice
@@ -24,11 +25,11 @@ from hypothesis import strategies as st
 
 from helpers import greedy_reference, ref_path, small_engine_args
 from minillm import LLM, SamplingParams
-from minillm.course.grading import Raised, check_close, check_equal, check_that, check_type
+from minillm.course.grading import Raised, check_close, check_equal, check_that, check_type, equal
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.sequence import Sequence, SequenceStatus
 from minillm.kernels.store_kvcache import store_kvcache_config
-from mistakes import call_pure, on_copies, suspects, suspects_of
+from mistakes import call_pure, on_copies, suspects, suspects_of, wrong_versions
 from properties import for_all, outcome
 
 SENTINEL = 77.0
@@ -514,14 +515,75 @@ def test_paged_decode_torch_in_the_engine(impl, monkeypatch):
 
 # ---- 3.4 the store kernel ----------------------------------------------------------------------
 
-def huge_cache_outcome(run, fn, name: str, exercise: str, what: str):
+def huge_cache_outcome(run, fn, name: str, exercise: str, what: str, probe):
     """(run(fn)'s result, the known bugs' suspects) for a cache past 2**31 elements; an access the bounds
-    check refused fails here, named when a known bug (int32 offsets) is refused the same way."""
+    check refused fails here, named when a known bug (int32 offsets) is refused the same way and gives fn's
+    probe (see check_raised_like_a_known_bug)."""
     got = outcome(lambda: run(fn))
-    suspected = suspects_of(name, lambda bug: outcome(lambda: run(bug)))
+    check_raised_like_a_known_bug(got, run, fn, name, exercise, what, probe)
+    return got, suspects_of(name, lambda bug: outcome(lambda: run(bug)))
+
+
+def check_raised_like_a_known_bug(got, run, fn, name: str, exercise: str, what: str, probe) -> None:
+    """Fail when got, run(fn)'s outcome, is what it raised, naming the known wrong version of `name` whose run
+    raised the same way (same_access_refused) and whose probe(bug), a second input, equals probe(fn): many bugs
+    read or write outside some tensor (a missing mask, an offset that wraps, a range that runs past the end),
+    and the access the bounds check refused does not tell them apart."""
     if isinstance(got, Raised):
-        check_that("", exercise, what, actual=got, suspects=suspected, same=same_access_refused)
-    return got, suspected
+        check_that("", exercise, what, actual=got, same=same_access_refused,
+                   suspects=agreeing(name, lambda bug: outcome(lambda: run(bug)),
+                                     lambda theirs: same_access_refused(got, theirs), probe, fn))
+
+
+def agreeing(name: str, run, matches, probe, fn) -> dict:
+    """suspects_of(name, run), each wrong version named only where its probe, a second input, also gives what
+    probe(fn) gives: for a result two bugs can share (an access the bounds check refused; NaN where the cache
+    rows no sequence owns hold NaN, from keys read past a sequence's end or loaded without their mask). The probe
+    runs only for a wrong version whose result matches(it) the code under test's."""
+    suspected, wrong = suspects_of(name, run), wrong_versions(name)
+    students = functools.cache(lambda: probe(fn))
+
+    def alike(hint: str):
+        theirs = suspected[hint]()
+        if matches(theirs) and not equal(probe(wrong[hint]), students()):
+            raise LookupError("this wrong version differs from the code under test on the second input")
+        return theirs  # (grading._diagnose skips a suspect that raises)
+    return {hint: (lambda hint=hint: alike(hint)) for hint in suspected}
+
+
+def close_to(actual, atol: float, rtol: float):
+    """matches for agreeing: a result check_close(actual, it, atol, rtol) takes as equal (NaN in the same places)."""
+    def matches(x) -> bool:
+        return (isinstance(x, torch.Tensor) and isinstance(actual, torch.Tensor) and x.shape == actual.shape
+                and x.dtype == actual.dtype and torch.equal(x.isnan(), actual.isnan())
+                and torch.allclose(actual.double().nan_to_num(), x.double().nan_to_num(), atol=atol, rtol=rtol))
+    return matches
+
+
+def second_look(x):
+    """An outcome as a probe compares it: what the bounds check refused is told by its access alone (its counts
+    and addresses depend on where memory was allocated)."""
+    access = refused_access(x) if isinstance(x, Raised) else None
+    return f"raised KernelOutOfBounds: {access} refused" if access else x
+
+
+def store_probe(store):
+    """A second look at a store kernel: the caches after storing 64 contiguous rows of 48 elements, one whole
+    program (BLOCK_T = 64, BLOCK_R = 64), the last token skipped (slot -1); or the access the bounds check
+    refused. No token past num_tokens exists here, and only the skipped last row's padded columns lie past the
+    end of key: a load without its mask is refused, one without its column guard is not."""
+    g = torch.Generator().manual_seed(10)
+    n, hkv, d, block_size = 64, 2, 24, 16
+    k, v = torch.randn(n, hkv, d, generator=g), torch.randn(n, hkv, d, generator=g)
+    slots = torch.randperm(5 * block_size, generator=g)[:n]
+    slots[1::3] = -1
+    slots[-1] = -1
+
+    def stored():
+        caches = torch.full((2, 5, block_size, hkv, d), SENTINEL)
+        store(k, v, caches[0], caches[1], slots)
+        return caches
+    return second_look(outcome(stored))
 
 
 @pytest.mark.ex3_4
@@ -573,7 +635,11 @@ def test_store_kernel_follows_the_cache_block_stride(impl):
         store(k, v, buf[1:-1, 0], buf[1:-1, 1], slots)
         return buf
 
-    buf = stored_by(impl.store_kvcache)
+    # k and v are contiguous: a read past the last token's row starts at the end of its storage, where the bounds
+    # check always refuses it
+    buf = outcome(lambda: stored_by(impl.store_kvcache))
+    check_raised_like_a_known_bug(buf, stored_by, impl.store_kvcache, "store_kvcache", "3.4",
+                                  f"storing {n} tokens into a [K | V] cache buffer", store_probe)
     want = torch.full_like(buf, SENTINEL)
     keep = slots >= 0
     blocks, rows = slots[keep] // block_size, slots[keep] % block_size  # plain torch indexing: the reference
@@ -616,12 +682,16 @@ def same_access_refused(a, b) -> bool:
     """The same error, or for the bounds check's KernelOutOfBounds (raised as it is or inside the interpreter's
     InterpreterError) the same kind of access refused: its counts, and the tensor it measures from, depend on
     where memory was allocated, so the rest of its message differs from run to run."""
-    def access(raised: str) -> str | None:
-        m = re.search(r"KernelOutOfBounds\W+(tl\.(?:load|store)) outside every tensor", raised)
-        return m.group(1) if m else None
     if not (isinstance(a, Raised) and isinstance(b, Raised)):
         return False
-    return a == b or (access(a) is not None and access(a) == access(b))
+    return a == b or (refused_access(a) is not None and refused_access(a) == refused_access(b))
+
+
+def refused_access(raised: str) -> str | None:
+    """'tl.load' or 'tl.store' for the bounds check's KernelOutOfBounds (raised as it is, or inside the
+    interpreter's InterpreterError), else None."""
+    m = re.search(r"KernelOutOfBounds\W+(tl\.(?:load|store)) outside every tensor", raised)
+    return m.group(1) if m else None
 
 
 # an int8 cache past 2**31 elements: 2**21 + 2 blocks of 16 slots of 64 (1024 elements); only the blocks the test
@@ -653,7 +723,7 @@ def test_store_kernel_into_a_cache_past_2_gib_elements(impl):
 
     what = (f"k_cache and v_cache's last 3 blocks (an int8 cache of {HUGE_BLOCKS} blocks of {HUGE_BLOCK_SIZE} x "
             f"{HUGE_ROW}: element offsets past 2**31 - 1) after storing {n} tokens into its last two blocks")
-    got, suspected = huge_cache_outcome(stored_by, impl.store_kvcache, "store_kvcache", "3.4", what)
+    got, suspected = huge_cache_outcome(stored_by, impl.store_kvcache, "store_kvcache", "3.4", what, store_probe)
     want = torch.full((2, 3, HUGE_BLOCK_SIZE, 1, HUGE_ROW), int(SENTINEL), dtype=torch.int8)
     rows = slots.long() - (last - 2) * HUGE_BLOCK_SIZE
     want[0].view(-1, 1, HUGE_ROW)[rows] = k
@@ -694,7 +764,8 @@ def test_paged_decode_kernel_matches_sdpa(impl, dtype, case, num_splits):
     check_close(out_buf, want, "3.5", f"decode output with guard rows (rows 1-{len(lengths)} are the sequences of "
                 f"lengths {lengths}, rows 0 and {len(lengths) + 1} guards; H={H}, Hkv={hkv}, D={d}, block_size={bs}, "
                 f"{dtype}, num_splits={num_splits})", **TOL[dtype],
-                suspects=suspects_of("paged_decode_attention", output_of))
+                suspects=agreeing("paged_decode_attention", output_of, close_to(out_buf, **TOL[dtype]), decode_probe,
+                                  impl.paged_decode_attention))
     check_equal(unchanged(k_buf, before), True, "3.5", "k_cache is unchanged (decode only reads it)")
 
 
@@ -738,25 +809,46 @@ def test_paged_decode_kernel_reads_a_cache_past_2_gib_elements(impl, page, hkv, 
 
     what = (f"decode output of a sequence of {n} keys on the last 2 blocks of an fp16 cache of {blocks} blocks of "
             f"{page} x {hkv} x {d} (element offsets past 2**31 - 1)")
-    got, suspected = huge_cache_outcome(output_of, impl.paged_decode_attention, "paged_decode_attention", "3.5", what)
+    got, suspected = huge_cache_outcome(output_of, impl.paged_decode_attention, "paged_decode_attention", "3.5", what,
+                                        decode_probe)
     check_close(got, sdpa_decode(q, ks, vs, d ** -0.5).to(torch.float16), "3.5", what, suspects=suspected,
                 **TOL[torch.float16])
+
+
+def decode_probe(decode):
+    """A second look at a decode kernel: where its output is NaN and where it is right, with 1 and 3 splits, on
+    DECODE_CASES[2] with the cache rows no sequence owns holding 77 (a key read by mistake shows as a wrong
+    value); or the access the bounds check refused."""
+    lengths, H, hkv, d, bs = DECODE_CASES[2]
+    q, ks, vs, k_cache, v_cache, _, _, tables, lens = paged_case(lengths, H, hkv, d, bs, torch.float32, fill=SENTINEL)
+    want = sdpa_decode(q, ks, vs, d ** -0.5)
+
+    def look(splits: int):
+        got = outcome(lambda: decode(q, k_cache, v_cache, tables, lens, d ** -0.5, num_splits=splits))
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            return second_look(got)
+        tol = TOL[torch.float32]
+        return got.isnan().tolist(), ((got - want).abs() <= tol["atol"] + tol["rtol"] * want.abs()).tolist()
+    return [look(1), look(3)]
 
 
 @pytest.mark.ex3_5
 def test_paged_decode_kernel_empty_sequence_gives_zeros(impl):
     """A padding row of a CUDA-graph batch: context length 0, table of -1 -> zeros (not NaN)."""
     q, ks, vs, k_cache, v_cache, _, _, tables, lens = paged_case([20, 1], 4, 2, 16, 16, torch.float32)
+    decode = impl.paged_decode_attention
     tables[1] = -1
     lens[1] = 0
     for splits in (1, 2):
         run = lambda fn, splits=splits: fn(q, k_cache, v_cache, tables, lens, 0.25, num_splits=splits)  # noqa: E731
-        out = run(impl.paged_decode_attention)
+        out = run(decode)
         check_close(out[1], torch.zeros_like(out[1]), "3.5", f"output of an empty sequence (num_splits={splits})",
-                    suspects=suspects_of("paged_decode_attention", lambda fn, run=run: run(fn)[1]))
+                    suspects=agreeing("paged_decode_attention", lambda fn, run=run: run(fn)[1],
+                                      close_to(out[1], atol=1e-5, rtol=1e-5), decode_probe, decode))
         check_close(out[0], sdpa_decode(q[:1], ks[:1], vs[:1], 0.25)[0], "3.5", "output next to an empty sequence",
                     **TOL[torch.float32],
-                    suspects=suspects_of("paged_decode_attention", lambda fn, run=run: run(fn)[0]))
+                    suspects=agreeing("paged_decode_attention", lambda fn, run=run: run(fn)[0],
+                                      close_to(out[0], **TOL[torch.float32]), decode_probe, decode))
 
 
 @pytest.mark.ex3_5
