@@ -97,7 +97,8 @@ def call_pure(fn: Callable, function: str, exercise_id: str, *args, **kwargs):
     return result
 
 
-def suspects_of(function: str, run: Callable, agree: tuple[Callable, Callable] | None = None) -> dict[str, Callable]:
+def suspects_of(function: str, run: Callable, agree: tuple[Callable, Callable] | None = None,
+                probe_if: Callable | None = None) -> dict[str, Callable]:
     """diagnosis -> run(wrong version) for every known wrong version of `function` (computed only if
     the student's result is wrong): for results that are not simply function(*args). A wrong version
     whose result equals minillm's own here is left out: its bug does not show on this input (a decode-only
@@ -107,7 +108,9 @@ def suspects_of(function: str, run: Callable, agree: tuple[Callable, Callable] |
     decoder reads, the first step where a scenario goes wrong): a wrong version is named only where
     probe(it) also equals student(), the same probe of the code under test (the raw output behind the
     derived one, the whole scenario). A student whose bug merely ends in the same symptom as a known one
-    is then not sent to fix a bug they do not have."""
+    is then not sent to fix a bug they do not have. probe_if(value): probe only a wrong version whose
+    result passes it (the one the code under test's result matches), where a probe is slow (kernels run
+    by the interpreter)."""
     reference = functools.cache(lambda: run(getattr(load_impl("ref"), function)))
     probe, student = agree if agree is not None else (None, None)
     students = functools.cache(student) if student is not None else None
@@ -116,7 +119,7 @@ def suspects_of(function: str, run: Callable, agree: tuple[Callable, Callable] |
         value = run(fn)
         if _same(value, reference()):
             raise LookupError(f"this wrong version of {function} gives minillm's own result here")
-        if probe is not None and not _same(probe(fn), students()):
+        if probe is not None and (probe_if is None or probe_if(value)) and not _same(probe(fn), students()):
             raise LookupError(f"this wrong version of {function} differs from the code under test elsewhere")
         return value  # (grading._diagnose skips a suspect that raises)
     return {m.hint: (lambda fn=m.replaces[function]: distinct(fn))

@@ -12,7 +12,6 @@ inputs hypothesis draws (properties.for_all: seeded, bounded): a failure shrinks
 
     pytest tests/exercises -m ex3_1 --impl=exercises
 """
-import functools
 import re
 from collections import Counter, deque
 from itertools import islice
@@ -25,11 +24,11 @@ from hypothesis import strategies as st
 
 from helpers import greedy_reference, ref_path, small_engine_args
 from minillm import LLM, SamplingParams
-from minillm.course.grading import Raised, check_close, check_equal, check_that, check_type, equal
+from minillm.course.grading import Raised, check_close, check_equal, check_that, check_type
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.sequence import Sequence, SequenceStatus
 from minillm.kernels.store_kvcache import store_kvcache_config
-from mistakes import call_pure, on_copies, suspects, suspects_of, wrong_versions
+from mistakes import call_pure, on_copies, suspects, suspects_of
 from properties import for_all, outcome
 
 SENTINEL = 77.0
@@ -531,28 +530,12 @@ def check_raised_like_a_known_bug(got, run, fn, name: str, exercise: str, what: 
     and the access the bounds check refused does not tell them apart."""
     if isinstance(got, Raised):
         check_that("", exercise, what, actual=got, same=same_access_refused,
-                   suspects=agreeing(name, lambda bug: outcome(lambda: run(bug)),
-                                     lambda theirs: same_access_refused(got, theirs), probe, fn))
-
-
-def agreeing(name: str, run, matches, probe, fn) -> dict:
-    """suspects_of(name, run), each wrong version named only where its probe, a second input, also gives what
-    probe(fn) gives: for a result two bugs can share (an access the bounds check refused; NaN where the cache
-    rows no sequence owns hold NaN, from keys read past a sequence's end or loaded without their mask). The probe
-    runs only for a wrong version whose result matches(it) the code under test's."""
-    suspected, wrong = suspects_of(name, run), wrong_versions(name)
-    students = functools.cache(lambda: probe(fn))
-
-    def alike(hint: str):
-        theirs = suspected[hint]()
-        if matches(theirs) and not equal(probe(wrong[hint]), students()):
-            raise LookupError("this wrong version differs from the code under test on the second input")
-        return theirs  # (grading._diagnose skips a suspect that raises)
-    return {hint: (lambda hint=hint: alike(hint)) for hint in suspected}
+                   suspects=suspects_of(name, lambda bug: outcome(lambda: run(bug)), agree=(probe, lambda: probe(fn)),
+                                        probe_if=lambda theirs: same_access_refused(got, theirs)))
 
 
 def close_to(actual, atol: float, rtol: float):
-    """matches for agreeing: a result check_close(actual, it, atol, rtol) takes as equal (NaN in the same places)."""
+    """probe_if for suspects_of: a result check_close(actual, it, atol, rtol) takes as equal (NaN in the same places)."""
     def matches(x) -> bool:
         return (isinstance(x, torch.Tensor) and isinstance(actual, torch.Tensor) and x.shape == actual.shape
                 and x.dtype == actual.dtype and torch.equal(x.isnan(), actual.isnan())
@@ -764,8 +747,8 @@ def test_paged_decode_kernel_matches_sdpa(impl, dtype, case, num_splits):
     check_close(out_buf, want, "3.5", f"decode output with guard rows (rows 1-{len(lengths)} are the sequences of "
                 f"lengths {lengths}, rows 0 and {len(lengths) + 1} guards; H={H}, Hkv={hkv}, D={d}, block_size={bs}, "
                 f"{dtype}, num_splits={num_splits})", **TOL[dtype],
-                suspects=agreeing("paged_decode_attention", output_of, close_to(out_buf, **TOL[dtype]), decode_probe,
-                                  impl.paged_decode_attention))
+                suspects=suspects_of("paged_decode_attention", output_of, probe_if=close_to(out_buf, **TOL[dtype]),
+                                     agree=(decode_probe, lambda: decode_probe(impl.paged_decode_attention))))
     check_equal(unchanged(k_buf, before), True, "3.5", "k_cache is unchanged (decode only reads it)")
 
 
@@ -843,12 +826,14 @@ def test_paged_decode_kernel_empty_sequence_gives_zeros(impl):
         run = lambda fn, splits=splits: fn(q, k_cache, v_cache, tables, lens, 0.25, num_splits=splits)  # noqa: E731
         out = run(decode)
         check_close(out[1], torch.zeros_like(out[1]), "3.5", f"output of an empty sequence (num_splits={splits})",
-                    suspects=agreeing("paged_decode_attention", lambda fn, run=run: run(fn)[1],
-                                      close_to(out[1], atol=1e-5, rtol=1e-5), decode_probe, decode))
+                    suspects=suspects_of("paged_decode_attention", lambda fn, run=run: run(fn)[1],
+                                         agree=(decode_probe, lambda: decode_probe(decode)),
+                                         probe_if=close_to(out[1], atol=1e-5, rtol=1e-5)))
         check_close(out[0], sdpa_decode(q[:1], ks[:1], vs[:1], 0.25)[0], "3.5", "output next to an empty sequence",
                     **TOL[torch.float32],
-                    suspects=agreeing("paged_decode_attention", lambda fn, run=run: run(fn)[0],
-                                      close_to(out[0], **TOL[torch.float32]), decode_probe, decode))
+                    suspects=suspects_of("paged_decode_attention", lambda fn, run=run: run(fn)[0],
+                                         agree=(decode_probe, lambda: decode_probe(decode)),
+                                         probe_if=close_to(out[0], **TOL[torch.float32])))
 
 
 @pytest.mark.ex3_5
